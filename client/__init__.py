@@ -1,0 +1,1 @@
+"""The Flower ClientApp and each method's local procedure."""

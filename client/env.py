@@ -1,0 +1,76 @@
+"""What a client knows about itself: its config, partition, data tensors, body and device."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Mapping
+
+import torch
+
+from core.config import body_for, resolve
+from core.data import Dataset, load_dataset, to_tensors
+from core.models import Net, build_model, resolve_device
+from core.partition import make_partition
+
+
+@dataclass
+class ClientEnv:
+    """One client's view of the run: everything a procedure needs, nothing of Flower."""
+
+    cfg: dict[str, Any]
+    partition_id: int
+    body: str
+    data: Dataset
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    device: torch.device
+
+    @property
+    def outputs(self) -> int:
+        return self.data.num_classes
+
+    def build_model(self, body: str | None = None) -> Net:
+        """This client's model, initialized from the run seed (same init across clients)."""
+        return build_model(body or self.body, self.data.input_shape, self.cfg["feature-dim"], self.outputs, self.cfg["seed"]).to(self.device)
+
+    def seed_for(self, server_round: int, salt: int = 0) -> int:
+        """A seed for this client's randomness in one round (batches, crops, noise)."""
+        key = f"{self.cfg['seed']}:{self.partition_id}:{server_round}:{salt}".encode()
+        return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+
+
+def _config_key(cfg: Mapping[str, Any]) -> str:
+    return json.dumps(cfg, sort_keys=True)
+
+
+@lru_cache(maxsize=64)
+def _env(cfg_json: str, partition_id: int, body_override: str) -> ClientEnv:
+    cfg = json.loads(cfg_json)
+    ds = load_dataset(cfg["dataset"], cfg["data-dir"], cfg["seed"])
+    part = make_partition(ds, cfg)
+    if not 0 <= partition_id < part.num_clients:
+        raise ValueError(f"partition-id {partition_id} is outside 0..{part.num_clients - 1} (num-clients={cfg['num-clients']})")
+    tr, te = part.train[partition_id], part.test[partition_id]
+    xtr, ytr = to_tensors(ds, ds.x_train[tr], ds.y_train[tr])
+    xte, yte = to_tensors(ds, ds.x_test[te], ds.y_test[te])
+    body = body_for(cfg, partition_id, body_override or None)
+    return ClientEnv(cfg, partition_id, body, ds, xtr, ytr, xte, yte, resolve_device(cfg["device"]))
+
+
+def client_env(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> ClientEnv:
+    """Build (or reuse, within one process) the environment of the client on this node.
+
+    In simulation ``node_config`` holds ``partition-id``; in deployment a SuperNode's
+    ``--node-config`` gives ``partition-id`` and may give ``body`` and ``data-dir``.
+    """
+    overrides = {k: node_config[k] for k in ("data-dir",) if k in node_config}
+    cfg = resolve({**dict(run_config), **overrides})
+    if "partition-id" not in node_config:
+        raise ValueError("node config has no 'partition-id': start the SuperNode with --node-config \"partition-id=N num-partitions=M\"")
+    pid = int(node_config["partition-id"])
+    return _env(_config_key(cfg), pid, str(node_config.get("body", "")))

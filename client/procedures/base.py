@@ -1,0 +1,47 @@
+"""The interface every local procedure implements, and helpers they share."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from flwr.app import MetricRecord, RecordDict
+
+from client.env import ClientEnv
+from core import protocol as P
+from core.training import predict, score
+
+
+class Procedure(Protocol):
+    """A method's client side: turn a message's content into a reply's content."""
+
+    def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict: ...
+
+    def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict: ...
+
+
+def round_of(content: RecordDict) -> int:
+    cfg = content.config_records.get(P.CONFIG)
+    return int(cfg.get(P.ROUND, 0)) if cfg is not None else 0
+
+
+def test_metrics(env: ClientEnv, forward) -> MetricRecord:
+    """Local test metrics of ``forward`` (batch -> outputs) in the reply format."""
+    out = predict(forward, env.x_test, device=env.device)
+    s = score(env.data.task, out, env.y_test)
+    n = len(env.y_test)
+    met = {P.NUM_EXAMPLES: n, P.PARTITION_ID: env.partition_id, P.LOSS: s["loss"] if n else 0.0}
+    if env.data.task == "classification":
+        met[P.CORRECT] = int((out.argmax(1) == env.y_test).sum()) if n else 0
+    else:
+        met[P.SQUARED_ERROR] = float(((out - env.y_test) ** 2).mean(1).sum()) if n else 0.0
+    return MetricRecord(met)
+
+
+def train_metrics(env: ClientEnv, loss: float, **extra: float) -> MetricRecord:
+    return MetricRecord({P.NUM_EXAMPLES: len(env.y_train), P.PARTITION_ID: env.partition_id, P.LOSS: float(loss), **extra})
+
+
+def no_grad_eval(model: torch.nn.Module):
+    model.eval()
+    return model

@@ -1,0 +1,1 @@
+"""Framework-free building blocks of headway: no Flower import lives here."""

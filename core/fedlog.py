@@ -1,0 +1,150 @@
+"""FedLog maths (fedlog-extended §3.2–3.6): sufficient statistics, the exact MAP head
+of Eq. 12, FedLog-C's class means, and the statistic checks and DP noise of App. C.
+
+Everything here works on numpy arrays; the torch side (features with a constant 1)
+lives in the client procedure.
+
+The MAP problem  max_η  Σ_y η_y·S_y − N·log Σ_y exp(‖η_y‖²/4),  S = χ + Φ, N = ν + n,
+is concave. At its maximizer η_y = 2 S_y / (N p_y) with p = softmax(‖η_y‖²/4), so η_y
+is parallel to S_y: η_y = 2 z_y S_y/‖S_y‖ where z_y = ‖η_y‖/2 solves
+z_y exp(z_y²) = (‖S_y‖/N)·Z and Σ_y exp(z_y²) = Z. For each candidate log Z the z_y
+follow from a monotone scalar equation; the one log Z with Σ p_y = 1 is found by
+bracketed root finding. The result is the maximizer to machine precision, not the
+end of a fixed number of gradient steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import brentq
+from scipy.special import logsumexp
+
+
+def sufficient_statistics(features: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """T = Σ_i φ_i ⊗ e_{y_i} as a classes × m array (row y sums the features of class y)."""
+    stats = np.zeros((num_classes, features.shape[1]), dtype=np.float64)
+    np.add.at(stats, labels, features.astype(np.float64))
+    return stats
+
+
+def _log_z_of(v_rhs: np.ndarray) -> np.ndarray:
+    """Solve v + exp(2v) = r for v (elementwise; the left side is convex and increasing)."""
+    r = v_rhs
+    v = np.where(r > 1.0, 0.5 * np.log(np.maximum(r, 1.0)), r)  # a start with g(v) >= r
+    for _ in range(200):
+        e = np.exp(2.0 * v)
+        step = (v + e - r) / (1.0 + 2.0 * e)
+        v = v - step
+        if np.all(np.abs(step) <= 1e-15 * np.maximum(1.0, np.abs(v))):
+            break
+    return v
+
+
+def _z_given(log_z: float, log_a: np.ndarray) -> np.ndarray:
+    """z_y = ‖η_y‖/2 for a candidate log Z: z e^{z²} = a Z, i.e. log z + z² = log a + log Z."""
+    z = np.zeros_like(log_a)
+    pos = np.isfinite(log_a)
+    z[pos] = np.exp(_log_z_of(log_a[pos] + log_z))
+    return z
+
+
+def solve_head(stats: np.ndarray, count: float, chi: np.ndarray | float | None = None, nu: float = 1.0) -> np.ndarray:
+    """The MAP head η (classes × m) of FedLog Eq. 12 from summed statistics and count."""
+    stats = np.asarray(stats, dtype=np.float64)
+    if stats.ndim != 2:
+        raise ValueError(f"stats must be a classes × m array, got shape {stats.shape}")
+    s = stats + (0.0 if chi is None else np.asarray(chi, dtype=np.float64))
+    n_total = float(nu) + float(count)
+    if not n_total > 0:
+        raise ValueError(f"nu + count must be > 0, got nu={nu}, count={count}")
+    if not np.all(np.isfinite(s)):
+        raise ValueError("stats (plus chi) contain NaN or Inf")
+    classes = s.shape[0]
+    norms = np.linalg.norm(s, axis=1)
+    with np.errstate(divide="ignore"):
+        log_a = np.log(norms / n_total)  # -inf where S_y = 0
+
+    def excess(log_z: float) -> float:
+        z = _z_given(log_z, log_a)
+        return float(logsumexp(z**2) - log_z)  # log Σ p_y: decreasing in log Z
+
+    lo = math.log(classes)
+    a_max = float(np.exp(np.max(log_a))) if np.any(np.isfinite(log_a)) else 0.0
+    hi = lo + (classes * a_max) ** 2 + 1.0
+    if excess(lo) <= 0.0:
+        log_z = lo  # only when every S_y = 0: η = 0
+    else:
+        while excess(hi) > 0.0:  # the bound above holds; widening guards rounding
+            hi = lo + 2.0 * (hi - lo)
+        log_z = brentq(excess, lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500)
+    z = _z_given(log_z, log_a)
+    eta = np.zeros_like(s)
+    pos = norms > 0
+    eta[pos] = (2.0 * z[pos] / norms[pos])[:, None] * s[pos]
+    return eta
+
+
+def log_posterior(eta: np.ndarray, stats: np.ndarray, count: float, chi: np.ndarray | float | None = None, nu: float = 1.0) -> float:
+    """The objective of Eq. 12 (up to a constant): η·(χ+Φ) − (ν+n)·log Σ_y exp(‖η_y‖²/4)."""
+    s = np.asarray(stats, dtype=np.float64) + (0.0 if chi is None else chi)
+    return float(np.sum(eta * s) - (nu + count) * logsumexp(np.sum(eta**2, axis=1) / 4.0))
+
+
+def stationarity_residual(eta: np.ndarray, stats: np.ndarray, count: float, chi: np.ndarray | float | None = None, nu: float = 1.0) -> float:
+    """max relative gap between η_y and 2(χ+Φ)_y/((ν+n)p_y), p = softmax(‖η_y‖²/4)."""
+    s = np.asarray(stats, dtype=np.float64) + (0.0 if chi is None else chi)
+    q = np.sum(eta**2, axis=1) / 4.0
+    p = np.exp(q - logsumexp(q))
+    target = 2.0 * s / ((nu + count) * p[:, None])
+    return float(np.max(np.abs(eta - target)) / max(np.max(np.abs(target)), 1e-300))
+
+
+def class_means(stats: np.ndarray) -> np.ndarray:
+    """FedLog-C's global class means Φ̄_y = Φ_y / Φ_{y,0} (rows with no data stay 0)."""
+    counts = stats[:, :1]
+    return np.divide(stats, counts, out=np.zeros_like(stats, dtype=np.float64), where=counts > 0)
+
+
+def dp_sigma(epsilon: float, delta: float, m: int, clip: float, rounds: int) -> float:
+    """Theorem 7: σ = sqrt(8k(1+(m−1)b²)·ln(e+ε/δ))/ε for k rounds, m features, bound b."""
+    return math.sqrt(8.0 * rounds * (1.0 + (m - 1) * clip**2) * math.log(math.e + epsilon / delta)) / epsilon
+
+
+def add_noise(stats: np.ndarray, sigma: float, rng: np.random.Generator) -> np.ndarray:
+    """The Gaussian mechanism: stats + N(0, σ² I); σ = 0 returns stats unchanged."""
+    if sigma <= 0:
+        return stats
+    return stats + rng.normal(0.0, sigma, size=stats.shape)
+
+
+@dataclass(frozen=True)
+class StatsCheck:
+    """What a valid reply looks like: shape, and the bounds the features obey."""
+
+    num_classes: int
+    m: int
+    clip: float = 0.0  # 0: features unbounded
+    noise_sigma: float = 0.0  # local-DP noise on every entry (loosens the bounds)
+
+    def problem(self, stats: np.ndarray, count: float) -> str | None:
+        """Why a (stats, count) reply cannot be real, or None when it can."""
+        if stats.shape != (self.num_classes, self.m):
+            return f"statistics have shape {stats.shape}, expected {(self.num_classes, self.m)}"
+        if not np.all(np.isfinite(stats)):
+            return "statistics contain NaN or Inf"
+        if not math.isfinite(count) or count < 0:
+            return f"count is {count}, expected a finite number >= 0"
+        slack = 8.0 * self.noise_sigma  # far beyond the noise: a reply past it is not noise
+        per_class = stats[:, 0]  # the constant feature: the class counts
+        if np.any(per_class < -slack - 1e-6):
+            return "a class count (first feature sum) is negative"
+        if abs(per_class.sum() - count) > slack * math.sqrt(self.num_classes) + 1e-4 * max(count, 1.0):
+            return f"class counts sum to {per_class.sum():.6g}, not the reported count {count:g}"
+        if self.clip > 0:
+            bound = self.clip * np.maximum(per_class, 0.0)[:, None] + slack + 1e-4 * (1.0 + per_class.max(initial=0.0))
+            if np.any(np.abs(stats[:, 1:]) > bound):
+                return f"a feature sum exceeds clip bound b={self.clip} times its class count"
+        return None

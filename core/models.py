@@ -1,0 +1,159 @@
+"""Bodies (input -> m features) and heads (m features -> outputs), built by name.
+
+A model is built from (body name, input shape, m, outputs, seed), so every client
+can rebuild the same initialization; clients may run different bodies as long as
+they agree on m.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+class CNN(nn.Module):
+    """Convolutions with max pooling, then fully connected layers with ReLU."""
+
+    def __init__(self, convs: list[nn.Module], fcs: list[nn.Linear]):
+        super().__init__()
+        self.convs = nn.ModuleList(convs)
+        self.fcs = nn.ModuleList(fcs)
+        self.out_dim = fcs[-1].out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv in self.convs:
+            x = torch.max_pool2d(torch.relu(conv(x)), 2)
+        x = x.flatten(1)
+        for fc in self.fcs:
+            x = torch.relu(fc(x))
+        return x
+
+
+def mnist_cnn(input_shape: tuple[int, ...], m: int) -> nn.Module:
+    """FedLog Table A.2 (MNIST) without its last layer: 320 -> m (50)."""
+    return CNN([nn.Conv2d(input_shape[0], 10, 5), nn.Conv2d(10, 20, 5)], [nn.Linear(320, m or 50)])
+
+
+def cifar_cnn(input_shape: tuple[int, ...], m: int) -> nn.Module:
+    """FedLog Table A.2 (CIFAR) without its last layer: 400 -> 120 -> m (100)."""
+    return CNN([nn.Conv2d(input_shape[0], 6, 5), nn.Conv2d(6, 16, 5)], [nn.Linear(400, 120), nn.Linear(120, m or 100)])
+
+
+def cifar_cnn_small(input_shape: tuple[int, ...], m: int) -> nn.Module:
+    """The CIFAR CNN without its second-to-last fully connected layer (FedLog §4.4): 400 -> m."""
+    return CNN([nn.Conv2d(input_shape[0], 6, 5), nn.Conv2d(6, 16, 5)], [nn.Linear(400, m or 100)])
+
+
+class MLP(nn.Module):
+    """Fully connected layers with ReLU on flat inputs."""
+
+    def __init__(self, sizes: list[int]):
+        super().__init__()
+        self.fcs = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.out_dim = sizes[-1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1)
+        for fc in self.fcs:
+            x = torch.relu(fc(x))
+        return x
+
+
+def _flat(input_shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in input_shape:
+        n *= d
+    return n
+
+
+def mlp(input_shape: tuple[int, ...], m: int) -> nn.Module:
+    """Two fully connected layers (tabular data): in -> 64 -> m (32)."""
+    return MLP([_flat(input_shape), 64, m or 32])
+
+
+def mlp_deep(input_shape: tuple[int, ...], m: int) -> nn.Module:
+    """Three fully connected layers: in -> 64 -> 64 -> m (32)."""
+    return MLP([_flat(input_shape), 64, 64, m or 32])
+
+
+class TorchvisionBody(nn.Module):
+    """A torchvision network with its classifier replaced by a projection to m features."""
+
+    def __init__(self, net: nn.Module, width: int, m: int):
+        super().__init__()
+        self.net = net
+        self.proj = nn.Linear(width, m) if m and m != width else nn.Identity()
+        self.out_dim = m or width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.net(x))
+
+
+def mobilenet_v2(input_shape: tuple[int, ...], m: int) -> nn.Module:
+    from torchvision.models import mobilenet_v2 as build
+
+    net = build(weights=None)
+    if input_shape[0] != 3:
+        old = net.features[0][0]
+        net.features[0][0] = nn.Conv2d(input_shape[0], old.out_channels, 3, 2, 1, bias=False)
+    net.classifier = nn.Dropout(0.2)
+    return TorchvisionBody(net, 1280, m)
+
+
+def resnet18(input_shape: tuple[int, ...], m: int) -> nn.Module:
+    from torchvision.models import resnet18 as build
+
+    net = build(weights=None)
+    if input_shape[0] != 3:
+        net.conv1 = nn.Conv2d(input_shape[0], 64, 7, 2, 3, bias=False)
+    net.fc = nn.Identity()
+    return TorchvisionBody(net, 512, m)
+
+
+BODIES: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
+    "mnist-cnn": mnist_cnn,
+    "cifar-cnn": cifar_cnn,
+    "cifar-cnn-small": cifar_cnn_small,
+    "mlp": mlp,
+    "mlp-deep": mlp_deep,
+    "mobilenet-v2": mobilenet_v2,
+    "resnet18": resnet18,
+}
+
+
+class Net(nn.Module):
+    """A body followed by a linear head."""
+
+    def __init__(self, body: nn.Module, head: nn.Module):
+        super().__init__()
+        self.body = body
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def build_body(name: str, input_shape: tuple[int, ...], m: int = 0, seed: int = 0) -> nn.Module:
+    """Body ``name`` with m output features (0: the body's own width), seeded."""
+    if name not in BODIES:
+        raise ValueError(f"unknown body {name!r}; allowed: {', '.join(sorted(BODIES))}")
+    torch.manual_seed(seed)
+    return BODIES[name](tuple(input_shape), m)
+
+
+def build_model(name: str, input_shape: tuple[int, ...], m: int, outputs: int, seed: int = 0) -> Net:
+    """Body and linear head, seeded, so every client can rebuild the same initial model."""
+    body = build_body(name, input_shape, m, seed)
+    torch.manual_seed(seed + 1)
+    return Net(body, nn.Linear(body.out_dim, outputs))
+
+
+def resolve_device(choice: str) -> torch.device:
+    """``auto`` is CUDA when present, else CPU; ``cuda`` without a GPU is an error."""
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda but torch sees no CUDA device; use device=auto or cpu")
+    if choice == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")

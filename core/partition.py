@@ -1,0 +1,140 @@
+"""Split a data set over clients, deterministically from a seed.
+
+A client computes its own split from its partition id; the server computes the same
+assignment for reporting. Test splits follow the training splits' class mix (each
+client's test rows are drawn from the classes it trains on, as in FedLog §4.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from core.data import Dataset
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Row indices of every client's training and test split."""
+
+    train: tuple[np.ndarray, ...]
+    test: tuple[np.ndarray, ...]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.train)
+
+
+def subsample(labels: np.ndarray, fraction: float, rng: np.random.Generator, stratify: bool) -> np.ndarray:
+    """Indices of a ``fraction`` of the rows, stratified by class when ``stratify``."""
+    n = len(labels)
+    if fraction >= 1.0:
+        return np.arange(n)
+    if not stratify:
+        return np.sort(rng.permutation(n)[: max(1, int(round(fraction * n)))])
+    keep = []
+    for c in np.unique(labels):
+        rows = np.flatnonzero(labels == c)
+        keep.append(rng.permutation(rows)[: max(1, int(round(fraction * len(rows))))])
+    return np.sort(np.concatenate(keep))
+
+
+def iid(n: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Equal-size random shares."""
+    return [np.sort(p) for p in np.array_split(rng.permutation(n), num_clients)]
+
+
+def assign_classes(num_clients: int, num_classes: int, per_client: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Give each client ``per_client`` distinct classes, every class used as evenly as possible."""
+    if per_client > num_classes:
+        raise ValueError(f"classes-per-client={per_client} exceeds the data set's {num_classes} classes")
+    use = np.zeros(num_classes, dtype=int)
+    out = []
+    for _ in range(num_clients):
+        # least-used classes first, random among ties
+        order = np.lexsort((rng.random(num_classes), use))
+        chosen = np.sort(order[:per_client])
+        use[chosen] += 1
+        out.append(chosen)
+    return out
+
+
+def split_by_class(labels: np.ndarray, owners: Sequence[np.ndarray], weights: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """Deal each class's rows to the clients in proportion to ``weights[client, class]``."""
+    num_clients = len(owners)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c in np.unique(labels):
+        rows = rng.permutation(np.flatnonzero(labels == c))
+        w = weights[:, c]
+        if w.sum() <= 0:
+            continue
+        cuts = np.floor(np.cumsum(w / w.sum()) * len(rows)).astype(int)[:-1]
+        for k, share in enumerate(np.split(rows, cuts)):
+            if len(share):
+                parts[k].append(share)
+    return [np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for p in parts]
+
+
+def pathological(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_classes: int, per_client: int, rng: np.random.Generator):
+    classes = assign_classes(num_clients, num_classes, per_client, rng)
+    weights = np.zeros((num_clients, num_classes))
+    for k, cs in enumerate(classes):
+        weights[k, cs] = 1.0
+    return split_by_class(y_train, classes, weights, rng), split_by_class(y_test, classes, weights, rng)
+
+
+def dirichlet(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_classes: int, alpha: float, rng: np.random.Generator):
+    """Per class, shares over clients drawn from Dir(alpha); test rows follow each client's class mix."""
+    weights = rng.dirichlet(np.full(num_clients, alpha), size=num_classes).T  # clients x classes
+    owners = [np.flatnonzero(w > 0) for w in weights]
+    train = split_by_class(y_train, owners, weights, rng)
+    counts = np.stack([np.bincount(y_train[t], minlength=num_classes) for t in train]).astype(float)
+    return train, split_by_class(y_test, owners, counts, rng)
+
+
+def natural(src_train: np.ndarray, src_test: np.ndarray, num_clients: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    sources = np.unique(src_train)
+    if len(sources) != num_clients:
+        raise ValueError(
+            f"partition 'natural' has {len(sources)} sources ({', '.join(map(str, sources[:10]))}"
+            f"{'…' if len(sources) > 10 else ''}); set num-clients={len(sources)}"
+        )
+    return [np.flatnonzero(src_train == s) for s in sources], [np.flatnonzero(src_test == s) for s in sources]
+
+
+def make_partition(ds: Dataset, cfg: dict) -> Partition:
+    """The partition a run config asks for (cached: every client of a process shares it)."""
+    return _make_partition(
+        ds, cfg["partition"], cfg["num-clients"], cfg["classes-per-client"],
+        cfg["dirichlet-alpha"], cfg["train-fraction"], cfg["seed"], cfg["natural-column"],
+    )
+
+
+@lru_cache(maxsize=8)
+def _make_partition(ds: Dataset, scheme: str, num_clients: int, per_client: int, alpha: float, fraction: float, seed: int, column: str) -> Partition:
+    rng = np.random.default_rng(seed)
+    classification = ds.task == "classification"
+    if scheme in ("pathological", "dirichlet") and not classification:
+        raise ValueError(f"partition '{scheme}' needs class labels; data set '{ds.name}' is a regression task: use iid or natural")
+    keep = subsample(ds.y_train if classification else np.zeros(len(ds.y_train)), fraction, rng, classification)
+    y_train = ds.y_train[keep]
+    if scheme == "iid":
+        train, test = iid(len(keep), num_clients, rng), iid(len(ds.y_test), num_clients, rng)
+    elif scheme == "pathological":
+        train, test = pathological(y_train, ds.y_test, num_clients, ds.num_classes, per_client, rng)
+    elif scheme == "dirichlet":
+        train, test = dirichlet(y_train, ds.y_test, num_clients, ds.num_classes, alpha, rng)
+    elif scheme == "natural":
+        col = column or ds.natural_column
+        if not col or col not in ds.attrs_train:
+            raise ValueError(
+                f"partition 'natural' needs a source column; data set '{ds.name}' has "
+                f"{sorted(ds.attrs_train) or 'none'}: set natural-column"
+            )
+        train, test = natural(ds.attrs_train[col][keep], ds.attrs_test[col], num_clients)
+    else:
+        raise ValueError(f"unknown partition {scheme!r}")
+    return Partition(tuple(keep[t] for t in train), tuple(test))

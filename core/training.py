@@ -1,0 +1,101 @@
+"""Local training and evaluation loops shared by every method's client procedure."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from core.data import augment_batch
+
+
+
+def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.5)
+    raise ValueError(f"unknown optimizer {name!r}; allowed: adam, sgd")
+
+
+def batches(n: int, batch_size: int, generator: torch.Generator, shuffle: bool = True):
+    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+    for i in range(0, n, batch_size):
+        yield order[i : i + batch_size]
+
+
+def train_epochs(
+    forward: Callable[[torch.Tensor], torch.Tensor],
+    params: list[nn.Parameter],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    optimizer: str,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    augment: bool = False,
+    seed: int = 0,
+    device: torch.device = torch.device("cpu"),
+    fresh_optimizer_each_epoch: bool = False,
+    modules: Iterable[nn.Module] = (),
+) -> float:
+    """Minimize ``loss_fn(forward(xb), yb)`` over ``params``; returns the last epoch's mean loss.
+
+    ``forward`` maps a batch to whatever ``loss_fn`` takes (logits, or features and
+    logits); ``modules`` are put in train mode for the duration.
+    """
+    if epochs <= 0 or len(x) == 0:
+        return float("nan")
+    gen = torch.Generator().manual_seed(seed)
+    for mod in modules:
+        mod.train()
+    opt = make_optimizer(optimizer, params, lr)
+    mean = float("nan")
+    for _ in range(epochs):
+        if fresh_optimizer_each_epoch:
+            opt = make_optimizer(optimizer, params, lr)
+        total, count = 0.0, 0
+        for idx in batches(len(x), batch_size, gen):
+            xb, yb = x[idx], y[idx]
+            if augment:
+                xb = augment_batch(xb, gen)
+            xb, yb = xb.to(device), yb.to(device)
+            opt.zero_grad()
+            loss = loss_fn(forward(xb), yb)
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * len(idx)
+            count += len(idx)
+        mean = total / max(count, 1)
+    for mod in modules:
+        mod.eval()
+    return mean
+
+
+@torch.no_grad()
+def predict(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int = 1000, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+    """Outputs of ``forward`` over ``x`` in batches, on the CPU."""
+    outs = [forward(x[i : i + batch_size].to(device)).cpu() for i in range(0, len(x), batch_size)]
+    return torch.cat(outs) if outs else torch.zeros(0)
+
+
+def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
+    """Fraction of rows whose arg-max matches the label (nan on an empty split)."""
+    if len(y) == 0:
+        return float("nan")
+    return float((logits.argmax(1) == y).float().mean())
+
+
+def task_loss(task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    return nn.functional.cross_entropy if task == "classification" else nn.functional.mse_loss
+
+
+def score(task: str, outputs: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """Metrics of a prediction: accuracy for classification, MSE for regression."""
+    if task == "classification":
+        return {"accuracy": accuracy(outputs, y), "loss": float(nn.functional.cross_entropy(outputs, y)) if len(y) else float("nan")}
+    mse = float(nn.functional.mse_loss(outputs, y)) if len(y) else float("nan")
+    return {"mse": mse, "loss": mse}

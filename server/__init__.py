@@ -1,0 +1,1 @@
+"""The Flower ServerApp, experiment runner, results and launch helpers."""

@@ -1,0 +1,110 @@
+"""The results folder of a run: config.json, rounds.jsonl, summary.json and plots."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("headway")
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: non-finite floats become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+class Recorder:
+    """Writes one run's results as rounds arrive, and the summary and plots at the end."""
+
+    def __init__(self, out_dir: str | Path, cfg: dict[str, Any]):
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.cfg = cfg
+        self.rounds: list[dict[str, Any]] = []
+        self.cumulative = 0
+        self.bytes_to_target: int | None = None
+        self.round_to_target: int | None = None
+        self.started = time.monotonic()
+        (self.out / "config.json").write_text(json.dumps(_clean(cfg), indent=2, sort_keys=True))
+        (self.out / "rounds.jsonl").write_text("")
+
+    def round(self, record: dict[str, Any]) -> None:
+        self.cumulative += record["bytes_down"] + record["bytes_up"]
+        record["cumulative_bytes"] = self.cumulative
+        acc = record.get("accuracy")
+        target = self.cfg.get("target-accuracy") or 0.0
+        if target > 0 and self.bytes_to_target is None and acc is not None and acc >= target:
+            self.bytes_to_target, self.round_to_target = self.cumulative, record["round"]
+        self.rounds.append(record)
+        with open(self.out / "rounds.jsonl", "a") as fh:
+            fh.write(json.dumps(_clean(record)) + "\n")
+        acc_s = "n/a" if acc is None else f"{acc:.4f}"
+        log.info(
+            "round %d  accuracy %s  bytes %d (cumulative %d)  failures %d  %.1f s",
+            record["round"], acc_s, record["bytes_down"] + record["bytes_up"], self.cumulative, record["failures"], record["seconds"],
+        )
+
+    def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        accs = [r["accuracy"] for r in self.rounds if r.get("accuracy") is not None]
+        summary = {
+            "algorithm": self.cfg["algorithm"],
+            "dataset": self.cfg["dataset"],
+            "num_clients": self.cfg["num-clients"],
+            "rounds": len(self.rounds),
+            "final_accuracy": accs[-1] if accs else None,
+            "best_accuracy": max(accs) if accs else None,
+            "total_bytes": self.cumulative,
+            "total_bytes_down": sum(r["bytes_down"] for r in self.rounds),
+            "total_bytes_up": sum(r["bytes_up"] for r in self.rounds),
+            "total_eval_bytes": sum(r.get("eval_bytes_down", 0) + r.get("eval_bytes_up", 0) for r in self.rounds),
+            "target_accuracy": self.cfg.get("target-accuracy") or None,
+            "bytes_to_target": self.bytes_to_target,
+            "round_to_target": self.round_to_target,
+            "failures": sum(r["failures"] for r in self.rounds),
+            "wall_seconds": time.monotonic() - self.started,
+        }
+        if accs:
+            best_round = max((r for r in self.rounds if r.get("accuracy") is not None), key=lambda r: r["accuracy"])
+            summary["bytes_to_best"] = best_round["cumulative_bytes"]
+        summary.update(extra or {})
+        (self.out / "summary.json").write_text(json.dumps(_clean(summary), indent=2))
+        try:
+            plot(self.rounds, self.out, f"{self.cfg['algorithm']} on {self.cfg['dataset']}")
+        except Exception as exc:  # a plot must never lose a finished run's numbers
+            log.warning("plotting failed: %s", exc)
+        return summary
+
+
+def plot(rounds: list[dict[str, Any]], out: Path, title: str) -> None:
+    """accuracy_vs_round.png and accuracy_vs_bytes.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(r["round"], r["cumulative_bytes"], r["accuracy"]) for r in rounds if r.get("accuracy") is not None]
+    if not pts:
+        return
+    x_round, x_bytes, acc = zip(*pts)
+    for x, name, label, logx in ((x_round, "accuracy_vs_round.png", "round", False), (x_bytes, "accuracy_vs_bytes.png", "cumulative bytes (up + down)", True)):
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.plot(x, acc, marker="." if len(x) < 40 else None)
+        ax.set_xlabel(label)
+        ax.set_ylabel("mean client test accuracy")
+        if logx:
+            ax.set_xscale("log")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        plt.close(fig)
