@@ -148,3 +148,16 @@ class StatsCheck:
             if np.any(np.abs(stats[:, 1:]) > bound):
                 return f"a feature sum exceeds clip bound b={self.clip} times its class count"
         return None
+
+
+def releases(cfg: dict) -> int:
+    """k, the number of times a client's statistics are released in a run: every round,
+    plus the statistics round that starts the head when fedlog-init=stats."""
+    return cfg["num-server-rounds"] + (1 if cfg["fedlog-init"] == "stats" else 0)
+
+
+def noise_sigma(cfg: dict, m: int) -> float:
+    """σ of the Gaussian noise for the run's DP mode (0 when fedlog-dp=off)."""
+    if cfg["fedlog-dp"] == "off":
+        return 0.0
+    return dp_sigma(cfg["fedlog-epsilon"], cfg["fedlog-delta"], m, cfg["fedlog-clip"], releases(cfg))

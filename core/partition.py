@@ -71,7 +71,7 @@ def split_by_class(labels: np.ndarray, owners: Sequence[np.ndarray], weights: np
         w = weights[:, c]
         if w.sum() <= 0:
             continue
-        cuts = np.floor(np.cumsum(w / w.sum()) * len(rows)).astype(int)[:-1]
+        cuts = np.rint(np.cumsum(w / w.sum()) * len(rows)).astype(int)[:-1]  # rint: a cumsum of 0.99999 must not leak a row
         for k, share in enumerate(np.split(rows, cuts)):
             if len(share):
                 parts[k].append(share)

@@ -2,7 +2,9 @@
 
 from strategies.base import HeadwayStrategy
 from strategies.fedavg import FedAvg
+from strategies.fedlog import FedLog
 
 STRATEGIES: dict[str, type[HeadwayStrategy]] = {
     "fedavg": FedAvg,
+    "fedlog": FedLog,
 }

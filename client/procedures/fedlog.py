@@ -1,0 +1,101 @@
+"""FedLog client (fedlog-extended Alg. 1): with the global head η fixed, train the local
+body on the cross-entropy of softmax(η·φ) (Eq. 10; FedLog-C adds Eq. 13's pull towards
+the global class means), then send the sufficient statistic Σ φ⊗e_y and the count."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, RecordDict
+
+from client.env import ClientEnv
+from client.procedures.base import round_of, test_metrics, train_metrics
+from core import protocol as P
+from core.fedlog import add_noise, class_means, noise_sigma, sufficient_statistics
+from core.models import build_body
+from core.training import predict, train_epochs
+
+BODY_STATE = "fedlog-body"
+ETA = "eta"
+STATS = "stats"
+STATS_SUM = "stats-sum"  # FedLog-C: the aggregate Φ the server sends along
+
+
+class FeatureMap(torch.nn.Module):
+    """φ(x) = [1, clip(body(x))]: the body's features with the constant first feature."""
+
+    def __init__(self, body: torch.nn.Module, clip: float):
+        super().__init__()
+        self.body = body
+        self.clip = clip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.body(x)
+        if self.clip > 0:
+            f = torch.clamp(f, -self.clip, self.clip)  # App. C, Eq. 14
+        return torch.cat([torch.ones(len(f), 1, device=f.device, dtype=f.dtype), f], dim=1)
+
+
+def fedlog_c_loss(phi: torch.Tensor, y: torch.Tensor, means: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    """Eq. 13's auxiliary term: mean over the batch of ‖φ_i − Φ̄_{y_i}‖² (classes the
+    server has seen only)."""
+    mask = known[y]
+    if not bool(mask.any()):
+        return phi.sum() * 0.0
+    diff = phi[mask] - means[y[mask]]
+    return (diff**2).sum(1).sum() / len(y)
+
+
+class FedLogClient:
+    def _features(self, env: ClientEnv, state: RecordDict) -> FeatureMap:
+        body = build_body(env.body, env.data.input_shape, env.cfg["feature-dim"], env.cfg["seed"])
+        if BODY_STATE in state.array_records:
+            body.load_state_dict(state[BODY_STATE].to_torch_state_dict())
+        return FeatureMap(body, env.cfg["fedlog-clip"]).to(env.device)
+
+    def _statistics(self, env: ClientEnv, fmap: FeatureMap, server_round: int) -> np.ndarray:
+        """Σ φ⊗e_y over the local training set, in eval mode, noised under local DP."""
+        fmap.eval()
+        phi = predict(fmap, env.x_train, device=env.device).double().numpy()
+        stats = sufficient_statistics(phi, env.y_train.numpy(), env.outputs)
+        if env.cfg["fedlog-dp"] == "local":
+            rng = np.random.default_rng(env.seed_for(server_round, salt=1))
+            stats = add_noise(stats, noise_sigma(env.cfg, stats.shape[1]), rng)
+        return stats
+
+    def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        cfg, rnd = env.cfg, round_of(content)
+        fmap = self._features(env, state)
+        arrays = content[P.ARRAYS]
+        phase = str(content[P.CONFIG].get(P.PHASE, "train"))
+        loss = float("nan")
+        if phase == "train":
+            eta = torch.as_tensor(arrays[ETA].numpy(), dtype=torch.float32, device=env.device)
+            alpha = cfg["fedlog-alpha"]
+            means = known = None
+            if alpha > 0 and STATS_SUM in arrays:
+                phi_sum = arrays[STATS_SUM].numpy()
+                means = torch.as_tensor(class_means(phi_sum), dtype=torch.float32, device=env.device)
+                known = torch.as_tensor(phi_sum[:, 0] > 0, device=env.device)
+
+            def objective(phi: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+                out = torch.nn.functional.cross_entropy(phi @ eta.T, y)  # Eq. 10
+                if means is not None:
+                    out = out + alpha * fedlog_c_loss(phi, y, means, known)  # Eq. 13
+                return out
+
+            loss = train_epochs(
+                fmap, list(fmap.parameters()), env.x_train, env.y_train,
+                epochs=cfg["local-epochs"], batch_size=cfg["batch-size"], lr=cfg["lr"], optimizer=cfg["optimizer"],
+                loss_fn=objective, augment=env.data.augment, seed=env.seed_for(rnd), device=env.device,
+                fresh_optimizer_each_epoch=True, modules=[fmap],
+            )
+            state[BODY_STATE] = ArrayRecord({k: v.detach().cpu() for k, v in fmap.body.state_dict().items()})
+        stats = self._statistics(env, fmap, rnd)
+        reply = ArrayRecord({STATS: Array(stats.astype(np.float32))})
+        return RecordDict({P.ARRAYS: reply, P.METRICS: train_metrics(env, loss)})
+
+    def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        fmap = self._features(env, state).eval()
+        eta = torch.as_tensor(content[P.ARRAYS][ETA].numpy(), dtype=torch.float32, device=env.device)
+        return RecordDict({P.METRICS: test_metrics(env, lambda x: fmap(x) @ eta.T)})

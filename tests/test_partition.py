@@ -1,0 +1,72 @@
+import numpy as np
+import pytest
+
+from core.config import resolve
+from core.data import load_dataset
+from core.partition import make_partition
+
+
+def _cfg(**kw):
+    base = {"num-clients": 50, "partition": "pathological", "classes-per-client": 2, "train-fraction": 0.05, "seed": 0}
+    base.update(kw)
+    return resolve(base)
+
+
+def test_pathological_gives_each_client_its_classes_in_train_and_test(data_dir):
+    ds = load_dataset("mnist", data_dir)
+    part = make_partition(ds, _cfg())
+    assert part.num_clients == 50
+    used = np.zeros(10, dtype=int)
+    for tr, te in zip(part.train, part.test):
+        classes = set(np.unique(ds.y_train[tr]))
+        assert len(classes) == 2
+        assert set(np.unique(ds.y_test[te])) == classes  # test drawn from the same classes
+        used[list(classes)] += 1
+    assert used.tolist() == [10] * 10  # every class held by the same number of clients
+    all_train = np.concatenate(part.train)
+    assert len(all_train) == len(np.unique(all_train))  # disjoint
+    assert abs(len(all_train) - 3000) <= 10  # 5 % of 60 000
+    all_test = np.concatenate(part.test)
+    assert len(all_test) == len(np.unique(all_test)) == 10000  # the whole test set, split
+
+
+def test_partition_is_deterministic_in_the_seed(data_dir):
+    ds = load_dataset("mnist", data_dir)
+    a, b = make_partition(ds, _cfg(seed=1)), make_partition(ds, _cfg(seed=1, **{"num-server-rounds": 7}))
+    c = make_partition(ds, _cfg(seed=2))
+    assert all(np.array_equal(x, y) for x, y in zip(a.train, b.train))
+    assert not all(np.array_equal(x, y) for x, y in zip(a.train, c.train))
+
+
+def test_dirichlet_skew_responds_to_alpha(data_dir):
+    ds = load_dataset("mnist", data_dir)
+
+    def mean_top_share(alpha):
+        part = make_partition(ds, _cfg(partition="dirichlet", **{"dirichlet-alpha": alpha, "num-clients": 20, "train-fraction": 0.2}))
+        shares = [np.bincount(ds.y_train[t], minlength=10).max() / max(len(t), 1) for t in part.train if len(t)]
+        return float(np.mean(shares))
+
+    skewed, even = mean_top_share(0.1), mean_top_share(100.0)
+    assert skewed > 0.6 and even < 0.2 and skewed > even
+
+
+def test_iid_sizes_are_equal_and_disjoint(data_dir):
+    ds = load_dataset("mnist", data_dir)
+    part = make_partition(ds, _cfg(partition="iid", **{"num-clients": 7, "train-fraction": 1.0}))
+    sizes = [len(t) for t in part.train]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 60000
+
+
+def test_natural_partition_is_one_client_per_year(data_dir):
+    ds = load_dataset("uci-gas-turbine", data_dir)
+    part = make_partition(ds, _cfg(partition="natural", **{"num-clients": 5, "train-fraction": 1.0}))
+    years = [set(ds.attrs_train["year"][t]) for t in part.train]
+    assert [y.pop() for y in years] == ["2011", "2012", "2013", "2014", "2015"]
+    with pytest.raises(ValueError, match="num-clients=5"):
+        make_partition(ds, _cfg(partition="natural", **{"num-clients": 4, "train-fraction": 1.0}))
+
+
+def test_regression_cannot_be_split_by_class(data_dir):
+    ds = load_dataset("uci-gas-turbine", data_dir)
+    with pytest.raises(ValueError, match="regression"):
+        make_partition(ds, _cfg(partition="pathological"))
