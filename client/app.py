@@ -9,14 +9,19 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from client.env import client_env
+from client.faults import corrupt
 from client.registry import PROCEDURES
+from core.config import fault_ids
 
 
 def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, Any]) -> Message:
     env = client_env({**dict(context.run_config), **overrides}, context.node_config)
     procedure = PROCEDURES[env.cfg["algorithm"]]
     handler = procedure.train if kind == "train" else procedure.evaluate
-    return Message(content=handler(env, msg.content, context.state), reply_to=msg)
+    content = handler(env, msg.content, context.state)
+    if kind == "train" and env.partition_id in fault_ids(env.cfg):
+        content = corrupt(content, env.cfg["fault-mode"])
+    return Message(content=content, reply_to=msg)
 
 
 def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:

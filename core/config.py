@@ -82,6 +82,9 @@ SCHEMA: dict[str, Key] = {
     "results-dir": Key("results", "where `flwr run` writes its results folder"),
     "client-num-cpus": Key(1.0, "CPUs per virtual client (simulation)", check=_positive, rule="> 0"),
     "client-num-gpus": Key(0.0, "GPU share per virtual client (simulation)", check=_non_negative, rule=">= 0"),
+    # robustness testing: chosen clients corrupt their training replies
+    "fault-clients": Key("", "comma list of partition ids whose training replies are corrupted (robustness tests)"),
+    "fault-mode": Key("nan", "how faulty clients corrupt replies", choices=("nan", "wrong-shape", "negative-count", "scaled", "error")),
     # FedLog family
     "fedlog-prior-nu": Key(1.0, "prior strength nu of the conjugate prior", check=_non_negative, rule=">= 0"),
     "fedlog-prior-chi": Key(0.0, "prior chi (every entry)"),
@@ -166,6 +169,10 @@ def _check_combinations(cfg: Mapping[str, Any]) -> None:
                 f"run-config key 'body'/'bodies' names unknown body {body!r}; "
                 f"allowed values: {', '.join(sorted(BODIES))}"
             )
+    try:
+        fault_ids(cfg)
+    except ValueError:
+        raise ConfigError(f"run-config key 'fault-clients' must be a comma list of partition ids, got {cfg['fault-clients']!r}") from None
     if cfg["fedlog-dp"] != "off" and cfg["fedlog-clip"] <= 0:
         raise ConfigError(
             "run-config key 'fedlog-clip' must be > 0 when 'fedlog-dp' is "
@@ -187,6 +194,11 @@ def body_for(cfg: Mapping[str, Any], partition_id: int, override: str | None = N
     if not names:
         return cfg["body"]
     return names[partition_id % len(names)]
+
+
+def fault_ids(cfg: Mapping[str, Any]) -> set[int]:
+    """Partition ids named in 'fault-clients'."""
+    return {int(p) for p in str(cfg["fault-clients"]).split(",") if p.strip()}
 
 
 def defaults() -> dict[str, Any]:

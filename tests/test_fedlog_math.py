@@ -1,0 +1,96 @@
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+from core.fedlog import (
+    StatsCheck, add_noise, class_means, dp_sigma, log_posterior, solve_head, stationarity_residual, sufficient_statistics,
+)
+
+
+def _features(rng, n, m, classes):
+    phi = np.concatenate([np.ones((n, 1)), rng.gamma(2.0, 0.5, size=(n, m - 1))], axis=1)
+    y = rng.integers(0, classes, size=n)
+    return phi, y
+
+
+@pytest.mark.parametrize("classes,m,n,nu,chi", [(10, 51, 3000, 1.0, 0.0), (2, 3, 80, 1.0, 0.0), (100, 101, 20000, 0.5, 0.1), (5, 8, 10, 3.0, 0.0)])
+def test_solve_head_is_stationary(classes, m, n, nu, chi):
+    rng = np.random.default_rng(classes)
+    phi, y = _features(rng, n, m, classes)
+    stats = sufficient_statistics(phi, y, classes)
+    eta = solve_head(stats, n, chi=chi, nu=nu)
+    # η_y = 2 (χ+Φ)_y / ((ν+n) p_y) with p = softmax(‖η_y‖²/4), to 1e-6 relative
+    q = np.sum(eta**2, axis=1) / 4
+    p = np.exp(q - q.max()) / np.exp(q - q.max()).sum()
+    target = 2 * (chi + stats) / ((nu + n) * p[:, None])
+    assert np.allclose(eta, target, rtol=1e-6, atol=0)
+    assert stationarity_residual(eta, stats, n, chi, nu) < 1e-9
+
+
+def test_solve_head_is_the_maximizer_a_generic_optimizer_finds():
+    rng = np.random.default_rng(1)
+    phi, y = _features(rng, 400, 6, 4)
+    stats = sufficient_statistics(phi, y, 4)
+    eta = solve_head(stats, 400)
+    neg = lambda v: -log_posterior(v.reshape(4, 6), stats, 400)  # noqa: E731
+    res = minimize(neg, np.zeros(24), method="L-BFGS-B", options={"ftol": 1e-15, "gtol": 1e-10, "maxiter": 10000})
+    assert log_posterior(eta, stats, 400) >= -res.fun - 1e-9
+    assert np.allclose(eta, res.x.reshape(4, 6), atol=1e-4)
+    for _ in range(20):  # and every nearby point is worse
+        assert log_posterior(eta + 1e-3 * rng.standard_normal(eta.shape), stats, 400) < log_posterior(eta, stats, 400)
+
+
+def test_head_equals_central_map_from_pooled_features_and_splitting_changes_nothing():
+    rng = np.random.default_rng(2)
+    phi, y = _features(rng, 500, 11, 10)
+    central = solve_head(sufficient_statistics(phi, y, 10), 500)
+    # sufficiency: one client's data split over two clients gives the same aggregate and η
+    cut = 137
+    parts = [sufficient_statistics(phi[:cut], y[:cut], 10), sufficient_statistics(phi[cut:], y[cut:], 10)]
+    agg = parts[0] + parts[1]
+    assert np.allclose(agg, sufficient_statistics(phi, y, 10), rtol=0, atol=1e-9)
+    federated = solve_head(agg, cut + (500 - cut))
+    assert np.allclose(federated, central, rtol=0, atol=1e-9)
+
+
+def test_statistics_are_per_class_feature_sums_with_counts_first():
+    phi = np.array([[1.0, 2.0], [1.0, 3.0], [1.0, -1.0]])
+    stats = sufficient_statistics(phi, np.array([0, 0, 2]), 3)
+    assert stats.tolist() == [[2.0, 5.0], [0.0, 0.0], [1.0, -1.0]]
+    assert class_means(stats).tolist() == [[1.0, 2.5], [0.0, 0.0], [1.0, -1.0]]
+
+
+def test_empty_classes_get_zero_rows_and_bad_inputs_fail():
+    stats = np.array([[3.0, 1.5], [0.0, 0.0]])
+    eta = solve_head(stats, 3)
+    assert np.all(eta[1] == 0) and np.all(np.isfinite(eta))
+    with pytest.raises(ValueError, match="NaN"):
+        solve_head(np.array([[np.nan, 1.0]]), 1)
+    with pytest.raises(ValueError, match="> 0"):
+        solve_head(stats, 0, nu=0.0)
+
+
+def test_dp_sigma_formula_and_noise_scale():
+    sigma = dp_sigma(1.0, 0.01, m=101, clip=2.0, rounds=100)
+    assert sigma == pytest.approx(np.sqrt(8 * 100 * (1 + 100 * 4) * np.log(np.e + 1.0 / 0.01)) / 1.0)
+    rng = np.random.default_rng(0)
+    base = np.zeros((200, 250))
+    noise = add_noise(base, 3.7, rng) - base
+    assert abs(noise.std() / 3.7 - 1) < 0.05 and abs(noise.mean()) < 0.05
+    assert add_noise(base, 0.0, rng) is base  # mode off adds nothing
+
+
+def test_stats_check_catches_impossible_replies():
+    check = StatsCheck(num_classes=2, m=3, clip=2.0)
+    good = np.array([[4.0, 3.0, -8.0], [6.0, 12.0, 0.5]])
+    assert check.problem(good, 10) is None
+    assert "shape" in check.problem(good[:, :2], 10)
+    bad = good.copy()
+    bad[0, 1] = np.nan
+    assert "NaN" in check.problem(bad, 10)
+    assert "count" in check.problem(good, -1)
+    assert "sum to" in check.problem(good, 11)
+    over = good.copy()
+    over[1, 1] = 12.5  # > b * class count = 2 * 6
+    assert "clip bound" in check.problem(over, 10)
+    assert StatsCheck(2, 3, 2.0, noise_sigma=1.0).problem(good + 0.5, 10) is None  # local DP noise is tolerated
