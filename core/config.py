@@ -94,7 +94,6 @@ SCHEMA: dict[str, Key] = {
     "fedlog-epsilon": Key(1.0, "DP epsilon", check=_positive, rule="> 0"),
     "fedlog-delta": Key(0.01, "DP delta", check=lambda v: 0 < v < 1, rule="in (0, 1)"),
     "fedlog-clip": Key(0.0, "clip body features to [-b, b]; 0: no clip (required > 0 with DP)", check=_non_negative, rule=">= 0"),
-    "fedlog-head-lr": Key(0.0, "unused by the exact solver; kept 0 (reported for comparison with Adam-based code)", check=_non_negative, rule=">= 0"),
 }
 
 

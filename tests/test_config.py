@@ -53,3 +53,17 @@ def test_bodies_cycle_over_partition_ids_and_node_config_overrides():
     assert [body_for(cfg, i) for i in range(4)] == ["cifar-cnn", "cifar-cnn-small"] * 2
     assert body_for(cfg, 0, override="mlp") == "mlp"
     assert body_for(resolve({}), 7) == "mnist-cnn"
+
+
+def test_readme_documents_every_key():
+    readme = (ROOT / "README.md").read_text()
+    missing = [k for k in SCHEMA if f"`{k}`" not in readme]
+    assert not missing, f"README lacks {missing}"
+
+
+def test_every_algorithm_has_a_strategy_and_a_client_procedure():
+    from client.registry import PROCEDURES
+    from core.config import ALGORITHMS
+    from strategies.registry import STRATEGIES
+
+    assert set(STRATEGIES) == set(ALGORITHMS) == set(PROCEDURES)

@@ -1,0 +1,31 @@
+# Two commands: `make run` (set up, then the main experiment) and `make test` (set up, then the tests).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export HEADWAY_DATA_DIR ?= $(abspath ../shared/data)
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION = 1
+
+.PHONY: setup run test test-fast clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+# The main job: FedLog on FedLog's Table 1 MNIST setup (50 clients, 100 rounds).
+run: setup
+	$(PY) -m server.run benchmarks/configs/mnist-table1.toml --set algorithm=fedlog --out results/main
+
+test: setup
+	$(PY) -m pytest -q
+
+# Unit tests only (no Flower engine, no processes): seconds.
+test-fast: setup
+	$(PY) -m pytest -q -m "not integration and not deployment"
+
+clean:
+	rm -rf $(VENV) results .pytest_cache
