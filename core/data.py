@@ -102,7 +102,7 @@ def _read_idx(path: Path) -> np.ndarray:
         raw = fh.read()
     ndim = raw[3]
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims).copy()  # writable, for torch
 
 
 def _load_idx_set(name: str, root: Path, tv_name: str, tv_cls: str) -> Dataset:

@@ -79,32 +79,34 @@ class Recorder:
         summary.update(extra or {})
         (self.out / "summary.json").write_text(json.dumps(_clean(summary), indent=2))
         try:
-            plot(self.rounds, self.out, f"{self.cfg['algorithm']} on {self.cfg['dataset']}")
+            plot_curves({self.cfg["algorithm"]: self.rounds}, self.out, f"{self.cfg['algorithm']} on {self.cfg['dataset']}")
         except Exception as exc:  # a plot must never lose a finished run's numbers
             log.warning("plotting failed: %s", exc)
         return summary
 
 
-def plot(rounds: list[dict[str, Any]], out: Path, title: str) -> None:
-    """accuracy_vs_round.png and accuracy_vs_bytes.png."""
+def plot_curves(series: dict[str, list[dict[str, Any]]], out: Path, title: str) -> None:
+    """accuracy_vs_round.png and accuracy_vs_bytes.png in ``out``, one line per series."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = [(r["round"], r["cumulative_bytes"], r["accuracy"]) for r in rounds if r.get("accuracy") is not None]
-    if not pts:
-        return
-    x_round, x_bytes, acc = zip(*pts)
-    for x, name, label, logx in ((x_round, "accuracy_vs_round.png", "round", False), (x_bytes, "accuracy_vs_bytes.png", "cumulative bytes (up + down)", True)):
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.plot(x, acc, marker="." if len(x) < 40 else None)
+    for key, name, label, logx in (("round", "accuracy_vs_round.png", "round", False), ("cumulative_bytes", "accuracy_vs_bytes.png", "cumulative bytes (up + down)", True)):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for label_s, rounds in series.items():
+            pts = [(r[key], r["accuracy"]) for r in rounds if r.get("accuracy") is not None]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, label=label_s, marker="." if len(xs) < 40 else None)
         ax.set_xlabel(label)
         ax.set_ylabel("mean client test accuracy")
         if logx:
             ax.set_xscale("log")
         ax.set_title(title)
         ax.grid(alpha=0.3)
+        if len(series) > 1:
+            ax.legend()
         fig.tight_layout()
         fig.savefig(out / name, dpi=120)
         plt.close(fig)

@@ -29,6 +29,15 @@ RoundCallback = Callable[[dict[str, Any]], None]
 GlobalEval = Callable[[int, ArrayRecord], dict[str, float] | None]
 
 
+def count_of(reply: Message) -> float | None:
+    """A reply's num-examples, or None when it is absent or not a count."""
+    met = reply.content.metric_records.get(P.METRICS)
+    if met is None or P.NUM_EXAMPLES not in met:
+        return None
+    n = float(met[P.NUM_EXAMPLES])
+    return n if np.isfinite(n) and n >= 0 else None
+
+
 class HeadwayStrategy(Strategy):
     """Base strategy: subclasses set ``name`` and implement the four Flower hooks."""
 
@@ -78,6 +87,29 @@ class HeadwayStrategy(Strategy):
 
     def config(self, server_round: int, **fields: Any) -> ConfigRecord:
         return ConfigRecord({P.ROUND: server_round, **fields})
+
+    def screen(self, replies: Iterable[Message], check: Callable[[ArrayRecord, float], tuple[Any, str | None]]) -> list[tuple[Any, float, float]]:
+        """(payload, num-examples, train loss) of the replies whose arrays pass ``check``.
+
+        ``check(arrays, n)`` returns the decoded payload and a reason when the reply cannot
+        be real; such replies, and replies without arrays or a count, are rejected.
+        """
+        good = []
+        for reply in replies:
+            n = count_of(reply)
+            arrays = reply.content.array_records.get(P.ARRAYS)
+            if n is None or arrays is None:
+                self.reject(reply, "reply without arrays and a valid num-examples")
+                continue
+            try:
+                payload, problem = check(arrays, n)
+            except Exception as exc:  # an undecodable payload is a bad reply, not a crash
+                payload, problem = None, f"payload cannot be decoded: {exc}"
+            if problem:
+                self.reject(reply, problem)
+                continue
+            good.append((payload, n, float(reply.content[P.METRICS].get(P.LOSS, np.nan))))
+        return good
 
     def reject(self, reply: Message, reason: str) -> None:
         """Drop a reply whose content cannot be real; counted in the round's failures."""

@@ -25,15 +25,6 @@ def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
 
 
-def count_of(reply: Message) -> float | None:
-    """A reply's num-examples, or None when it is absent or not a count."""
-    met = reply.content.metric_records.get(P.METRICS)
-    if met is None or P.NUM_EXAMPLES not in met:
-        return None
-    n = float(met[P.NUM_EXAMPLES])
-    return n if np.isfinite(n) and n >= 0 else None
-
-
 class FedAvg(HeadwayStrategy):
     """Whole-model averaging weighted by each client's number of training examples."""
 
@@ -58,32 +49,16 @@ class FedAvg(HeadwayStrategy):
         content = RecordDict({P.ARRAYS: arrays, P.CONFIG: self.config(server_round)})
         return self.messages(grid, nodes, content, MessageType.TRAIN)
 
-    def valid_updates(self, replies: Iterable[Message]) -> tuple[list[dict[str, np.ndarray]], list[float], list[float]]:
-        """Arrays, example counts and train losses of the replies that pass the checks."""
-        updates, counts, losses = [], [], []
-        for reply in replies:
-            n = count_of(reply)
-            if n is None or n == 0:
-                self.reject(reply, "reply without a positive num-examples")
-                continue
-            rec = reply.content.array_records.get(P.ARRAYS)
-            if rec is None:
-                self.reject(reply, "reply without arrays")
-                continue
-            arrays = to_numpy(rec)
-            problem = array_problem(self.current, arrays)
-            if problem:
-                self.reject(reply, problem)
-                continue
-            updates.append(arrays)
-            counts.append(n)
-            losses.append(float(reply.content[P.METRICS].get(P.LOSS, np.nan)))
-        return updates, counts, losses
+    def check_update(self, arrays: ArrayRecord, n: float) -> tuple[dict[str, np.ndarray], str | None]:
+        """A model update is averageable when it matches the global model and has examples."""
+        update = to_numpy(arrays)
+        return update, ("num-examples is 0" if n == 0 else array_problem(self.current, update))
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        updates, counts, losses = self.valid_updates(replies)
-        if not updates:
+        good = self.screen(replies, self.check_update)
+        if not good:
             return None, MetricRecord({"clients": 0})
+        updates, counts, losses = zip(*good)
         avg = weighted_average(updates, counts)
         return to_record(avg), MetricRecord({"clients": len(updates), "loss": float(np.average(losses, weights=counts))})
 

@@ -18,7 +18,6 @@ from core.fedlog import StatsCheck, add_noise, noise_sigma, releases, solve_head
 from core.models import build_body
 from strategies.base import HeadwayStrategy
 from strategies.exchange import exchange
-from strategies.fedavg import count_of
 
 log = logging.getLogger("headway")
 
@@ -82,34 +81,19 @@ class FedLog(HeadwayStrategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         return self._train_messages(server_round, grid, "train")
 
-    def valid_statistics(self, replies: Iterable[Message]) -> tuple[list[np.ndarray], list[float], list[float]]:
-        stats, counts, losses = [], [], []
-        for reply in replies:
-            n = count_of(reply)
-            rec = reply.content.array_records.get(P.ARRAYS)
-            if n is None or rec is None or STATS not in rec:
-                self.reject(reply, "reply without statistics and a valid count")
-                continue
-            try:
-                s = rec[STATS].numpy().astype(np.float64)
-            except Exception as exc:  # undecodable payload
-                self.reject(reply, f"statistics cannot be decoded: {exc}")
-                continue
-            problem = self.checker.problem(s, n)
-            if problem:
-                self.reject(reply, problem)
-                continue
-            stats.append(s)
-            counts.append(n)
-            losses.append(float(reply.content[P.METRICS].get(P.LOSS, np.nan)))
-        return stats, counts, losses
+    def check_statistics(self, arrays: ArrayRecord, n: float) -> tuple[np.ndarray | None, str | None]:
+        if STATS not in arrays:
+            return None, "reply without statistics"
+        stats = arrays[STATS].numpy().astype(np.float64)
+        return stats, self.checker.problem(stats, n)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        stats, counts, losses = self.valid_statistics(replies)
-        if not stats:
+        good = self.screen(replies, self.check_statistics)
+        if not good:
             log.warning("fedlog round %d: no valid statistics; keeping the previous head", server_round)
             self.round_metrics["train_clients"] = 0
             return None, None
+        stats, counts, losses = zip(*good)
         phi = np.sum(stats, axis=0)  # Eq. 11
         n = float(np.sum(counts))
         if self.cfg["fedlog-dp"] == "central":
@@ -122,11 +106,6 @@ class FedLog(HeadwayStrategy):
         finite = [v for v in losses if np.isfinite(v)]
         self.round_metrics.update({"train_clients": len(stats), "solve_seconds": dt, "train_loss": float(np.mean(finite)) if finite else float("nan")})
         return self.head_record(), None
-
-    def train_round(self, server_round: int, arrays: ArrayRecord, grid: Grid, timeout: float) -> ArrayRecord:
-        msgs = self.configure_train(server_round, arrays, ConfigRecord(), grid)
-        new, _ = self.aggregate_train(server_round, exchange(grid, msgs, timeout, self.meter, "train"))
-        return arrays if new is None else new
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         return self.evaluate_messages(server_round, ArrayRecord({ETA: Array(self.eta.astype(np.float32))}), grid)

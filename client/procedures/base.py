@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import torch
 from flwr.app import MetricRecord, RecordDict
 
 from client.env import ClientEnv
@@ -40,8 +39,3 @@ def test_metrics(env: ClientEnv, forward) -> MetricRecord:
 
 def train_metrics(env: ClientEnv, loss: float, **extra: float) -> MetricRecord:
     return MetricRecord({P.NUM_EXAMPLES: len(env.y_train), P.PARTITION_ID: env.partition_id, P.LOSS: float(loss), **extra})
-
-
-def no_grad_eval(model: torch.nn.Module):
-    model.eval()
-    return model
