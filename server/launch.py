@@ -69,6 +69,7 @@ def write_connection(name: str, address: str, insecure: bool, root_cert: str | N
     if "[superlink]" not in tomllib.loads(text) and not text.startswith("[superlink]"):
         text = "[superlink]\n" + text
     if simulation is not None:
+        simulation = {k: int(v) if float(v).is_integer() and k != "num-gpus" else v for k, v in simulation.items()}  # Flower wants whole CPUs
         block = (f'\n[superlink.{name}]\naddress = ":local:"\noptions.num-supernodes = {simulation["num-supernodes"]}\n'
                  f'options.backend.client-resources.num-cpus = {simulation["num-cpus"]}\n'
                  f'options.backend.client-resources.num-gpus = {simulation["num-gpus"]}\n')
