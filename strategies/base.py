@@ -146,7 +146,11 @@ class HeadwayStrategy(Strategy):
         evaluate_fn: GlobalEval | None = None,
         on_round: RoundCallback | None = None,
     ) -> Result:
-        """Run ``num_rounds`` rounds; after each, call ``on_round`` with the round's record."""
+        """Run ``num_rounds`` rounds; after each, call ``on_round`` with the round's record.
+
+        ``train_config``/``evaluate_config`` keep Flower's signature; headway's per-round
+        settings come from the run config, which every client reads itself.
+        """
         self.summary()
         result = Result()
         arrays = initial_arrays
