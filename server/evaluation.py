@@ -29,6 +29,6 @@ def global_model_evaluator(cfg: dict[str, Any]) -> Callable[[int, ArrayRecord], 
         model.load_state_dict(arrays.to_torch_state_dict())
         model.eval()
         s = score(ds.task, predict(model, x), y)
-        return {k: v for k, v in s.items()}
+        return s
 
     return evaluate
