@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-ALGORITHMS = ("fedavg", "fedlog")
+ALGORITHMS = ("fedavg", "fedprox", "fedlog", "lg-fedavg", "fedper", "fedrep", "fedproto")
 DATASETS = (
     "mnist",
     "fashion-mnist",
@@ -94,6 +94,16 @@ SCHEMA: dict[str, Key] = {
     "fedlog-epsilon": Key(1.0, "DP epsilon", check=_positive, rule="> 0"),
     "fedlog-delta": Key(0.01, "DP delta", check=lambda v: 0 < v < 1, rule="in (0, 1)"),
     "fedlog-clip": Key(0.0, "clip body features to [-b, b]; 0: no clip (required > 0 with DP)", check=_non_negative, rule=">= 0"),
+    # layer-sharing and prototype baselines
+    "lg-global-layers": Key(1, "LG-FedAvg: top layers that are global and averaged (1 or 2 in FedLog's Table 1)", check=_positive, rule="> 0"),
+    "lg-warmup-rounds": Key(0, "LG-FedAvg: first rounds run as FedAvg on the whole model before bodies go local", check=_non_negative, rule=">= 0"),
+    "lg-new-test": Key(True, "LG-FedAvg: after the last round clients upload their models once and the server scores their logit ensemble on the whole test set"),
+    "fedper-local-layers": Key(2, "FedPer: top layers kept local; the rest are averaged", check=_positive, rule="> 0"),
+    "fedrep-local-layers": Key(1, "FedRep: top layers kept local (the head); the rest are averaged", check=_positive, rule="> 0"),
+    "fedrep-head-epochs": Key(10, "FedRep: epochs training the local head (body fixed) before the body epochs", check=_non_negative, rule=">= 0"),
+    "fedproto-lambda": Key(1.0, "FedProto: weight of the pull of features towards the global prototypes", check=_non_negative, rule=">= 0"),
+    "fedproto-predict": Key("head", "FedProto: the accuracy reported first: local head, or nearest global prototype (both are recorded)", choices=("head", "prototype")),
+    "fedprox-mu": Key(0.01, "FedProx: proximal term weight mu", check=_non_negative, rule=">= 0"),
 }
 
 

@@ -157,3 +157,11 @@ def resolve_device(choice: str) -> torch.device:
     if choice == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device("cuda")
+
+
+def common_width(bodies: list[str], input_shape: tuple[int, ...], m: int = 0) -> int:
+    """The feature width every body in ``bodies`` outputs; ValueError when they differ."""
+    widths = {b: build_body(b, input_shape, m).out_dim for b in bodies}
+    if len(set(widths.values())) != 1:
+        raise ValueError(f"every body must output the same number of features; got {widths}: set 'feature-dim'")
+    return next(iter(widths.values()))

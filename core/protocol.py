@@ -23,3 +23,12 @@ SQUARED_ERROR = "squared-error"
 # error codes clients put in error replies
 ERROR_BAD_INPUT = 4001
 ERROR_CLIENT = 4002
+
+# phases (config field PHASE) beyond plain training and evaluation
+PHASE_UPLOAD = "upload-model"  # LG-FedAvg new test: a client sends its whole local model once
+# config field of an upload reply naming the client's body architecture
+BODY = "body"
+
+# FedProto payload arrays
+PROTOTYPES = "prototypes"
+CLASS_COUNTS = "class-counts"

@@ -99,3 +99,36 @@ def score(task: str, outputs: torch.Tensor, y: torch.Tensor) -> dict[str, float]
         return {"accuracy": accuracy(outputs, y), "loss": float(nn.functional.cross_entropy(outputs, y)) if len(y) else float("nan")}
     mse = float(nn.functional.mse_loss(outputs, y)) if len(y) else float("nan")
     return {"mse": mse, "loss": mse}
+
+
+@torch.no_grad()
+def ensemble_logits(models: Iterable[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor, batch_size: int = 1000) -> torch.Tensor:
+    """The mean of every model's logits over ``x`` (LG-FedAvg's new-test ensemble)."""
+    total, count = None, 0
+    for model in models:
+        out = predict(model, x, batch_size)
+        total = out if total is None else total + out
+        count += 1
+    if total is None:
+        raise ValueError("an ensemble needs at least one model")
+    return total / count
+
+
+class trainable_only:
+    """Context manager: only ``names`` (parameter names of ``model``) require grad inside.
+
+    Frozen parameters get no gradients, so autograd also skips the layers beneath them.
+    """
+
+    def __init__(self, model: nn.Module, names: Iterable[str]):
+        self.model, self.names = model, set(names)
+
+    def __enter__(self) -> list[nn.Parameter]:
+        self.saved = {n: p.requires_grad for n, p in self.model.named_parameters()}
+        for n, p in self.model.named_parameters():
+            p.requires_grad_(n in self.names)
+        return [p for n, p in self.model.named_parameters() if n in self.names]
+
+    def __exit__(self, *exc) -> None:
+        for n, p in self.model.named_parameters():
+            p.requires_grad_(self.saved[n])

@@ -135,6 +135,10 @@ class HeadwayStrategy(Strategy):
         metrics = self.aggregate_evaluate(server_round, replies)
         return {} if metrics is None else {k: float(v) for k, v in metrics.items() if not isinstance(v, list)}
 
+    def final_evaluation(self, arrays: ArrayRecord, grid: Grid, timeout: float) -> dict[str, float]:
+        """Extra evaluation after the last round (default: none), such as LG-FedAvg's new test."""
+        return {}
+
     def start(
         self,
         grid: Grid,
@@ -162,6 +166,8 @@ class HeadwayStrategy(Strategy):
             if rnd == 1 and self.meter.failures and not self.round_metrics.get("train_clients"):
                 raise RuntimeError(f"every client failed in round 1; first failure: {self.meter.failure_reasons[0]}")
             evaluation = self.evaluate_round(rnd, arrays, grid, timeout)
+            if rnd == num_rounds:
+                evaluation.update(self.final_evaluation(arrays, grid, timeout))
             glob = evaluate_fn(rnd, arrays) if evaluate_fn is not None else None
             record = self._round_record(rnd, evaluation, glob, time.monotonic() - t0, time.monotonic() - started)
             result.arrays = arrays
@@ -185,6 +191,8 @@ class HeadwayStrategy(Strategy):
             "seconds": seconds,
             "elapsed_seconds": elapsed,
         }
+        for phase in sorted(set(self.meter.bytes) - {"train", "evaluate"}):  # e.g. LG-FedAvg's model upload
+            record[f"{phase}_bytes_down"], record[f"{phase}_bytes_up"] = self.meter.phase_bytes(phase)
         record.update({k: v for k, v in evaluation.items() if k != "accuracy"})
         record.update(self.round_metrics)
         if glob:
@@ -205,6 +213,7 @@ class HeadwayStrategy(Strategy):
         """Sample-weighted mean of clients' local test metrics: Σ correct / Σ examples."""
         total, correct, loss, sq = 0.0, 0.0, 0.0, 0.0
         per_client = []
+        extra: dict[str, float] = {}  # "correct-<how>" counts -> accuracy_<how> (e.g. FedProto's two predictions)
         for reply in replies:
             met = reply.content.metric_records.get(P.METRICS)
             if met is None or P.NUM_EXAMPLES not in met:
@@ -218,6 +227,9 @@ class HeadwayStrategy(Strategy):
             correct += float(met.get(P.CORRECT, 0.0))
             loss += float(met.get(P.LOSS, 0.0)) * n
             sq += float(met.get(P.SQUARED_ERROR, 0.0))
+            for key, value in met.items():
+                if key.startswith(P.CORRECT + "-"):
+                    extra[key] = extra.get(key, 0.0) + float(value)
             if n > 0 and P.CORRECT in met:
                 per_client.append(float(met[P.CORRECT]) / n)
         if total == 0:
@@ -227,6 +239,8 @@ class HeadwayStrategy(Strategy):
             out["accuracy"] = correct / total
             out["accuracy_client_mean"] = float(np.mean(per_client))
             out["accuracy_client_min"] = float(np.min(per_client))
+            for key, value in extra.items():
+                out["accuracy_" + key[len(P.CORRECT) + 1 :]] = value / total
         else:
             out["mse"] = sq / total
         return out

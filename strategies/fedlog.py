@@ -15,7 +15,7 @@ from core import protocol as P
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.fedlog import StatsCheck, add_noise, noise_sigma, releases, solve_head
-from core.models import build_body
+from core.models import common_width
 from strategies.base import HeadwayStrategy
 from strategies.exchange import exchange
 
@@ -42,10 +42,10 @@ class FedLog(HeadwayStrategy):
     def check(self, spec: DatasetSpec) -> None:
         if spec.task != "classification":
             raise ConfigError(f"fedlog needs a classification data set; '{self.cfg['dataset']}' is {spec.task}")
-        widths = {b: build_body(b, spec.input_shape, self.cfg["feature-dim"]).out_dim for b in body_names(self.cfg)}
-        if len(set(widths.values())) != 1:
-            raise ConfigError(f"fedlog needs every body to output the same number of features; got {widths}: set 'feature-dim'")
-        self.m = next(iter(widths.values())) + 1  # plus the constant feature
+        try:
+            self.m = common_width(body_names(self.cfg), spec.input_shape, self.cfg["feature-dim"]) + 1  # plus the constant 1
+        except ValueError as exc:
+            raise ConfigError(f"fedlog: {exc}") from None
         self.classes = spec.num_classes
         self.sigma = noise_sigma(self.cfg, self.m)
         local_sigma = self.sigma if self.cfg["fedlog-dp"] == "local" else 0.0

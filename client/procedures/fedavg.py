@@ -1,33 +1,30 @@
-"""FedAvg client: load the global model, train all of it locally, send it back."""
+"""FedAvg and FedProx clients: load the global model, train all of it, send it back.
+
+FedProx adds (μ/2)‖w − w_global‖² to the task loss (``fedprox-mu``)."""
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, RecordDict
+import torch
 
 from client.env import ClientEnv
-from client.procedures.base import round_of, test_metrics, train_metrics
-from core import protocol as P
-from core.training import task_loss, train_epochs
+from client.procedures.layer_sharing import SharedLayersClient
+from core.models import Net
+from core.training import task_loss
 
 
-class FedAvgClient:
-    def _model(self, env: ClientEnv, content: RecordDict):
-        model = env.build_model()
-        model.load_state_dict(content[P.ARRAYS].to_torch_state_dict())
-        return model
+class FedAvgClient(SharedLayersClient):
+    keeps_state = False  # the server sends every layer each round
 
-    def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
-        model = self._model(env, content)
-        cfg = env.cfg
-        loss = train_epochs(
-            model, list(model.parameters()), env.x_train, env.y_train,
-            epochs=cfg["local-epochs"], batch_size=cfg["batch-size"], lr=cfg["lr"], optimizer=cfg["optimizer"],
-            loss_fn=task_loss(env.data.task), augment=env.data.augment, seed=env.seed_for(round_of(content)),
-            device=env.device, modules=[model],
-        )
-        arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
-        return RecordDict({P.ARRAYS: arrays, P.METRICS: train_metrics(env, loss)})
 
-    def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
-        model = self._model(env, content).eval()
-        return RecordDict({P.METRICS: test_metrics(env, model)})
+class FedProxClient(FedAvgClient):
+    def fit(self, env: ClientEnv, model: Net, shared: list[str], server_round: int) -> float:
+        mu = env.cfg["fedprox-mu"]
+        params = list(model.parameters())
+        anchor = [p.detach().clone() for p in params]
+        base = task_loss(env.data.task)
+
+        def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            prox = sum(((p - a) ** 2).sum() for p, a in zip(params, anchor))
+            return base(out, y) + 0.5 * mu * prox
+
+        return self.train_all(env, model, params, server_round, loss_fn=loss_fn)

@@ -1,0 +1,21 @@
+"""FedRep client: fit the local head with the body fixed (``fedrep-head-epochs``), then
+the shared body with the head fixed (``local-epochs``); return the body."""
+
+from __future__ import annotations
+
+from client.env import ClientEnv
+from client.procedures.layer_sharing import SharedLayersClient
+from core.layers import in_layers
+from core.models import Net
+from core.training import trainable_only
+
+
+class FedRepClient(SharedLayersClient):
+    def fit(self, env: ClientEnv, model: Net, shared: list[str], server_round: int) -> float:
+        names = [n for n, _ in model.named_parameters()]
+        body = [n for n in names if n in shared]
+        head = [n for n in names if n not in shared]
+        with trainable_only(model, head) as params:
+            self.train_all(env, model, params, server_round, epochs=env.cfg["fedrep-head-epochs"])
+        with trainable_only(model, body) as params:
+            return self.train_all(env, model, params, server_round)

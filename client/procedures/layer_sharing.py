@@ -1,0 +1,63 @@
+"""Client side of every method that trains a whole model and exchanges some of its
+layers (FedAvg, FedProx, LG-FedAvg, FedPer, FedRep).
+
+The client's own model lives in its local state; the layers the server sends overwrite
+their local copies, and after training exactly those layers go back.
+"""
+
+from __future__ import annotations
+
+from flwr.app import ArrayRecord, RecordDict
+
+from client.env import ClientEnv
+from client.procedures.base import round_of, test_metrics, train_metrics
+from core import protocol as P
+from core.models import Net
+from core.training import task_loss, train_epochs
+
+PERSONAL = "personal-model"
+
+
+class SharedLayersClient:
+    """Merge the received layers into the local model, train it, return those layers."""
+
+    keeps_state = True  # False for FedAvg-like methods, where every layer comes from the server
+
+    def model(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> tuple[Net, list[str]]:
+        """This client's model with the received layers in place, and their names."""
+        model = env.build_model()
+        if self.keeps_state and PERSONAL in state.array_records:
+            model.load_state_dict(state[PERSONAL].to_torch_state_dict())
+        received = content[P.ARRAYS].to_torch_state_dict()
+        own = model.state_dict()
+        for name, value in received.items():
+            if name not in own or own[name].shape != value.shape:
+                raise ValueError(f"the server sent layer {name!r} with shape {tuple(value.shape)}, which this client's {env.body} model does not have")
+        model.load_state_dict(received, strict=False)
+        return model, list(received)
+
+    def fit(self, env: ClientEnv, model: Net, shared: list[str], server_round: int) -> float:
+        """Local training (default: every parameter on the task loss); returns the loss."""
+        return self.train_all(env, model, list(model.parameters()), server_round)
+
+    def train_all(self, env: ClientEnv, model: Net, params: list, server_round: int, epochs: int | None = None, loss_fn=None) -> float:
+        cfg = env.cfg
+        return train_epochs(
+            model, params, env.x_train, env.y_train,
+            epochs=cfg["local-epochs"] if epochs is None else epochs, batch_size=cfg["batch-size"], lr=cfg["lr"],
+            optimizer=cfg["optimizer"], loss_fn=loss_fn or task_loss(env.data.task), augment=env.data.augment,
+            seed=env.seed_for(server_round, salt=0 if epochs is None else 2), device=env.device, modules=[model],
+        )
+
+    def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        model, shared = self.model(env, content, state)
+        loss = self.fit(env, model, shared, round_of(content))
+        weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        if self.keeps_state:
+            state[PERSONAL] = ArrayRecord(weights)
+        reply = ArrayRecord({k: weights[k] for k in shared})
+        return RecordDict({P.ARRAYS: reply, P.METRICS: train_metrics(env, loss)})
+
+    def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        model, _ = self.model(env, content, state)
+        return RecordDict({P.METRICS: test_metrics(env, model.eval())})

@@ -1,0 +1,24 @@
+"""FedPer (Arivazhagan et al. 2019): bodies are averaged, the top ``fedper-local-layers``
+layers (two in FedLog's comparison) stay on each client; clients train everything jointly."""
+
+from __future__ import annotations
+
+from core.layers import layer_names, top_layers
+from core.models import Net
+from strategies.layer_sharing import LayerSharing
+
+
+def all_but_top(model: Net, k: int) -> list[str]:
+    """Every layer except the ``k`` nearest the output."""
+    local = set(top_layers(model, k))
+    shared = [name for name in layer_names(model) if name not in local]
+    if not shared:
+        raise ValueError(f"keeping {k} top layers local leaves nothing to share in a model with layers {layer_names(model)}")
+    return shared
+
+
+class FedPer(LayerSharing):
+    name = "fedper"
+
+    def shared_layers(self, model: Net, server_round: int) -> list[str] | None:
+        return all_but_top(model, self.cfg["fedper-local-layers"])

@@ -1,0 +1,16 @@
+"""FedRep (Collins et al. 2021): the body is averaged, the top ``fedrep-local-layers``
+layers (the head) stay local. Clients first fit their head with the body fixed
+(``fedrep-head-epochs``), then the body with the head fixed (``local-epochs``)."""
+
+from __future__ import annotations
+
+from core.models import Net
+from strategies.fedper import all_but_top
+from strategies.layer_sharing import LayerSharing
+
+
+class FedRep(LayerSharing):
+    name = "fedrep"
+
+    def shared_layers(self, model: Net, server_round: int) -> list[str] | None:
+        return all_but_top(model, self.cfg["fedrep-local-layers"])
