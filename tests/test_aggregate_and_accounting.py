@@ -53,17 +53,6 @@ class FakeGrid:
         return replies
 
 
-@pytest.fixture
-def task_identity():
-    """Messages built outside a Flower run need an identity for their metadata."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
-
-
 def test_exchange_meters_both_ways_and_counts_errors_and_silence(task_identity):
     content = RecordDict({"arrays": ArrayRecord({"x": Array(np.zeros(100, np.float32))}), "config": ConfigRecord({"r": 1})})
     msgs = [Message(content=content, dst_node_id=n, message_type="train") for n in (11, 12, 13)]
