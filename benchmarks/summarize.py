@@ -1,7 +1,7 @@
-"""Collect result folders into a markdown table (beside the paper's figures) and
-combined plots of accuracy vs round and vs cumulative bytes.
+"""Collect result folders into a markdown table beside FedLog's Table 1 and plots of
+accuracy vs round and vs cumulative bytes (mean over seeds, one line per method).
 
-    .venv/bin/python -m benchmarks.summarize benchmarks/results/mnist-table1 --paper mnist
+    .venv/bin/python -m benchmarks.summarize benchmarks/results/table1-mnist --paper mnist
 """
 
 from __future__ import annotations
@@ -15,11 +15,22 @@ import numpy as np
 
 from server.results import plot_curves
 
-# FedLog (extended) Table 1: accuracy % and communication cost to the threshold
+# fedlog-extended Table 1: accuracy % (mean ± s.e., 10 seeds) and communication cost to the threshold
 PAPER = {
-    "mnist": {"threshold": 0.97, "fedavg": ("89.76 ± 0.69", "3.45 Gb"), "fedlog": ("98.15 ± 0.05", "3.18 Mb"), "fedlog-c": ("98.41 ± 0.07", "3.18 Mb")},
-    "cifar10": {"threshold": 0.83, "fedavg": ("", ""), "fedlog": ("87.08 ± 0.22", "0.14 Gb"), "fedlog-c": ("87.57 ± 0.25", "0.11 Gb")},
+    "mnist": {
+        "threshold": 0.97,
+        "fedavg": ("89.76 ± 0.69", "3.45 Gb"), "lg-fedavg-1": ("97.85 ± 0.05", "4.81 Mb"), "lg-fedavg-2": ("98.18 ± 0.06", "0.16 Gb"),
+        "fedper": ("96.16 ± 0.19", "0.65 Gb"), "fedrep-1": ("98.15 ± 0.07", "0.18 Gb"), "fedrep-2": ("95.51 ± 0.29", "36.3 Mb"),
+        "fedproto": ("98.19 ± 0.06", "3.02 Mb"), "fedlog": ("98.15 ± 0.05", "3.18 Mb"), "fedlog-c": ("98.41 ± 0.07", "3.18 Mb"),
+    },
+    "cifar10": {
+        "threshold": 0.83,
+        "fedavg": ("26.29 ± 0.44", "37.9 Gb"), "lg-fedavg-1": ("86.57 ± 0.29", "0.26 Gb"), "lg-fedavg-2": ("85.56 ± 0.32", "3.38 Gb"),
+        "fedper": ("83.54 ± 0.40", "27.7 Gb"), "fedrep-1": ("83.23 ± 0.40", "27.34 Gb"), "fedrep-2": ("82.96 ± 0.35", "15.3 Gb"),
+        "fedproto": ("87.37 ± 0.26", "0.18 Gb"), "fedlog": ("87.08 ± 0.22", "0.14 Gb"), "fedlog-c": ("87.57 ± 0.25", "0.11 Gb"),
+    },
 }
+ORDER = list(PAPER["mnist"])[1:]
 
 
 def load_runs(root: Path) -> dict[str, list[tuple[dict, list[dict]]]]:
@@ -46,24 +57,55 @@ def fmt_bytes(b: float) -> str:
     return f"{bits / 1e9:.3g} Gb" if bits >= 1e9 else f"{bits / 1e6:.3g} Mb"
 
 
+def _sorted(methods) -> list[str]:
+    return sorted(methods, key=lambda m: (ORDER.index(m) if m in ORDER else len(ORDER), m))
+
+
 def table(runs: dict, paper: str) -> str:
     ref = PAPER.get(paper, {})
     thr = ref.get("threshold", 0.0)
-    lines = [f"| method | seeds | final accuracy % | best % | bits to {thr:.0%} (up + down) | rounds to {thr:.0%} | total bits | wall time | paper accuracy | paper cost |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for method, items in sorted(runs.items()):
+    lines = [f"| method | seeds | rounds | final accuracy % | best % | bits to {thr:.0%} (up + down) | round reached | total bits | wall time | paper accuracy | paper cost |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for method in _sorted(runs):
+        items = runs[method]
         finals = np.array([s["final_accuracy"] for s, _ in items]) * 100
         bests = np.array([s["best_accuracy"] for s, _ in items]) * 100
-        se = finals.std(ddof=1) / np.sqrt(len(finals)) if len(finals) > 1 else 0.0
+        se = finals.std(ddof=1) / np.sqrt(len(finals)) if len(finals) > 1 else float("nan")
         reach = [bytes_to(r, thr) for _, r in items]
         rounds_to = [next((r["round"] for r in rs if r["accuracy"] is not None and r["accuracy"] >= thr), None) for _, rs in items]
-        cost = fmt_bytes(np.mean([b for b, _ in reach])) + ("" if all(ok for _, ok in reach) else " (not reached: to best)")
+        reached = sum(ok for _, ok in reach)
+        cost = fmt_bytes(np.mean([b for b, _ in reach])) + ("" if reached == len(reach) else f" ({len(reach) - reached} not reached: to best)")
         total = fmt_bytes(np.mean([s["total_bytes"] for s, _ in items]))
         wall = np.mean([s["wall_seconds"] for s, _ in items]) / 60
         pa, pc = ref.get(method, ("", ""))
         rt = ", ".join(str(r) if r else "–" for r in rounds_to)
-        lines.append(f"| {method} | {len(items)} | {finals.mean():.2f} ± {se:.2f} | {bests.mean():.2f} | {cost} | {rt} | {total} | {wall:.1f} min | {pa} | {pc} |")
+        n_rounds = max(len(r) for _, r in items)
+        se_text = f"{se:.2f}" if np.isfinite(se) else "–"
+        lines.append(f"| {method} | {len(items)} | {n_rounds} | {finals.mean():.2f} ± {se_text} | {bests.mean():.2f} | {cost} | {rt} | {total} | {wall:.1f} min | {pa} | {pc} |")
     return "\n".join(lines)
+
+
+def mean_curve(items: list[tuple[dict, list[dict]]]) -> list[dict]:
+    """Per-round mean accuracy and cumulative bytes over the seeds (rounds all runs have)."""
+    n = min(len(r) for _, r in items)
+    out = []
+    for i in range(n):
+        rows = [r[i] for _, r in items]
+        accs = [row["accuracy"] for row in rows if row.get("accuracy") is not None]
+        out.append({"round": i + 1, "accuracy": float(np.mean(accs)) if accs else None, "cumulative_bytes": float(np.mean([row["cumulative_bytes"] for row in rows]))})
+    return out
+
+
+def summarize(root: Path, paper: str) -> str:
+    """Write ``table.md`` and the two plots into ``root``; return the table."""
+    runs = load_runs(root)
+    if not runs:
+        raise SystemExit(f"no finished runs (*/summary.json) under {root}")
+    md = table(runs, paper)
+    (root / "table.md").write_text(md + "\n")
+    seeds = sorted({len(items) for items in runs.values()})
+    plot_curves({m: mean_curve(runs[m]) for m in _sorted(runs)}, root, f"FedLog Table 1 setup, {paper} (mean of {'/'.join(map(str, seeds))} seeds)")
+    return md
 
 
 def main() -> None:
@@ -71,12 +113,7 @@ def main() -> None:
     p.add_argument("root", help="folder of result folders named METHOD-seedN")
     p.add_argument("--paper", default="mnist", choices=sorted(PAPER))
     args = p.parse_args()
-    root = Path(args.root)
-    runs = load_runs(root)
-    md = table(runs, args.paper)
-    (root / "table.md").write_text(md + "\n")
-    plot_curves({m: items[0][1] for m, items in sorted(runs.items())}, root, f"FedLog Table 1 setup, {args.paper} (seed of the first run)")
-    print(md)
+    print(summarize(Path(args.root), args.paper))
 
 
 if __name__ == "__main__":

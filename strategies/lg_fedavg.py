@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, MessageType, RecordDict
 from flwr.serverapp import Grid

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, RecordDict
 
 from client.env import ClientEnv
 from client.procedures.base import round_of, test_metrics, train_metrics

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from client.env import ClientEnv
 from client.procedures.layer_sharing import SharedLayersClient
-from core.layers import in_layers
 from core.models import Net
 from core.training import trainable_only
 

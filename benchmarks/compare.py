@@ -1,0 +1,71 @@
+"""FedLog's Table 1 comparison: every method on the same data, bodies and byte accounting.
+
+    .venv/bin/python -m benchmarks.compare mnist --seeds 0 1 2
+    .venv/bin/python -m benchmarks.compare cifar10 --seeds 0 --set num-server-rounds=10
+
+Runs each (method, seed) as its own simulation (``server.run``) into
+``benchmarks/results/table1-<dataset>[-<tag>]/<method>-seed<N>/``, skipping runs whose
+``summary.json`` exists, then writes ``table.md`` (mean ± standard error of the final
+accuracy, bytes to the paper's threshold, the paper's figures) and the plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.summarize import summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# method -> run-config overrides; hyperparameters shared by all come from the dataset's config
+METHODS: dict[str, dict[str, object]] = {
+    "fedavg": {"algorithm": "fedavg"},
+    "lg-fedavg-1": {"algorithm": "lg-fedavg", "lg-global-layers": 1},
+    "lg-fedavg-2": {"algorithm": "lg-fedavg", "lg-global-layers": 2},
+    "fedper": {"algorithm": "fedper", "fedper-local-layers": 2},
+    "fedrep-1": {"algorithm": "fedrep", "fedrep-local-layers": 1},
+    "fedrep-2": {"algorithm": "fedrep", "fedrep-local-layers": 2},
+    "fedproto": {"algorithm": "fedproto"},
+    "fedlog": {"algorithm": "fedlog"},
+    "fedlog-c": {"algorithm": "fedlog", "fedlog-alpha": 0.01},
+}
+CONFIGS = {"mnist": "benchmarks/configs/mnist-table1.toml", "cifar10": "benchmarks/configs/cifar10-table1.toml"}
+
+
+def run_one(dataset: str, method: str, seed: int, out: Path, sets: list[str]) -> None:
+    """One simulation in a fresh process (a fresh Ray), unless its summary exists."""
+    if (out / "summary.json").exists():
+        print(f"skip {out} (done)", flush=True)
+        return
+    args = [sys.executable, "-m", "server.run", CONFIGS[dataset], "--out", str(out), "--set", f"seed={seed}"]
+    for key, value in METHODS[method].items():
+        args += ["--set", f"{key}={value}"]
+    for s in sets:
+        args += ["--set", s]
+    print("run", " ".join(args[1:]), flush=True)
+    subprocess.run(args, cwd=ROOT, check=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset", choices=sorted(CONFIGS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key for every run (e.g. num-server-rounds=20)")
+    p.add_argument("--tag", default="", help="suffix of the results folder, to keep reduced runs apart")
+    p.add_argument("--summarize-only", action="store_true")
+    args = p.parse_args(argv)
+    root = ROOT / "benchmarks" / "results" / (f"table1-{args.dataset}" + (f"-{args.tag}" if args.tag else ""))
+    if not args.summarize_only:
+        for seed in args.seeds:
+            for method in args.methods:
+                run_one(args.dataset, method, seed, root / f"{method}-seed{seed}", args.set)
+    print(summarize(root, args.dataset))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
