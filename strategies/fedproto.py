@@ -20,7 +20,6 @@ from strategies.base import HeadwayStrategy
 
 log = logging.getLogger("headway")
 
-PROTOS, COUNTS = P.PROTOTYPES, P.CLASS_COUNTS
 
 
 class FedProto(HeadwayStrategy):
@@ -44,7 +43,7 @@ class FedProto(HeadwayStrategy):
         """The global prototypes and counts (empty before the first aggregation)."""
         if self.protos is None:
             return ArrayRecord()
-        return ArrayRecord({PROTOS: Array(self.protos.astype(np.float32)), COUNTS: Array(self.counts.astype(np.float32))})
+        return ArrayRecord({P.PROTOTYPES: Array(self.protos.astype(np.float32)), P.CLASS_COUNTS: Array(self.counts.astype(np.float32))})
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         nodes = self.sample(grid, self.cfg["fraction-train"])
@@ -52,9 +51,9 @@ class FedProto(HeadwayStrategy):
         return self.messages(grid, nodes, content, MessageType.TRAIN)
 
     def check_prototypes(self, arrays: ArrayRecord, n: float) -> tuple[tuple[np.ndarray, np.ndarray] | None, str | None]:
-        if PROTOS not in arrays or COUNTS not in arrays:
+        if P.PROTOTYPES not in arrays or P.CLASS_COUNTS not in arrays:
             return None, "reply without prototypes and class counts"
-        protos, counts = arrays[PROTOS].numpy().astype(np.float64), arrays[COUNTS].numpy().astype(np.float64)
+        protos, counts = arrays[P.PROTOTYPES].numpy().astype(np.float64), arrays[P.CLASS_COUNTS].numpy().astype(np.float64)
         return (protos, counts), prototype_problem(protos, counts, n, (self.classes, self.m))
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:

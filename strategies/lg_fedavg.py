@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import logging
 
-import torch
 from flwr.app import ArrayRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from core import protocol as P
 from core.config import ConfigError, body_names
+from core.aggregate import array_problem
 from core.data import DatasetMissingError, load_dataset, to_tensors
 from core.layers import top_layers
 from core.models import BODIES, Net, build_model
 from core.training import ensemble_logits, score
 from strategies.exchange import exchange
+from strategies.fedavg import to_numpy
 from strategies.layer_sharing import LayerSharing
 
 log = logging.getLogger("headway")
@@ -76,11 +77,8 @@ class LGFedAvg(LayerSharing):
         if arrays is None or body not in BODIES:
             return None, f"model upload without arrays or with unknown body {body!r}"
         model = build_model(body, ds.input_shape, self.cfg["feature-dim"], ds.num_classes, self.cfg["seed"])
-        state = arrays.to_torch_state_dict()
-        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        if {k: tuple(v.shape) for k, v in state.items()} != expected:
-            return None, f"uploaded {body} model does not match its architecture"
-        if not all(bool(torch.isfinite(v).all()) for v in state.values() if v.is_floating_point()):
-            return None, "uploaded model contains NaN or Inf"
-        model.load_state_dict(state)
+        problem = array_problem(to_numpy(ArrayRecord(model.state_dict())), to_numpy(arrays))
+        if problem:
+            return None, f"uploaded {body} model does not match its architecture: {problem}"
+        model.load_state_dict(arrays.to_torch_state_dict())
         return model.eval(), None

@@ -11,22 +11,20 @@ from flwr.app import Array, ArrayRecord, RecordDict
 
 from client.env import ClientEnv
 from client.procedures.base import round_of, test_metrics, train_metrics
-from client.procedures.layer_sharing import PERSONAL
+from client.procedures.layer_sharing import PERSONAL, local_model
 from core import protocol as P
-from core.models import Net
 from core.prototypes import class_prototypes, nearest_prototype
 from core.training import predict, train_epochs
 
-PROTOS, COUNTS = P.PROTOTYPES, P.CLASS_COUNTS
 
 
 def global_prototypes(content: RecordDict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(prototypes, known-class mask) from the server's message, or None in round 1."""
     arrays = content[P.ARRAYS]
-    if PROTOS not in arrays:
+    if P.PROTOTYPES not in arrays:
         return None
-    protos = torch.as_tensor(arrays[PROTOS].numpy(), dtype=torch.float32, device=device)
-    known = torch.as_tensor(arrays[COUNTS].numpy() > 0, device=device)
+    protos = torch.as_tensor(arrays[P.PROTOTYPES].numpy(), dtype=torch.float32, device=device)
+    known = torch.as_tensor(arrays[P.CLASS_COUNTS].numpy() > 0, device=device)
     return protos, known
 
 
@@ -40,15 +38,9 @@ def prototype_loss(features: torch.Tensor, y: torch.Tensor, protos: torch.Tensor
 
 
 class FedProtoClient:
-    def _model(self, env: ClientEnv, state: RecordDict) -> Net:
-        model = env.build_model()
-        if PERSONAL in state.array_records:
-            model.load_state_dict(state[PERSONAL].to_torch_state_dict())
-        return model
-
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
         cfg, rnd = env.cfg, round_of(content)
-        model = self._model(env, state)
+        model = local_model(env, state)
         glob = global_prototypes(content, env.device)
         lam = cfg["fedproto-lambda"]
 
@@ -71,11 +63,11 @@ class FedProtoClient:
         state[PERSONAL] = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
         features = predict(model.body, env.x_train, device=env.device).double().numpy()
         protos, counts = class_prototypes(features, env.y_train.numpy(), env.outputs)
-        reply = ArrayRecord({PROTOS: Array(protos.astype(np.float32)), COUNTS: Array(counts.astype(np.float32))})
+        reply = ArrayRecord({P.PROTOTYPES: Array(protos.astype(np.float32)), P.CLASS_COUNTS: Array(counts.astype(np.float32))})
         return RecordDict({P.ARRAYS: reply, P.METRICS: train_metrics(env, loss)})
 
     def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
-        model = self._model(env, state).eval()
+        model = local_model(env, state).eval()
         metrics = test_metrics(env, model)
         head_correct = int(metrics[P.CORRECT])
         glob = global_prototypes(content, torch.device("cpu"))

@@ -18,6 +18,14 @@ from core.training import task_loss, train_epochs
 PERSONAL = "personal-model"
 
 
+def local_model(env: ClientEnv, state: RecordDict) -> Net:
+    """The model this client kept from its last round, or the seeded initial model."""
+    model = env.build_model()
+    if PERSONAL in state.array_records:
+        model.load_state_dict(state[PERSONAL].to_torch_state_dict())
+    return model
+
+
 class SharedLayersClient:
     """Merge the received layers into the local model, train it, return those layers."""
 
@@ -25,9 +33,7 @@ class SharedLayersClient:
 
     def model(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> tuple[Net, list[str]]:
         """This client's model with the received layers in place, and their names."""
-        model = env.build_model()
-        if self.keeps_state and PERSONAL in state.array_records:
-            model.load_state_dict(state[PERSONAL].to_torch_state_dict())
+        model = local_model(env, state) if self.keeps_state else env.build_model()
         received = content[P.ARRAYS].to_torch_state_dict()
         own = model.state_dict()
         for name, value in received.items():
@@ -40,13 +46,14 @@ class SharedLayersClient:
         """Local training (default: every parameter on the task loss); returns the loss."""
         return self.train_all(env, model, list(model.parameters()), server_round)
 
-    def train_all(self, env: ClientEnv, model: Net, params: list, server_round: int, epochs: int | None = None, loss_fn=None) -> float:
+    def train_all(self, env: ClientEnv, model: Net, params: list, server_round: int, epochs: int | None = None, loss_fn=None, salt: int = 0) -> float:
+        """Train ``params`` for ``epochs`` (default ``local-epochs``); ``salt`` varies the batch order."""
         cfg = env.cfg
         return train_epochs(
             model, params, env.x_train, env.y_train,
             epochs=cfg["local-epochs"] if epochs is None else epochs, batch_size=cfg["batch-size"], lr=cfg["lr"],
             optimizer=cfg["optimizer"], loss_fn=loss_fn or task_loss(env.data.task), augment=env.data.augment,
-            seed=env.seed_for(server_round, salt=0 if epochs is None else 2), device=env.device, modules=[model],
+            seed=env.seed_for(server_round, salt=salt), device=env.device, modules=[model],
         )
 
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
