@@ -12,13 +12,9 @@ accuracy, bytes to the paper's threshold, the paper's figures) and the plots.
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
-from pathlib import Path
 
+from benchmarks.runner import CONFIGS, ROOT, simulate
 from benchmarks.summarize import summarize
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # method -> run-config overrides; hyperparameters shared by all come from the dataset's config
 METHODS: dict[str, dict[str, object]] = {
@@ -32,21 +28,6 @@ METHODS: dict[str, dict[str, object]] = {
     "fedlog": {"algorithm": "fedlog"},
     "fedlog-c": {"algorithm": "fedlog", "fedlog-alpha": 0.01},
 }
-CONFIGS = {"mnist": "benchmarks/configs/mnist-table1.toml", "cifar10": "benchmarks/configs/cifar10-table1.toml"}
-
-
-def run_one(dataset: str, method: str, seed: int, out: Path, sets: list[str]) -> None:
-    """One simulation in a fresh process (a fresh Ray), unless its summary exists."""
-    if (out / "summary.json").exists():
-        print(f"skip {out} (done)", flush=True)
-        return
-    args = [sys.executable, "-m", "server.run", CONFIGS[dataset], "--out", str(out), "--set", f"seed={seed}"]
-    for key, value in METHODS[method].items():
-        args += ["--set", f"{key}={value}"]
-    for s in sets:
-        args += ["--set", s]
-    print("run", " ".join(args[1:]), flush=True)
-    subprocess.run(args, cwd=ROOT, check=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.summarize_only:
         for seed in args.seeds:
             for method in args.methods:
-                run_one(args.dataset, method, seed, root / f"{method}-seed{seed}", args.set)
+                simulate(args.dataset, root / f"{method}-seed{seed}", {"seed": seed, **METHODS[method]}, args.set)
     print(summarize(root, args.dataset))
     return 0
 

@@ -7,12 +7,12 @@ accuracy vs round and vs cumulative bytes (mean over seeds, one line per method)
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.runner import fmt_mean_se, load_run
 from server.results import plot_curves
 
 # fedlog-extended Table 1: accuracy % (mean ± s.e., 10 seeds) and communication cost to the threshold
@@ -37,9 +37,7 @@ def load_runs(root: Path) -> dict[str, list[tuple[dict, list[dict]]]]:
     """method -> [(summary, rounds)], the method being the folder name before '-seed'."""
     runs: dict[str, list] = defaultdict(list)
     for summary_path in sorted(root.glob("*/summary.json")):
-        method = summary_path.parent.name.split("-seed")[0]
-        rounds = [json.loads(line) for line in (summary_path.parent / "rounds.jsonl").read_text().splitlines()]
-        runs[method].append((json.loads(summary_path.read_text()), rounds))
+        runs[summary_path.parent.name.split("-seed")[0]].append(load_run(summary_path.parent))
     return runs
 
 
@@ -68,9 +66,7 @@ def table(runs: dict, paper: str) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for method in _sorted(runs):
         items = runs[method]
-        finals = np.array([s["final_accuracy"] for s, _ in items]) * 100
         bests = np.array([s["best_accuracy"] for s, _ in items]) * 100
-        se = finals.std(ddof=1) / np.sqrt(len(finals)) if len(finals) > 1 else float("nan")
         reach = [bytes_to(r, thr) for _, r in items]
         rounds_to = [next((r["round"] for r in rs if r["accuracy"] is not None and r["accuracy"] >= thr), None) for _, rs in items]
         reached = sum(ok for _, ok in reach)
@@ -80,8 +76,8 @@ def table(runs: dict, paper: str) -> str:
         pa, pc = ref.get(method, ("", ""))
         rt = ", ".join(str(r) if r else "–" for r in rounds_to)
         n_rounds = max(len(r) for _, r in items)
-        se_text = f"{se:.2f}" if np.isfinite(se) else "–"
-        lines.append(f"| {method} | {len(items)} | {n_rounds} | {finals.mean():.2f} ± {se_text} | {bests.mean():.2f} | {cost} | {rt} | {total} | {wall:.1f} min | {pa} | {pc} |")
+        final = fmt_mean_se([s["final_accuracy"] for s, _ in items])
+        lines.append(f"| {method} | {len(items)} | {n_rounds} | {final} | {bests.mean():.2f} | {cost} | {rt} | {total} | {wall:.1f} min | {pa} | {pc} |")
     return "\n".join(lines)
 
 

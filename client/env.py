@@ -34,9 +34,18 @@ class ClientEnv:
     def outputs(self) -> int:
         return self.data.num_classes
 
+    @property
+    def init_seed(self) -> int:
+        """Seed of this client's initial model: the run seed for all clients, or with
+        ``body-init=per-client`` one derived from the run seed and the partition id."""
+        if self.cfg["body-init"] == "per-client":
+            key = f"{self.cfg['seed']}:{self.partition_id}:init".encode()
+            return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+        return int(self.cfg["seed"])
+
     def build_model(self, body: str | None = None) -> Net:
-        """This client's model, initialized from the run seed (same init across clients)."""
-        return build_model(body or self.body, self.data.input_shape, self.cfg["feature-dim"], self.outputs, self.cfg["seed"]).to(self.device)
+        """This client's initial model (see ``init_seed``)."""
+        return build_model(body or self.body, self.data.input_shape, self.cfg["feature-dim"], self.outputs, self.init_seed).to(self.device)
 
     def seed_for(self, server_round: int, salt: int = 0) -> int:
         """A seed for this client's randomness in one round (batches, crops, noise)."""

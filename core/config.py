@@ -74,6 +74,7 @@ SCHEMA: dict[str, Key] = {
     "body": Key("mnist-cnn", "default body architecture"),
     "feature-dim": Key(0, "m, the number of features a body outputs; 0: the body's own width", check=_non_negative, rule=">= 0"),
     "bodies": Key("", "comma list of bodies cycled over partition ids; empty: every client runs `body`"),
+    "body-init": Key("shared", "initial client models: one seed for all, or a seed per partition id (different initializations)", choices=("shared", "per-client")),
     "seed": Key(0, "seed of partitions, initialization and sampling"),
     "target-accuracy": Key(0.0, "accuracy for bytes_to_target; 0: none", check=lambda v: 0 <= v <= 1, rule="in [0, 1]"),
     "device": Key("auto", "torch device of clients", choices=DEVICES),

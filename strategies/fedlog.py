@@ -118,6 +118,7 @@ class FedLog(HeadwayStrategy):
             "prior_nu": cfg["fedlog-prior-nu"],
             "prior_chi": cfg["fedlog-prior-chi"],
             "init": cfg["fedlog-init"],
+            "clip": cfg["fedlog-clip"],
             "solve_seconds_mean": float(np.mean(self.solve_seconds)) if self.solve_seconds else None,
         }
         if cfg["fedlog-dp"] != "off":

@@ -9,6 +9,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from client.env import client_env
 from client.procedures.fedavg import FedProxClient
+from client.procedures.fedlog import FedLogClient
 from client.procedures.fedrep import FedRepClient
 from client.procedures.layer_sharing import PERSONAL, SharedLayersClient
 from core.config import ConfigError, resolve
@@ -141,9 +142,24 @@ def test_ensemble_is_the_mean_of_the_models_logits():
     assert torch.allclose(ensemble_logits(models, x, batch_size=2), expected, atol=1e-6)
 
 
-def _env(data_dir, algorithm, **cfg):
+def _env(data_dir, algorithm, pid=0, **cfg):
     run = {"algorithm": algorithm, "num-clients": 3, "train-fraction": 0.02, "batch-size": 10, "data-dir": data_dir, **cfg}
-    return client_env(run, {"partition-id": 0})
+    return client_env(run, {"partition-id": pid})
+
+
+@pytest.mark.parametrize("init", ["shared", "per-client"])
+def test_body_init_gives_clients_one_or_their_own_initial_weights(data_dir, init):
+    def weights(pid, seed=0):
+        env = _env(data_dir, "fedlog", pid, **{"body-init": init, "seed": seed})
+        return list(env.build_model().state_dict().values()), list(FedLogClient()._features(env, RecordDict()).body.state_dict().values())
+
+    def same(a, b):
+        return all(torch.equal(x, y) for x, y in zip(a, b))
+
+    (net0, body0), (net1, body1) = weights(0), weights(1)
+    assert same(net0, net1) == same(body0, body1) == (init == "shared")
+    assert same(weights(1)[1], body1)  # reproducible from the run seed
+    assert not same(weights(1, seed=1)[1], body1)
 
 
 def _shared_content(env, model):

@@ -1,0 +1,49 @@
+"""Run one simulation per result folder (resumably) and read result folders back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {"mnist": "benchmarks/configs/mnist-table1.toml", "cifar10": "benchmarks/configs/cifar10-table1.toml"}
+
+
+def simulate(dataset: str, out: Path, overrides: Mapping[str, Any], sets: Sequence[str] = ()) -> None:
+    """One ``server.run`` simulation of the dataset's Table 1 config in a fresh process
+    (a fresh Ray), with ``overrides`` then ``sets`` on top; skipped if ``out`` holds a
+    finished run (``summary.json``)."""
+    if (out / "summary.json").exists():
+        print(f"skip {out} (done)", flush=True)
+        return
+    args = [sys.executable, "-m", "server.run", CONFIGS[dataset], "--out", str(out)]
+    for key, value in overrides.items():
+        args += ["--set", f"{key}={value}"]
+    for s in sets:
+        args += ["--set", s]
+    print("run", " ".join(args[1:]), flush=True)
+    subprocess.run(args, cwd=ROOT, check=True)
+
+
+def load_run(folder: Path) -> tuple[dict, list[dict]]:
+    """(summary, per-round rows) of one finished result folder."""
+    rounds = [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines() if line.strip()]
+    return json.loads((folder / "summary.json").read_text()), rounds
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error (nan with one value)."""
+    v = np.asarray(values, dtype=float)
+    se = float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
+    return float(v.mean()), se
+
+
+def fmt_mean_se(values: Sequence[float], scale: float = 100.0) -> str:
+    """'mean ± s.e.' of ``values`` × ``scale`` with two decimals ('–' for the s.e. of one value)."""
+    m, se = mean_se([x * scale for x in values])
+    return f"{m:.2f} ± " + (f"{se:.2f}" if np.isfinite(se) else "–")
