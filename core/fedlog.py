@@ -144,7 +144,10 @@ class StatsCheck:
         if abs(per_class.sum() - count) > slack * math.sqrt(self.num_classes) + 1e-4 * max(count, 1.0):
             return f"class counts sum to {per_class.sum():.6g}, not the reported count {count:g}"
         if self.clip > 0:
-            bound = self.clip * np.maximum(per_class, 0.0)[:, None] + slack + 1e-4 * (1.0 + per_class.max(initial=0.0))
+            # |feature sum| <= b * count; under local DP both sides carry noise, so the
+            # margin covers the feature noise and b times the count's: std σ·sqrt(1 + b²)
+            margin = slack * math.sqrt(1.0 + self.clip**2) + 1e-4 * (1.0 + per_class.max(initial=0.0))
+            bound = self.clip * np.maximum(per_class, 0.0)[:, None] + margin
             if np.any(np.abs(stats[:, 1:]) > bound):
                 return f"a feature sum exceeds clip bound b={self.clip} times its class count"
         return None

@@ -94,3 +94,19 @@ def test_stats_check_catches_impossible_replies():
     over[1, 1] = 12.5  # > b * class count = 2 * 6
     assert "clip bound" in check.problem(over, 10)
     assert StatsCheck(2, 3, 2.0, noise_sigma=1.0).problem(good + 0.5, 10) is None  # local DP noise is tolerated
+
+
+def test_stats_check_accepts_every_honest_local_dp_reply_at_the_clip_bound():
+    """Saturated features (every sum at ±b × count) plus local-DP noise on the sums *and*
+    the counts: no honest reply may be dropped, while an over-bound one still is."""
+    classes, m, b, sigma, count = 10, 101, 2.0, 5.0, 50.0
+    honest = np.full((classes, m), b * count)
+    honest[:, 0] = count
+    honest[::2, 1:] *= -1
+    check = StatsCheck(classes, m, b, noise_sigma=sigma)
+    rng = np.random.default_rng(0)
+    problems = [check.problem(add_noise(honest, sigma, rng), classes * count) for _ in range(300)]
+    assert problems.count(None) == len(problems), {p for p in problems if p}
+    over = honest.copy()
+    over[3, 7] = 3 * b * count  # 200 over the bound, beyond the margin of 8σ·sqrt(1 + b²) ≈ 89
+    assert "clip bound" in check.problem(add_noise(over, sigma, rng), classes * count)
