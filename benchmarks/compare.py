@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.runner import CONFIGS, ROOT, simulate
+from benchmarks.runner import CONFIGS, add_run_arguments, results_root, simulate
 from benchmarks.summarize import summarize
 
 # method -> run-config overrides; hyperparameters shared by all come from the dataset's config
@@ -33,13 +33,10 @@ METHODS: dict[str, dict[str, object]] = {
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", choices=sorted(CONFIGS))
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key for every run (e.g. num-server-rounds=20)")
-    p.add_argument("--tag", default="", help="suffix of the results folder, to keep reduced runs apart")
-    p.add_argument("--summarize-only", action="store_true")
+    add_run_arguments(p)
     args = p.parse_args(argv)
-    root = ROOT / "benchmarks" / "results" / (f"table1-{args.dataset}" + (f"-{args.tag}" if args.tag else ""))
+    root = results_root(f"table1-{args.dataset}", args.tag)
     if not args.summarize_only:
         for seed in args.seeds:
             for method in args.methods:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.runner import ROOT, fmt_mean_se, load_run, mean_se, simulate
+from benchmarks.runner import add_run_arguments, fmt_mean_se, load_run, mean_se, results_root, simulate
 
 EPSILONS = (0.1, 0.5, 1.0, 5.0, 10.0)
 MODES = ("central", "local")
@@ -41,7 +41,7 @@ def collect(root: Path) -> dict[tuple[str, float | None], list[tuple[dict, list[
 
 def table(runs: dict) -> str:
     lines = ["| mode | ε | δ | b | k | σ | seeds | rounds | final accuracy % | best % | failures |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for mode, eps in sorted(runs, key=lambda k: (("off",) + MODES).index(k[0]) + (k[1] or 0.0) / 1e6):
+    for mode, eps in sorted(runs, key=lambda k: ((("off",) + MODES).index(k[0]), k[1] or 0.0)):
         items = runs[(mode, eps)]
         dp = items[0][0].get("dp") or {}
         final = fmt_mean_se([s["final_accuracy"] for s, _ in items])
@@ -94,14 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.dp_sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS))
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--clip", type=float, default=2.0, help="b, the feature bound (paper: 2)")
     p.add_argument("--delta", type=float, default=0.01, help="δ (paper: 0.01)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key for every run")
-    p.add_argument("--tag", default="")
-    p.add_argument("--summarize-only", action="store_true")
+    add_run_arguments(p)
     args = p.parse_args(argv)
-    root = ROOT / "benchmarks" / "results" / ("dp-cifar10" + (f"-{args.tag}" if args.tag else ""))
+    root = results_root("dp-cifar10", args.tag)
     if not args.summarize_only:
         for seed in args.seeds:
             base = {"algorithm": "fedlog", "seed": seed, "fedlog-clip": args.clip, "fedlog-delta": args.delta}

@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 from benchmarks.compare import METHODS
-from benchmarks.runner import ROOT, fmt_mean_se, load_run, simulate
+from benchmarks.runner import add_run_arguments, fmt_mean_se, load_run, results_root, simulate
 from benchmarks.summarize import mean_curve
 from server.results import plot_curves
 
@@ -51,13 +51,10 @@ def table(results: dict[str, list[tuple[dict, list[dict]]]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.flexible", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", nargs="+", default=["fedlog", "fedlog-c"], choices=list(METHODS))
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--reference", type=Path, help="Table 1 results folder to take the all-cifar-cnn arm from")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key for every run (e.g. num-server-rounds=40)")
-    p.add_argument("--tag", default="")
-    p.add_argument("--summarize-only", action="store_true")
+    add_run_arguments(p)
     args = p.parse_args(argv)
-    root = ROOT / "benchmarks" / "results" / ("flexible-cifar10" + (f"-{args.tag}" if args.tag else ""))
+    root = results_root("flexible-cifar10", args.tag)
     if not args.summarize_only:
         for seed in args.seeds:
             for method in args.methods:

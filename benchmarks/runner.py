@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -12,6 +13,20 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"mnist": "benchmarks/configs/mnist-table1.toml", "cifar10": "benchmarks/configs/cifar10-table1.toml"}
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every benchmark command shares: seeds, run-config overrides, the
+    results-folder tag and summarize-only."""
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key for every run (e.g. num-server-rounds=20)")
+    p.add_argument("--tag", default="", help="suffix of the results folder, to keep reduced runs apart")
+    p.add_argument("--summarize-only", action="store_true", help="only rewrite the table and plots from finished runs")
+
+
+def results_root(name: str, tag: str) -> Path:
+    """``benchmarks/results/<name>[-<tag>]``."""
+    return ROOT / "benchmarks" / "results" / (name + (f"-{tag}" if tag else ""))
 
 
 def simulate(dataset: str, out: Path, overrides: Mapping[str, Any], sets: Sequence[str] = ()) -> None:

@@ -39,8 +39,7 @@ class ClientEnv:
         """Seed of this client's initial model: the run seed for all clients, or with
         ``body-init=per-client`` one derived from the run seed and the partition id."""
         if self.cfg["body-init"] == "per-client":
-            key = f"{self.cfg['seed']}:{self.partition_id}:init".encode()
-            return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+            return _derived_seed(self.cfg["seed"], self.partition_id, "init")
         return int(self.cfg["seed"])
 
     def build_model(self, body: str | None = None) -> Net:
@@ -49,8 +48,13 @@ class ClientEnv:
 
     def seed_for(self, server_round: int, salt: int = 0) -> int:
         """A seed for this client's randomness in one round (batches, crops, noise)."""
-        key = f"{self.cfg['seed']}:{self.partition_id}:{server_round}:{salt}".encode()
-        return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+        return _derived_seed(self.cfg["seed"], self.partition_id, server_round, salt)
+
+
+def _derived_seed(*parts: object) -> int:
+    """A 32-bit seed hashed from ``parts``: independent streams per client, round and use."""
+    key = ":".join(map(str, parts)).encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
 
 
 def _config_key(cfg: Mapping[str, Any]) -> str:
