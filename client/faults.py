@@ -1,35 +1,75 @@
 """Deliberately bad replies, for testing that the server survives them.
 
-Clients named in run-config 'fault-clients' pass their training replies through
-:func:`corrupt`; nothing else in the client changes.
+Clients named in run-config ``fault-clients`` pass their replies through :func:`corrupt`
+(training replies; ``bad-eval`` corrupts evaluation replies; registration is never
+corrupted). Each mode is one attack or defect seen in practice:
+
+- ``nan``: a NaN in every array; ``wrong-shape``: every array one value short;
+- ``negative-count``: num-examples = -5; ``huge-count``: num-examples = 1e9;
+- ``zero-model``: every array zeroed and num-examples = 1e9 (owning a weighted average);
+- ``scaled``: arrays × 1e6; ``huge-values``: arrays set to 1e30 (prototypes, statistics);
+- ``int-arrays``: arrays sent as int32; ``extra-array``: an extra 4 MB array;
+- ``list-metric``: num-examples sent as a list [1, 2];
+- ``bad-eval``: an evaluation reply claiming correct = 1e6;
+- ``error``: the procedure raises; ``silent``: the client hangs past any deadline
+  (sleeps ``round-timeout`` + 5 s; for tests with short timeouts).
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from core import protocol as P
 
+TRAIN_MODES = ("nan", "wrong-shape", "negative-count", "huge-count", "zero-model", "scaled", "huge-values", "int-arrays", "extra-array", "list-metric")
 
-def corrupt(content: RecordDict, mode: str) -> RecordDict:
-    """The reply ``content`` damaged the way ``mode`` says."""
+
+def _damage(a: np.ndarray, mode: str) -> np.ndarray:
+    a = a.astype(np.float32, copy=True)
+    if mode == "nan":
+        a.flat[0] = np.nan
+    elif mode == "wrong-shape":
+        a = a.reshape(-1)[:-1] if a.size > 1 else np.zeros(2, np.float32)
+    elif mode == "scaled":
+        a = a * 1e6
+    elif mode == "huge-values":
+        a = np.full_like(a, 1e30)
+    elif mode == "zero-model":
+        a = np.zeros_like(a)
+    elif mode == "int-arrays":
+        return np.rint(a).astype(np.int32)
+    return a
+
+
+def corrupt(content: RecordDict, mode: str, kind: str = "train", timeout: float = 0.0) -> RecordDict:
+    """The reply ``content`` of a ``kind`` message damaged the way ``mode`` says."""
+    if kind != ("evaluate" if mode == "bad-eval" else "train"):
+        return content
     if mode == "error":
         raise RuntimeError("fault injection: this client fails on purpose (fault-mode=error)")
-    arrays = content.array_records.get(P.ARRAYS, ArrayRecord())
-    damaged = {}
-    for name, arr in arrays.items():
-        a = arr.numpy().astype(np.float32, copy=True)
-        if mode == "nan":
-            a.flat[0] = np.nan
-        elif mode == "wrong-shape":
-            a = a.reshape(-1)[:-1] if a.size > 1 else np.zeros(2, np.float32)
-        elif mode == "scaled":
-            a = a * 1e6
-        damaged[name] = Array(np.ascontiguousarray(a))
-    out = RecordDict({P.ARRAYS: ArrayRecord(damaged)} if damaged else {})
+    if mode == "silent":
+        time.sleep(timeout)
+        return content
+    out = RecordDict()
+    for name, record in content.items():
+        out[name] = record
     metrics = dict(content.metric_records.get(P.METRICS, MetricRecord()))
+    if mode == "bad-eval":
+        metrics[P.CORRECT] = 1_000_000
+    elif mode in TRAIN_MODES and P.ARRAYS in content.array_records:
+        damaged = {k: Array(np.ascontiguousarray(_damage(v.numpy(), mode))) for k, v in content.array_records[P.ARRAYS].items()}
+        if mode == "extra-array":
+            damaged = dict(content.array_records[P.ARRAYS].items())
+            damaged["padding"] = Array(np.zeros(1_000_000, np.float32))
+        out[P.ARRAYS] = ArrayRecord(damaged)
     if mode == "negative-count":
         metrics[P.NUM_EXAMPLES] = -5
+    elif mode in ("huge-count", "zero-model"):
+        metrics[P.NUM_EXAMPLES] = 1_000_000_000
+    elif mode == "list-metric":
+        metrics[P.NUM_EXAMPLES] = [1, 2]
     out[P.METRICS] = MetricRecord(metrics)
     return out

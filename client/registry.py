@@ -1,19 +1,6 @@
-"""Algorithm name -> client procedure."""
+"""Algorithm name -> client procedure, derived from the method declarations (core/methods.py)."""
 
 from client.procedures.base import Procedure
-from client.procedures.fedavg import FedAvgClient, FedProxClient
-from client.procedures.fedlog import FedLogClient
-from client.procedures.fedproto import FedProtoClient
-from client.procedures.fedrep import FedRepClient
-from client.procedures.layer_sharing import SharedLayersClient
-from client.procedures.lg_fedavg import LGFedAvgClient
+from core.methods import METHODS
 
-PROCEDURES: dict[str, Procedure] = {
-    "fedavg": FedAvgClient(),
-    "fedprox": FedProxClient(),
-    "fedlog": FedLogClient(),
-    "lg-fedavg": LGFedAvgClient(),
-    "fedper": SharedLayersClient(),  # joint training of the whole model; the strategy picks what is shared
-    "fedrep": FedRepClient(),
-    "fedproto": FedProtoClient(),
-}
+PROCEDURES: dict[str, Procedure] = {name: method.load_procedure()() for name, method in METHODS.items()}

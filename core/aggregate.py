@@ -1,5 +1,5 @@
-"""Weighted averaging of named arrays and the checks a reply must pass before it is
-averaged (shared by FedAvg and every head-averaging method)."""
+"""Weighted averaging of named arrays and the bound a model update must respect before
+it is averaged (shared by FedAvg and every layer-averaging method)."""
 
 from __future__ import annotations
 
@@ -8,32 +8,36 @@ from typing import Mapping, Sequence
 import numpy as np
 
 
-def weighted_average(arrays: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]) -> dict[str, np.ndarray]:
-    """Σ_k w_k A_k / Σ_k w_k for every name, in float64, cast back to the first's dtype."""
+def weighted_average(arrays: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float], like: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Σ_k w_k A_k / Σ_k w_k for every name, in float64, cast to the dtype of ``like``
+    (the server's own arrays; default the first's). Integer arrays are rounded."""
     if not arrays:
         raise ValueError("nothing to average")
     w = np.asarray(weights, dtype=np.float64)
     if np.any(w < 0) or w.sum() <= 0:
         raise ValueError(f"weights must be >= 0 with a positive sum, got {w.tolist()}")
     w = w / w.sum()
+    reference = like if like is not None else arrays[0]
     out = {}
-    for name, first in arrays[0].items():
-        acc = np.zeros(first.shape, dtype=np.float64)
+    for name, ref in reference.items():
+        acc = np.zeros(np.shape(ref), dtype=np.float64)
         for wk, a in zip(w, arrays):
             acc += wk * np.asarray(a[name], dtype=np.float64)
-        out[name] = acc.astype(first.dtype) if np.issubdtype(first.dtype, np.floating) else np.rint(acc).astype(first.dtype)
+        dtype = np.asarray(ref).dtype
+        out[name] = acc.astype(dtype) if np.issubdtype(dtype, np.floating) else np.rint(acc).astype(dtype)
     return out
 
 
-def array_problem(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray]) -> str | None:
-    """Why ``candidate`` cannot be averaged with ``reference`` (names, shapes, finiteness), or None."""
-    if set(candidate) != set(reference):
-        missing, extra = sorted(set(reference) - set(candidate)), sorted(set(candidate) - set(reference))
-        return f"array names differ (missing {missing[:5]}, unexpected {extra[:5]})"
-    for name, ref in reference.items():
-        arr = candidate[name]
-        if arr.shape != ref.shape:
-            return f"array {name!r} has shape {arr.shape}, expected {ref.shape}"
-        if np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
-            return f"array {name!r} contains NaN or Inf"
+def float_norm(arrays: Mapping[str, np.ndarray]) -> float:
+    """The Euclidean norm of all floating-point entries together."""
+    return float(np.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays.values() if np.issubdtype(np.asarray(a).dtype, np.floating))))
+
+
+def update_norm_problem(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray], bound: float) -> str | None:
+    """Why ``candidate`` moved too far from ``reference``: ‖candidate − reference‖ above
+    ``bound``·max(‖reference‖, 1) (float entries), or None."""
+    delta = {k: np.asarray(candidate[k], np.float64) - np.asarray(v, np.float64) for k, v in reference.items() if np.issubdtype(np.asarray(v).dtype, np.floating)}
+    size, limit = float_norm(delta), bound * max(float_norm(reference), 1.0)
+    if not size <= limit:
+        return f"update norm {size:.4g} exceeds max-update-norm={bound:g} × max(|w_global|, 1) = {limit:.4g}"
     return None

@@ -7,10 +7,11 @@ value fails at start with a message naming the key and what is allowed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-ALGORITHMS = ("fedavg", "fedprox", "fedlog", "lg-fedavg", "fedper", "fedrep", "fedproto")
+from core.methods import ALGORITHMS, method_keys
+from core.schema import Key, fraction, non_negative, positive
+
 DATASETS = (
     "mnist",
     "fashion-mnist",
@@ -23,33 +24,14 @@ DATASETS = (
 PARTITIONS = ("iid", "pathological", "dirichlet", "natural")
 OPTIMIZERS = ("adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
+FAULT_MODES = (
+    "nan", "wrong-shape", "negative-count", "scaled", "error", "list-metric", "huge-count",
+    "zero-model", "int-arrays", "extra-array", "huge-values", "bad-eval", "silent",
+)
 
 
 class ConfigError(ValueError):
     """A run-config key is unknown or has a value outside what it allows."""
-
-
-@dataclass(frozen=True)
-class Key:
-    """One run-config key: its default (which fixes its type) and a value check."""
-
-    default: Any
-    help: str
-    choices: tuple[str, ...] | None = None
-    check: Callable[[Any], bool] | None = None
-    rule: str = ""
-
-
-def _positive(v: float) -> bool:
-    return v > 0
-
-
-def _non_negative(v: float) -> bool:
-    return v >= 0
-
-
-def _fraction(v: float) -> bool:
-    return 0 < v <= 1
 
 
 SCHEMA: dict[str, Key] = {
@@ -57,54 +39,41 @@ SCHEMA: dict[str, Key] = {
     "algorithm": Key("fedlog", "federated method", choices=ALGORITHMS),
     "dataset": Key("mnist", "data set", choices=DATASETS),
     "data-dir": Key("", "data directory; empty: $HEADWAY_DATA_DIR, else the user cache"),
-    "num-clients": Key(50, "number of clients (partitions)", check=_positive, rule="> 0"),
+    "num-clients": positive("number of clients (partitions)", 50),
     "partition": Key("pathological", "how data is split over clients", choices=PARTITIONS),
-    "classes-per-client": Key(2, "classes per client (pathological)", check=_positive, rule="> 0"),
-    "dirichlet-alpha": Key(0.5, "Dirichlet concentration (dirichlet)", check=_positive, rule="> 0"),
+    "classes-per-client": positive("classes per client (pathological)", 2),
+    "dirichlet-alpha": positive("Dirichlet concentration (dirichlet)", 0.5),
     "natural-column": Key("", "column that names a client's source (natural); empty: the data set's own"),
-    "train-fraction": Key(0.05, "fraction of the training set used, drawn before partitioning", check=_fraction, rule="in (0, 1]"),
-    "num-server-rounds": Key(100, "federated rounds", check=_positive, rule="> 0"),
-    "fraction-train": Key(1.0, "fraction of clients sampled per round", check=_fraction, rule="in (0, 1]"),
-    "min-available-clients": Key(0, "clients to wait for before sampling; 0: num-clients", check=_non_negative, rule=">= 0"),
-    "sample-timeout": Key(120.0, "seconds to wait for min-available-clients before sampling what is there", check=_non_negative, rule=">= 0"),
-    "local-epochs": Key(5, "local epochs per round", check=_non_negative, rule=">= 0"),
-    "batch-size": Key(10, "local batch size", check=_positive, rule="> 0"),
-    "lr": Key(1e-3, "local learning rate", check=_positive, rule="> 0"),
+    "train-fraction": fraction("fraction of the training set used, drawn before partitioning", 0.05),
+    "num-server-rounds": positive("federated rounds", 100),
+    "fraction-train": fraction("fraction of clients sampled per round", 1.0),
+    "min-available-clients": non_negative("clients to wait for before sampling; 0: num-clients", 0),
+    "sample-timeout": non_negative("seconds to wait, once before round 1, for min-available-clients to connect", 120.0),
+    "local-epochs": non_negative("local epochs per round", 5),
+    "batch-size": positive("local batch size", 10),
+    "lr": positive("local learning rate", 1e-3),
     "optimizer": Key("adam", "local optimizer", choices=OPTIMIZERS),
     "body": Key("mnist-cnn", "default body architecture"),
-    "feature-dim": Key(0, "m, the number of features a body outputs; 0: the body's own width", check=_non_negative, rule=">= 0"),
+    "feature-dim": non_negative("m, the number of features a body outputs; 0: the body's own width", 0),
     "bodies": Key("", "comma list of bodies cycled over partition ids; empty: every client runs `body`"),
     "body-init": Key("shared", "initial client models: one seed for all, or a seed per partition id (different initializations)", choices=("shared", "per-client")),
     "seed": Key(0, "seed of partitions, initialization and sampling"),
     "target-accuracy": Key(0.0, "accuracy for bytes_to_target; 0: none", check=lambda v: 0 <= v <= 1, rule="in [0, 1]"),
     "device": Key("auto", "torch device of clients", choices=DEVICES),
-    "round-timeout": Key(600.0, "seconds to wait for replies each round", check=_positive, rule="> 0"),
+    "round-timeout": positive("deadline in seconds of each exchange of a round; a client that misses it is not waited for again that round", 600.0),
     "global-eval": Key(True, "also evaluate a single global model on the whole test set, where one exists"),
     "results-dir": Key("results", "where `flwr run` writes its results folder"),
-    "client-num-cpus": Key(1.0, "CPUs per virtual client (simulation)", check=_positive, rule="> 0"),
-    "client-num-gpus": Key(0.0, "GPU share per virtual client (simulation)", check=_non_negative, rule=">= 0"),
+    "client-num-cpus": positive("CPUs per virtual client (simulation)", 1.0),
+    "client-num-gpus": non_negative("GPU share per virtual client (simulation)", 0.0),
     # robustness testing: chosen clients corrupt their training replies
-    "fault-clients": Key("", "comma list of partition ids whose training replies are corrupted (robustness tests)"),
-    "fault-mode": Key("nan", "how faulty clients corrupt replies", choices=("nan", "wrong-shape", "negative-count", "scaled", "error")),
-    # FedLog family
-    "fedlog-prior-nu": Key(1.0, "prior strength nu of the conjugate prior", check=_non_negative, rule=">= 0"),
-    "fedlog-prior-chi": Key(0.0, "prior chi (every entry)"),
-    "fedlog-init": Key("stats", "first head: one statistics round on untrained bodies, or random", choices=("stats", "random")),
-    "fedlog-alpha": Key(0.0, "FedLog-C auxiliary loss weight; 0: plain FedLog", check=_non_negative, rule=">= 0"),
-    "fedlog-dp": Key("off", "differential privacy of the statistics", choices=("off", "local", "central")),
-    "fedlog-epsilon": Key(1.0, "DP epsilon", check=_positive, rule="> 0"),
-    "fedlog-delta": Key(0.01, "DP delta", check=lambda v: 0 < v < 1, rule="in (0, 1)"),
-    "fedlog-clip": Key(0.0, "clip body features to [-b, b]; 0: no clip (required > 0 with DP)", check=_non_negative, rule=">= 0"),
-    # layer-sharing and prototype baselines
-    "lg-global-layers": Key(1, "LG-FedAvg: top layers that are global and averaged (1 or 2 in FedLog's Table 1)", check=_positive, rule="> 0"),
-    "lg-warmup-rounds": Key(0, "LG-FedAvg: first rounds run as FedAvg on the whole model before bodies go local", check=_non_negative, rule=">= 0"),
-    "lg-new-test": Key(True, "LG-FedAvg: after the last round clients upload their models once and the server scores their logit ensemble on the whole test set"),
-    "fedper-local-layers": Key(2, "FedPer: top layers kept local; the rest are averaged", check=_positive, rule="> 0"),
-    "fedrep-local-layers": Key(1, "FedRep: top layers kept local (the head); the rest are averaged", check=_positive, rule="> 0"),
-    "fedrep-head-epochs": Key(10, "FedRep: epochs training the local head (body fixed) before the body epochs", check=_non_negative, rule=">= 0"),
-    "fedproto-lambda": Key(1.0, "FedProto: weight of the pull of features towards the global prototypes", check=_non_negative, rule=">= 0"),
-    "fedproto-predict": Key("head", "FedProto: the accuracy reported first: local head, or nearest global prototype (both are recorded)", choices=("head", "prototype")),
-    "fedprox-mu": Key(0.01, "FedProx: proximal term weight mu", check=_non_negative, rule=">= 0"),
+    "fault-clients": Key("", "comma list of partition ids whose replies are corrupted (robustness tests)"),
+    "fault-mode": Key("nan", "how faulty clients corrupt replies (see README, Robustness testing)", choices=FAULT_MODES),
+    # what a reply may be: bounds the server enforces on every client reply
+    "min-replies": positive("valid replies a round needs at its deadline; fewer and the round keeps the previous model", 1),
+    "max-update-norm": positive("model-averaging methods: largest |w_client - w_global| accepted, relative to max(|w_global|, 1)", 10.0),
+    "max-feature-value": positive("largest |feature| a reply's feature sums or prototypes may imply (FedLog without clip, FedProto)", 1e4),
+    "max-client-examples": non_negative("largest num-examples a reply may claim when the server cannot compute the partition sizes; 0: the data set's size", 0),
+    **method_keys(),
 }
 
 
@@ -188,6 +157,12 @@ def _check_combinations(cfg: Mapping[str, Any]) -> None:
             "run-config key 'fedlog-clip' must be > 0 when 'fedlog-dp' is "
             f"{cfg['fedlog-dp']!r}: the noise scale needs a bound on the features"
         )
+
+
+def check_against_spec(cfg: Mapping[str, Any], spec: Any) -> None:
+    """Checks that need the data set's spec (a ``core.data.DatasetSpec``); ConfigError naming the key."""
+    if cfg["partition"] == "pathological" and cfg["classes-per-client"] > spec.num_classes:
+        raise ConfigError(f"run-config key 'classes-per-client' is {cfg['classes-per-client']}, but data set '{cfg['dataset']}' has {spec.num_classes} classes")
 
 
 def body_names(cfg: Mapping[str, Any]) -> list[str]:

@@ -126,8 +126,9 @@ class StatsCheck:
 
     num_classes: int
     m: int
-    clip: float = 0.0  # 0: features unbounded
+    clip: float = 0.0  # b, the bound on |feature| (the clip, or max-feature-value); 0: unbounded
     noise_sigma: float = 0.0  # local-DP noise on every entry (loosens the bounds)
+    count_known: bool = True  # False under local DP: the count is the noised count row itself
 
     def problem(self, stats: np.ndarray, count: float) -> str | None:
         """Why a (stats, count) reply cannot be real, or None when it can."""
@@ -135,13 +136,13 @@ class StatsCheck:
             return f"statistics have shape {stats.shape}, expected {(self.num_classes, self.m)}"
         if not np.all(np.isfinite(stats)):
             return "statistics contain NaN or Inf"
-        if not math.isfinite(count) or count < 0:
+        if self.count_known and (not math.isfinite(count) or count < 0):
             return f"count is {count}, expected a finite number >= 0"
         slack = 8.0 * self.noise_sigma  # far beyond the noise: a reply past it is not noise
         per_class = stats[:, 0]  # the constant feature: the class counts
         if np.any(per_class < -slack - 1e-6):
             return "a class count (first feature sum) is negative"
-        if abs(per_class.sum() - count) > slack * math.sqrt(self.num_classes) + 1e-4 * max(count, 1.0):
+        if self.count_known and abs(per_class.sum() - count) > slack * math.sqrt(self.num_classes) + 1e-4 * max(count, 1.0):
             return f"class counts sum to {per_class.sum():.6g}, not the reported count {count:g}"
         if self.clip > 0:
             # |feature sum| <= b * count; under local DP both sides carry noise, so the
@@ -149,7 +150,7 @@ class StatsCheck:
             margin = slack * math.sqrt(1.0 + self.clip**2) + 1e-4 * (1.0 + per_class.max(initial=0.0))
             bound = self.clip * np.maximum(per_class, 0.0)[:, None] + margin
             if np.any(np.abs(stats[:, 1:]) > bound):
-                return f"a feature sum exceeds clip bound b={self.clip} times its class count"
+                return f"a feature sum exceeds b={self.clip:g} times its class count (b: fedlog-clip, or max-feature-value when unclipped)"
         return None
 
 

@@ -1,6 +1,5 @@
-"""What server and clients agree on: record names, config fields and metric names.
-
-Kept free of Flower so both sides (and tests) import it without a framework.
+"""What server and clients agree on: record names, config fields, metric names, phases
+and error codes. Kept free of Flower so both sides (and tests) import it without a framework.
 """
 
 ARRAYS = "arrays"  # ArrayRecord: a model, a head, or a method's payload
@@ -10,24 +9,30 @@ METRICS = "metrics"  # MetricRecord: counts and measurements
 # config fields
 ROUND = "server-round"
 PHASE = "phase"
+BODY = "body"  # config field of a registration or upload reply: the client's body architecture
 
-# metric fields every reply carries
+# metric fields
 NUM_EXAMPLES = "num-examples"
 PARTITION_ID = "partition-id"
-# evaluation metric fields
 CORRECT = "correct"
-ACCURACY = "accuracy"
 LOSS = "loss"
 SQUARED_ERROR = "squared-error"
 
 # error codes clients put in error replies
-ERROR_BAD_INPUT = 4001
-ERROR_CLIENT = 4002
+ERROR_BAD_INPUT = 4001  # the server's message could not be used (wrong layers, unknown phase)
+ERROR_CLIENT = 4002  # the local procedure failed
 
-# phases (config field PHASE) beyond plain training and evaluation
+# phases: what an exchange is for (config field PHASE; also the byte meter's keys)
+PHASE_REGISTER = "register"  # before round 1: every client states its partition id and body
+PHASE_STATS = "stats"  # FedLog fedlog-init=stats: statistics of the untrained bodies
+PHASE_TRAIN = "train"
+PHASE_EVALUATE = "evaluate"
 PHASE_UPLOAD = "upload-model"  # LG-FedAvg new test: a client sends its whole local model once
-# config field of an upload reply naming the client's body architecture
-BODY = "body"
+
+# FedLog payload arrays
+ETA = "eta"  # the global head η (server -> client)
+STATS = "stats"  # a client's sufficient statistic T = Σ φ⊗e_y (client -> server)
+STATS_SUM = "stats-sum"  # FedLog-C: the aggregate Φ (server -> client)
 
 # FedProto payload arrays
 PROTOTYPES = "prototypes"

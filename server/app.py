@@ -1,5 +1,6 @@
-"""The headway ServerApp: validate the run config, build the method's strategy, run it,
-and write the results folder."""
+"""The headway ServerApp: validate the run config, build the method's strategy with its
+services, run it on the round engine, and write the results folder (also when the run
+fails or is interrupted)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from typing import Any, Mapping
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from core.config import resolve
+from core.config import ConfigError, check_against_spec, resolve
 from core.data import SPECS
-from server.evaluation import global_model_evaluator
 from server.results import Recorder
+from strategies.base import HeadwayStrategy
 from strategies.registry import STRATEGIES
+from strategies.services import Services
 
 log = logging.getLogger("headway")
 
@@ -25,38 +27,53 @@ def default_out_dir(cfg: Mapping[str, Any]) -> Path:
     return Path(cfg["results-dir"]) / f"{cfg['algorithm']}-{cfg['dataset']}-{stamp}"
 
 
-def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | None = None) -> dict[str, Any]:
-    """Run one experiment on ``grid`` and return its summary (also written to ``out_dir``)."""
+def build_strategy(cfg: dict[str, Any]) -> HeadwayStrategy:
+    """The method's strategy for a resolved config; raises ConfigError when they cannot work together."""
+    spec = SPECS[cfg["dataset"]]
+    check_against_spec(cfg, spec)
+    return STRATEGIES[cfg["algorithm"]](cfg, spec, Services(cfg))
+
+
+def preflight(cfg: dict[str, Any]) -> None:
+    """Every check that needs no client: the config against the data set's spec and the
+    method (bodies, feature widths, shared layers). Raises ConfigError naming the key."""
+    build_strategy(cfg)
+
+
+def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Run one experiment on ``grid`` and return its summary (also written to ``out_dir``).
+
+    A run that stops early still writes summary.json, with status "failed" or
+    "interrupted" and the reason, beside the rounds it completed.
+    """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = resolve(run_config)
     out = Path(out_dir) if out_dir else default_out_dir(cfg)
-    spec = SPECS[cfg["dataset"]]
-    strategy = STRATEGIES[cfg["algorithm"]](cfg)
-    strategy.check(spec)
-    recorder = Recorder(out, cfg)
+    strategy = build_strategy(cfg)
+    recorder = Recorder(out, cfg, overwrite=overwrite)
     log.info("headway: %s on %s, %d clients, %d rounds -> %s", cfg["algorithm"], cfg["dataset"], cfg["num-clients"], cfg["num-server-rounds"], out)
-    evaluate_fn = global_model_evaluator(cfg) if strategy.has_global_model and cfg["global-eval"] else None
-    strategy.start(
-        grid=grid,
-        initial_arrays=strategy.initial_arrays(spec),
-        num_rounds=cfg["num-server-rounds"],
-        timeout=cfg["round-timeout"],
-        evaluate_fn=evaluate_fn,
-        on_round=recorder.round,
-    )
+    try:
+        strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(), num_rounds=cfg["num-server-rounds"], on_round=recorder.round)
+    except KeyboardInterrupt:
+        recorder.finish(strategy.summary_extra(), status="interrupted", reason="interrupted (Ctrl-C or a stop signal)")
+        raise
+    except Exception as exc:
+        summary = recorder.finish(strategy.summary_extra(), status="failed", reason=f"{type(exc).__name__}: {exc}")
+        log.error("headway: run failed after %d rounds: %s", summary["rounds"], summary["reason"])
+        raise
     summary = recorder.finish(strategy.summary_extra())
     log.info("headway: final accuracy %s, best %s, total bytes %d, %.1f s", summary["final_accuracy"], summary["best_accuracy"], summary["total_bytes"], summary["wall_seconds"])
     return summary
 
 
-def build_server_app(overrides: Mapping[str, Any] | None = None, out_dir: str | Path | None = None) -> ServerApp:
+def build_server_app(overrides: Mapping[str, Any] | None = None, out_dir: str | Path | None = None, overwrite: bool = False) -> ServerApp:
     """A ServerApp running :func:`run_server` with the Flower run config plus ``overrides``."""
     overrides = dict(overrides or {})
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_server(grid, {**dict(context.run_config), **overrides}, out_dir)
+        run_server(grid, {**dict(context.run_config), **overrides}, out_dir, overwrite)
 
     return server_app
 

@@ -1,61 +1,74 @@
-"""The shape every headway strategy shares: Flower's Strategy with a round loop that
-meters bytes, samples with a timeout, counts failures and reports each round.
+"""The shape every headway strategy shares: Flower's Strategy driven by the round
+engine (:mod:`strategies.engine`).
 
-A method overrides the Flower hooks (configure/aggregate train and evaluate) and, when
-its rounds are shaped differently, :meth:`prepare` (work before round 1, such as
-FedLog's statistics round) or :meth:`train_round` (several exchanges in a round,
-relays from one client to the next, one-shot rounds).
+A strategy is built with the resolved config, the data set's spec and its
+:class:`~strategies.services.Services`, and fails at construction (``ConfigError``) when
+the config cannot work. Its hooks keep Flower's names and return what they produced:
+
+- ``configure_train(rnd, arrays, engine)`` → ``{node id: RecordDict}`` (content may differ per client);
+- ``train_layout(rnd)`` → the :class:`~strategies.replies.Layout` a training reply must match;
+- ``aggregate_train(rnd, replies)`` → :class:`Step` (new arrays or None, clients used, metrics);
+- ``configure_evaluate`` / ``aggregate_evaluate`` likewise, for clients' local test scores;
+- ``prepare(arrays, engine)`` for work before round 1 (its bytes count in round 1) and
+  ``train_round`` for rounds shaped differently (several exchanges, relays).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from flwr.serverapp.strategy.result import Result
 
 from core import protocol as P
 from core.data import DatasetSpec
-from strategies.exchange import Meter, exchange, sample_positions, wait_for_nodes
+from core.models import build_model
+from core.training import predict, score
+from strategies.engine import Engine, RoundFailed, RoundMeter
+from strategies.replies import Layout, Reply
+from strategies.services import Services
 
 log = logging.getLogger("headway")
 
 RoundCallback = Callable[[dict[str, Any]], None]
-GlobalEval = Callable[[int, ArrayRecord], dict[str, float] | None]
 
 
-def count_of(reply: Message) -> float | None:
-    """A reply's num-examples, or None when it is absent or not a count."""
-    met = reply.content.metric_records.get(P.METRICS)
-    if met is None or P.NUM_EXAMPLES not in met:
-        return None
-    n = float(met[P.NUM_EXAMPLES])
-    return n if np.isfinite(n) and n >= 0 else None
+@dataclass
+class Step:
+    """What one step of a round produced: the new server arrays (None: keep the old),
+    how many clients' replies went into them, and figures for rounds.jsonl."""
+
+    arrays: ArrayRecord | None
+    clients: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def mean_finite(values: list[float]) -> float:
+    """Mean of the finite values (NaN when there are none): one NaN loss cannot poison it."""
+    finite = [v for v in values if np.isfinite(v)]
+    return float(np.mean(finite)) if finite else float("nan")
 
 
 class HeadwayStrategy(Strategy):
-    """Base strategy: subclasses set ``name`` and implement the four Flower hooks."""
+    """Base strategy: subclasses set ``name`` and implement the hooks above."""
 
     name = "base"
     has_global_model = False  # one model for everyone: the server also scores it on the test set
+    eval_metrics: tuple[str, ...] = ()  # extra "correct-<how>" counts an evaluation reply may carry
 
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
         self.cfg = cfg
-        self.rng = np.random.default_rng(cfg["seed"] + 7919)
-        self.meter = Meter()
-        self.round_metrics: dict[str, float] = {}  # extra per-round figures for rounds.jsonl
-        self.nodes: list[int] = []
+        self.spec = spec
+        self.services = services
 
     # ----- set-up ---------------------------------------------------------------
-    def check(self, spec: DatasetSpec) -> None:
-        """Fail at start when the run config cannot work with this method."""
-
-    def initial_arrays(self, spec: DatasetSpec) -> ArrayRecord:
+    def initial_arrays(self) -> ArrayRecord:
         """What the server holds before round 1 (a model, a head, or nothing)."""
         return ArrayRecord()
 
@@ -63,82 +76,106 @@ class HeadwayStrategy(Strategy):
         """Method-specific figures for summary.json."""
         return {}
 
-    # ----- sampling -------------------------------------------------------------
-    def available_nodes(self, grid: Grid) -> list[int]:
-        wanted = self.cfg["min-available-clients"] or self.cfg["num-clients"]
-        self.nodes = wait_for_nodes(grid, wanted, self.cfg["sample-timeout"])
-        return self.nodes
-
-    def sample(self, grid: Grid, fraction: float, weights: list[float] | None = None) -> list[int]:
-        """Node IDs for this round: ``fraction`` of those connected (at least one)."""
-        nodes = self.available_nodes(grid)
-        if not nodes:
-            return []
-        k = max(1, int(round(fraction * len(nodes))))
-        return [nodes[i] for i in sample_positions(len(nodes), k, self.rng, weights)]
-
-    def messages(self, grid: Grid, nodes: Iterable[int], content: RecordDict | Callable[[int], RecordDict], kind: str) -> list[Message]:
-        """One message per node: the same content, or ``content(node_id)`` per node."""
-        out = []
-        for node in nodes:
-            body = content(node) if callable(content) else content
-            out.append(Message(content=body, dst_node_id=node, message_type=kind))
-        return out
-
     def config(self, server_round: int, **fields: Any) -> ConfigRecord:
         return ConfigRecord({P.ROUND: server_round, **fields})
 
-    def screen(self, replies: Iterable[Message], check: Callable[[ArrayRecord, float], tuple[Any, str | None]]) -> list[tuple[Any, float, float]]:
-        """(payload, num-examples, train loss) of the replies whose arrays pass ``check``.
+    def content(self, server_round: int, arrays: ArrayRecord, **fields: Any) -> RecordDict:
+        return RecordDict({P.ARRAYS: arrays, P.CONFIG: self.config(server_round, **fields)})
 
-        ``check(arrays, n)`` returns the decoded payload and a reason when the reply cannot
-        be real; such replies, and replies without arrays or a count, are rejected.
-        """
-        good = []
-        for reply in replies:
-            n = count_of(reply)
-            arrays = reply.content.array_records.get(P.ARRAYS)
-            if n is None or arrays is None:
-                self.reject(reply, "reply without arrays and a valid num-examples")
-                continue
-            try:
-                payload, problem = check(arrays, n)
-            except Exception as exc:  # an undecodable payload is a bad reply, not a crash
-                payload, problem = None, f"payload cannot be decoded: {exc}"
-            if problem:
-                self.reject(reply, problem)
-                continue
-            good.append((payload, n, float(reply.content[P.METRICS].get(P.LOSS, np.nan))))
-        return good
+    # ----- hooks ----------------------------------------------------------------
+    def prepare(self, arrays: ArrayRecord, engine: Engine) -> tuple[ArrayRecord, Step | None]:
+        """Work before round 1 (default: none)."""
+        return arrays, None
 
-    def reject(self, reply: Message, reason: str) -> None:
-        """Drop a reply whose content cannot be real; counted in the round's failures."""
-        self.meter.fail(f"node {reply.metadata.src_node_id}: {reason}")
+    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> dict[int, RecordDict]:
+        """Default: ``fraction-train`` of the clients, all sent ``arrays``."""
+        content = self.content(server_round, arrays)
+        return {node: content for node in engine.sample(self.cfg["fraction-train"])}
 
-    # ----- rounds ---------------------------------------------------------------
-    def prepare(self, grid: Grid, arrays: ArrayRecord, timeout: float) -> ArrayRecord:
-        """Work before round 1 (default: none); its bytes count in round 1."""
+    def train_layout(self, server_round: int) -> Layout:
+        raise NotImplementedError
+
+    def aggregate_train(self, server_round: int, replies: list[Reply]) -> Step:
+        raise NotImplementedError
+
+    def train_round(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> Step:
+        """Configure, exchange, check quorum, aggregate (a failed round keeps ``arrays``)."""
+        contents = self.configure_train(server_round, arrays, engine)
+        replies = engine.exchange(P.PHASE_TRAIN, contents, MessageType.TRAIN, self.train_layout(server_round))
+        if not engine.quorum(P.PHASE_TRAIN, replies):
+            return Step(None, len(replies))
+        return self.aggregate_train(server_round, replies)
+
+    def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
+        """What clients need to score themselves (default: the server's arrays)."""
         return arrays
 
-    def train_round(self, server_round: int, arrays: ArrayRecord, grid: Grid, timeout: float) -> ArrayRecord:
-        """One training round: configure, exchange, aggregate (a failed round keeps ``arrays``)."""
-        msgs = self.configure_train(server_round, arrays, ConfigRecord(), grid)
-        replies = exchange(grid, msgs, timeout, self.meter, "train")
-        new_arrays, metrics = self.aggregate_train(server_round, replies)
-        if metrics is not None:
-            self.round_metrics.update({f"train_{k}": float(v) for k, v in metrics.items() if not isinstance(v, list)})
-        return arrays if new_arrays is None else new_arrays
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> dict[int, RecordDict]:
+        """Every available client scores itself on its own test split."""
+        content = self.content(server_round, self.evaluate_arrays(arrays), **{P.PHASE: P.PHASE_EVALUATE})
+        return {node: content for node in engine.nodes()}
 
-    def evaluate_round(self, server_round: int, arrays: ArrayRecord, grid: Grid, timeout: float) -> dict[str, float]:
-        msgs = self.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
-        replies = exchange(grid, msgs, timeout, self.meter, "evaluate")
-        metrics = self.aggregate_evaluate(server_round, replies)
-        return {} if metrics is None else {k: float(v) for k, v in metrics.items() if not isinstance(v, list)}
+    def eval_layout(self) -> Layout:
+        """An evaluation reply: test count, correct predictions (or squared error), loss."""
+        scored = P.CORRECT if self.spec.task == "classification" else P.SQUARED_ERROR
+        return Layout(None, count=True, metrics=(scored,), optional=(P.LOSS, *self.eval_metrics), check=self._check_scores)
 
-    def final_evaluation(self, arrays: ArrayRecord, grid: Grid, timeout: float) -> dict[str, float]:
+    def _check_scores(self, arrays: dict, reply: Reply) -> tuple[None, str | None]:
+        n = reply.count or 0
+        for name, value in reply.metrics.items():
+            if name == P.CORRECT or name.startswith(P.CORRECT + "-"):
+                if value < 0 or value != int(value) or value > n:
+                    return None, f"metric {name!r} is {value:g}, not a whole number in [0, num-examples={n}]"
+            if name == P.SQUARED_ERROR and value < 0:
+                return None, f"metric {name!r} is {value:g}, below 0"
+        return None, None
+
+    def aggregate_evaluate(self, server_round: int, replies: list[Reply]) -> dict[str, float]:
+        """Sample-weighted mean of clients' local test metrics: Σ correct / Σ examples."""
+        counted = [r for r in replies if r.count]
+        total = float(sum(r.count for r in counted))
+        if total == 0:
+            return {}
+        losses = [(r.metrics[P.LOSS], r.count) for r in counted if P.LOSS in r.metrics]
+        out = {"eval_clients": float(len(counted)), "test_examples": total}
+        if losses:
+            out["loss"] = float(sum(v * n for v, n in losses) / sum(n for _, n in losses))
+        if self.spec.task != "classification":
+            out["mse"] = sum(r.metrics[P.SQUARED_ERROR] for r in counted) / total
+            return out
+        per_client = [r.metrics[P.CORRECT] / r.count for r in counted]
+        out["accuracy"] = sum(r.metrics[P.CORRECT] for r in counted) / total
+        out["accuracy_client_mean"] = float(np.mean(per_client))
+        out["accuracy_client_min"] = float(np.min(per_client))
+        for name in self.eval_metrics:  # e.g. FedProto's correct-head -> accuracy_head
+            have = [r for r in counted if name in r.metrics]
+            if have:
+                out["accuracy_" + name[len(P.CORRECT) + 1 :]] = sum(r.metrics[name] for r in have) / sum(r.count for r in have)
+        return out
+
+    def evaluate_round(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> dict[str, float]:
+        contents = self.configure_evaluate(server_round, arrays, engine)
+        replies = engine.exchange(P.PHASE_EVALUATE, contents, MessageType.EVALUATE, self.eval_layout(), split="test")
+        return self.aggregate_evaluate(server_round, replies)
+
+    def final_evaluation(self, arrays: ArrayRecord, engine: Engine) -> dict[str, float]:
         """Extra evaluation after the last round (default: none), such as LG-FedAvg's new test."""
         return {}
 
+    def global_evaluation(self, arrays: ArrayRecord) -> dict[str, float]:
+        """The single global model scored on the whole test set, where one exists and the
+        server holds the data (``global-eval``)."""
+        if not (self.has_global_model and self.cfg["global-eval"]):
+            return {}
+        test = self.services.data.test_tensors()
+        if test is None:
+            return {}
+        model = build_model(self.cfg["body"], self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"])
+        model.load_state_dict(arrays.to_torch_state_dict())
+        s = score(self.spec.task, predict(model.eval(), test[0]), test[1])
+        return {f"global_{k}": v for k, v in s.items()}
+
+    # ----- the run ----------------------------------------------------------------
     def start(
         self,
         grid: Grid,
@@ -147,103 +184,80 @@ class HeadwayStrategy(Strategy):
         timeout: float = 3600,
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: GlobalEval | None = None,
+        evaluate_fn: Any = None,
         on_round: RoundCallback | None = None,
     ) -> Result:
         """Run ``num_rounds`` rounds; after each, call ``on_round`` with the round's record.
 
-        ``train_config``/``evaluate_config`` keep Flower's signature; headway's per-round
-        settings come from the run config, which every client reads itself.
+        ``timeout``, ``train_config``, ``evaluate_config`` and ``evaluate_fn`` keep
+        Flower's signature; headway's deadlines and settings come from the run config.
+        Raises :class:`RoundFailed` when round 1 (or the work before it) gets no valid reply.
         """
         self.summary()
+        engine = Engine(grid, self.cfg, self.services)
         result = Result()
         arrays = initial_arrays
         started = time.monotonic()
-        arrays = self.prepare(grid, arrays, timeout)
+        engine.wait_for_clients()
         for rnd in range(1, num_rounds + 1):
             t0 = time.monotonic()
-            arrays = self.train_round(rnd, arrays, grid, timeout)
-            if rnd == 1 and self.meter.failures and not self.round_metrics.get("train_clients"):
-                raise RuntimeError(f"every client failed in round 1; first failure: {self.meter.failure_reasons[0]}")
-            evaluation = self.evaluate_round(rnd, arrays, grid, timeout)
+            engine.begin_round(rnd)
+            if not engine.registry.clients:
+                raise RoundFailed(self._first_reason(engine.meter, "no client registered"))
+            extra: dict[str, float] = {}
+            if rnd == 1:
+                arrays, prep = self.prepare(arrays, engine)
+                if prep is not None:
+                    if prep.clients == 0:
+                        raise RoundFailed(self._first_reason(engine.meter, "the work before round 1 got no valid reply"))
+                    extra.update({f"prepare_{k}": v for k, v in prep.metrics.items()})
+            step = self.train_round(rnd, arrays, engine)
+            if rnd == 1 and step.clients == 0:
+                raise RoundFailed(self._first_reason(engine.meter, "every client failed in round 1"))
+            if step.arrays is not None:
+                arrays = step.arrays
+            evaluation = self.evaluate_round(rnd, arrays, engine)
             if rnd == num_rounds:
-                evaluation.update(self.final_evaluation(arrays, grid, timeout))
-            glob = evaluate_fn(rnd, arrays) if evaluate_fn is not None else None
-            record = self._round_record(rnd, evaluation, glob, time.monotonic() - t0, time.monotonic() - started)
+                evaluation.update(self.final_evaluation(arrays, engine))
+            evaluation.update(self.global_evaluation(arrays))
+            record = self._round_record(rnd, step, {**extra, **evaluation}, engine.end_round(), time.monotonic() - t0, time.monotonic() - started)
             result.arrays = arrays
             result.evaluate_metrics_clientapp[rnd] = MetricRecord({k: v for k, v in evaluation.items() if np.isfinite(v)})
             if on_round is not None:
                 on_round(record)
         return result
 
-    def _round_record(self, rnd: int, evaluation: dict[str, float], glob: dict[str, float] | None, seconds: float, elapsed: float) -> dict[str, Any]:
-        down, up = self.meter.phase_bytes("train")
-        eval_down, eval_up = self.meter.phase_bytes("evaluate")
+    @staticmethod
+    def _first_reason(meter: RoundMeter, what: str) -> str:
+        return f"{what}; first failure: {meter.failures[0]}" if meter.failures else what
+
+    def _round_record(self, rnd: int, step: Step, figures: Mapping[str, float], meter: RoundMeter, seconds: float, elapsed: float) -> dict[str, Any]:
+        down, up = meter.cost()
         record: dict[str, Any] = {
             "round": rnd,
-            "accuracy": evaluation.get("accuracy"),
+            "accuracy": figures.get("accuracy"),
             "bytes_down": down,
             "bytes_up": up,
-            "eval_bytes_down": eval_down,
-            "eval_bytes_up": eval_up,
-            "clients": int(self.round_metrics.pop("train_clients", 0)),
-            "failures": self.meter.failures,
+            "clients": step.clients,
+            "failures": len(meter.failures),
+            "absent": len(meter.absent),
             "seconds": seconds,
             "elapsed_seconds": elapsed,
         }
-        for phase in sorted(set(self.meter.bytes) - {"train", "evaluate"}):  # e.g. LG-FedAvg's model upload
-            record[f"{phase}_bytes_down"], record[f"{phase}_bytes_up"] = self.meter.phase_bytes(phase)
-        record.update({k: v for k, v in evaluation.items() if k != "accuracy"})
-        record.update(self.round_metrics)
-        if glob:
-            record.update({f"global_{k}": v for k, v in glob.items()})
-        if self.meter.failure_reasons:
-            record["failure_reasons"] = self.meter.failure_reasons[:20]
-        self.meter = Meter()
-        self.round_metrics = {}
+        for phase in sorted(meter.bytes):
+            if phase == P.PHASE_TRAIN:
+                continue
+            prefix = "eval" if phase == P.PHASE_EVALUATE else phase.replace("-model", "")
+            record[f"{prefix}_bytes_down"], record[f"{prefix}_bytes_up"] = meter.phase(phase)
+        if meter.rejected_bytes_up:
+            record["rejected_bytes_up"] = meter.rejected_bytes_up
+        record.update({k: v for k, v in figures.items() if k != "accuracy"})
+        record.update({f"train_{k}" if k in ("loss",) else k: v for k, v in step.metrics.items()})
+        if meter.absent:
+            record["absent_partitions"] = meter.absent
+        if meter.failures:
+            record["failure_reasons"] = meter.failures[:20]
         return record
-
-    # ----- shared helpers for subclasses ------------------------------------------
-    def evaluate_messages(self, server_round: int, arrays: ArrayRecord, grid: Grid, **fields: Any) -> list[Message]:
-        """Every connected client evaluates ``arrays`` on its own test split."""
-        content = RecordDict({P.ARRAYS: arrays, P.CONFIG: self.config(server_round, **fields)})
-        return self.messages(grid, self.available_nodes(grid), content, MessageType.EVALUATE)
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Sample-weighted mean of clients' local test metrics: Σ correct / Σ examples."""
-        total, correct, loss, sq = 0.0, 0.0, 0.0, 0.0
-        per_client = []
-        extra: dict[str, float] = {}  # "correct-<how>" counts -> accuracy_<how> (e.g. FedProto's two predictions)
-        for reply in replies:
-            met = reply.content.metric_records.get(P.METRICS)
-            if met is None or P.NUM_EXAMPLES not in met:
-                self.reject(reply, "evaluation reply without metrics")
-                continue
-            n = float(met[P.NUM_EXAMPLES])
-            if not np.isfinite(n) or n < 0:
-                self.reject(reply, f"evaluation reply with num-examples={n}")
-                continue
-            total += n
-            correct += float(met.get(P.CORRECT, 0.0))
-            loss += float(met.get(P.LOSS, 0.0)) * n
-            sq += float(met.get(P.SQUARED_ERROR, 0.0))
-            for key, value in met.items():
-                if key.startswith(P.CORRECT + "-"):
-                    extra[key] = extra.get(key, 0.0) + float(value)
-            if n > 0 and P.CORRECT in met:
-                per_client.append(float(met[P.CORRECT]) / n)
-        if total == 0:
-            return None
-        out = MetricRecord({"loss": loss / total, "eval_clients": len(per_client), "test_examples": total})
-        if per_client:
-            out["accuracy"] = correct / total
-            out["accuracy_client_mean"] = float(np.mean(per_client))
-            out["accuracy_client_min"] = float(np.min(per_client))
-            for key, value in extra.items():
-                out["accuracy_" + key[len(P.CORRECT) + 1 :]] = value / total
-        else:
-            out["mse"] = sq / total
-        return out
 
     def summary(self) -> None:
         log.info("strategy %s: %s", self.name, {k: v for k, v in self.cfg.items() if k.startswith(self.name)})

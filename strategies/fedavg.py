@@ -1,20 +1,22 @@
 """FedAvg (McMahan et al. 2017): clients train the whole model; the server takes the
-sample-weighted average."""
+sample-weighted average of the valid replies."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.serverapp import Grid
+from flwr.app import Array, ArrayRecord, RecordDict
 
 from core import protocol as P
-from core.aggregate import array_problem, weighted_average
+from core.aggregate import update_norm_problem, weighted_average
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.models import build_model
-from strategies.base import HeadwayStrategy
+from strategies.base import HeadwayStrategy, Step, mean_finite
+from strategies.engine import Engine
+from strategies.replies import ArraySpec, Layout, Reply
+from strategies.services import Services
 
 
 def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
@@ -31,36 +33,38 @@ class FedAvg(HeadwayStrategy):
     name = "fedavg"
     has_global_model = True
 
-    def __init__(self, cfg: dict):
-        super().__init__(cfg)
-        self.current: dict[str, np.ndarray] = {}
-
-    def check(self, spec: DatasetSpec) -> None:
-        if body_names(self.cfg) != [self.cfg["body"]]:
+    def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
+        super().__init__(cfg, spec, services)
+        if body_names(cfg) != [cfg["body"]]:
             raise ConfigError(f"{self.name} averages whole models, so every client must run the same body: leave 'bodies' empty")
+        self.sent: dict[str, np.ndarray] = {}  # what this round's clients were sent
 
-    def initial_arrays(self, spec: DatasetSpec) -> ArrayRecord:
-        model = build_model(self.cfg["body"], spec.input_shape, self.cfg["feature-dim"], spec.num_classes, self.cfg["seed"])
+    def initial_arrays(self) -> ArrayRecord:
+        model = build_model(self.cfg["body"], self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"])
         return ArrayRecord(model.state_dict())
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        self.current = to_numpy(arrays)
-        nodes = self.sample(grid, self.cfg["fraction-train"])
-        content = RecordDict({P.ARRAYS: arrays, P.CONFIG: self.config(server_round)})
-        return self.messages(grid, nodes, content, MessageType.TRAIN)
+    def shared(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
+        """The part of the server's arrays exchanged in ``server_round`` (FedAvg: all)."""
+        return arrays
 
-    def check_update(self, arrays: ArrayRecord, n: float) -> tuple[dict[str, np.ndarray], str | None]:
-        """A model update is averageable when it matches the global model and has examples."""
-        update = to_numpy(arrays)
-        return update, ("num-examples is 0" if n == 0 else array_problem(self.current, update))
+    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> dict[int, RecordDict]:
+        sent = self.shared(server_round, arrays)
+        self.sent = to_numpy(sent)
+        content = self.content(server_round, sent)
+        return {node: content for node in engine.sample(self.cfg["fraction-train"])}
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        good = self.screen(replies, self.check_update)
-        if not good:
-            return None, MetricRecord({"clients": 0})
-        updates, counts, losses = zip(*good)
-        avg = weighted_average(updates, counts)
-        return to_record(avg), MetricRecord({"clients": len(updates), "loss": float(np.average(losses, weights=counts))})
+    def train_layout(self, server_round: int) -> Layout:
+        """A reply is the arrays it was sent, same names, shapes and dtypes, with n > 0
+        and an update no larger than ``max-update-norm`` allows."""
+        specs = {k: ArraySpec(tuple(v.shape), str(v.dtype)) for k, v in self.sent.items()}
+        return Layout(specs, count=True, optional=(P.LOSS,), check=self.check_update)
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        return self.evaluate_messages(server_round, arrays, grid)
+    def check_update(self, arrays: dict[str, np.ndarray], reply: Reply) -> tuple[dict[str, np.ndarray] | None, str | None]:
+        if reply.count == 0:
+            return None, "num-examples is 0: nothing to weigh the update by"
+        return arrays, update_norm_problem(self.sent, arrays, self.cfg["max-update-norm"])
+
+    def aggregate_train(self, server_round: int, replies: list[Reply]) -> Step:
+        avg = weighted_average([r.payload for r in replies], [r.count for r in replies], like=self.sent)
+        losses = [r.metrics.get(P.LOSS, float("nan")) for r in replies]
+        return Step(to_record(avg), len(replies), {"loss": mean_finite(losses)})

@@ -1,20 +1,6 @@
-"""Algorithm name -> strategy class. A new method adds one line here."""
+"""Algorithm name -> strategy class, derived from the method declarations (core/methods.py)."""
 
+from core.methods import METHODS
 from strategies.base import HeadwayStrategy
-from strategies.fedavg import FedAvg
-from strategies.fedlog import FedLog
-from strategies.fedper import FedPer
-from strategies.fedprox import FedProx
-from strategies.fedproto import FedProto
-from strategies.fedrep import FedRep
-from strategies.lg_fedavg import LGFedAvg
 
-STRATEGIES: dict[str, type[HeadwayStrategy]] = {
-    "fedavg": FedAvg,
-    "fedprox": FedProx,
-    "fedlog": FedLog,
-    "lg-fedavg": LGFedAvg,
-    "fedper": FedPer,
-    "fedrep": FedRep,
-    "fedproto": FedProto,
-}
+STRATEGIES: dict[str, type[HeadwayStrategy]] = {name: method.load_strategy() for name, method in METHODS.items()}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import Protocol
 
 from flwr.app import MetricRecord, RecordDict
@@ -29,7 +31,9 @@ def test_metrics(env: ClientEnv, forward) -> MetricRecord:
     out = predict(forward, env.x_test, device=env.device)
     s = score(env.data.task, out, env.y_test)
     n = len(env.y_test)
-    met = {P.NUM_EXAMPLES: n, P.PARTITION_ID: env.partition_id, P.LOSS: s["loss"] if n else 0.0}
+    met = {P.NUM_EXAMPLES: n, P.PARTITION_ID: env.partition_id}
+    if n and math.isfinite(s["loss"]):
+        met[P.LOSS] = float(s["loss"])
     if env.data.task == "classification":
         met[P.CORRECT] = int((out.argmax(1) == env.y_test).sum()) if n else 0
     else:
@@ -37,5 +41,9 @@ def test_metrics(env: ClientEnv, forward) -> MetricRecord:
     return MetricRecord(met)
 
 
-def train_metrics(env: ClientEnv, loss: float, **extra: float) -> MetricRecord:
-    return MetricRecord({P.NUM_EXAMPLES: len(env.y_train), P.PARTITION_ID: env.partition_id, P.LOSS: float(loss), **extra})
+def train_metrics(env: ClientEnv, loss: float) -> MetricRecord:
+    """A training reply's metrics: count, partition id, and the loss when there is one."""
+    met = {P.NUM_EXAMPLES: len(env.y_train), P.PARTITION_ID: env.partition_id}
+    if math.isfinite(loss):
+        met[P.LOSS] = float(loss)
+    return MetricRecord(met)

@@ -1,12 +1,16 @@
 """FedLog client (fedlog-extended Alg. 1): with the global head η fixed, train the local
 body on the cross-entropy of softmax(η·φ) (Eq. 10; FedLog-C adds Eq. 13's pull towards
-the global class means), then send the sufficient statistic Σ φ⊗e_y and the count."""
+the global class means), then send the sufficient statistic Σ φ⊗e_y and the count.
+
+Under ``fedlog-dp=local`` the reply holds the noised statistic and the partition id only:
+no count (the server reads it from the noised count row) and no training loss. The
+noise comes from OS entropy, never from the run seed."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from client.env import ClientEnv
 from client.procedures.base import round_of, test_metrics, train_metrics
@@ -16,9 +20,6 @@ from core.models import build_body
 from core.training import predict, train_epochs
 
 BODY_STATE = "fedlog-body"
-ETA = "eta"
-STATS = "stats"
-STATS_SUM = "stats-sum"  # FedLog-C: the aggregate Φ the server sends along
 
 
 class FeatureMap(torch.nn.Module):
@@ -53,28 +54,27 @@ class FedLogClient:
             body.load_state_dict(state[BODY_STATE].to_torch_state_dict())
         return FeatureMap(body, env.cfg["fedlog-clip"]).to(env.device)
 
-    def _statistics(self, env: ClientEnv, fmap: FeatureMap, server_round: int) -> np.ndarray:
+    def _statistics(self, env: ClientEnv, fmap: FeatureMap) -> np.ndarray:
         """Σ φ⊗e_y over the local training set, in eval mode, noised under local DP."""
         fmap.eval()
         phi = predict(fmap, env.x_train, device=env.device).double().numpy()
         stats = sufficient_statistics(phi, env.y_train.numpy(), env.outputs)
         if env.cfg["fedlog-dp"] == "local":
-            rng = np.random.default_rng(env.seed_for(server_round, salt=1))
-            stats = add_noise(stats, noise_sigma(env.cfg, stats.shape[1]), rng)
+            stats = add_noise(stats, noise_sigma(env.cfg, stats.shape[1]), np.random.default_rng())  # OS entropy
         return stats
 
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
         cfg, rnd = env.cfg, round_of(content)
         fmap = self._features(env, state)
         arrays = content[P.ARRAYS]
-        phase = str(content[P.CONFIG].get(P.PHASE, "train"))
+        phase = str(content[P.CONFIG].get(P.PHASE, P.PHASE_TRAIN))
         loss = float("nan")
-        if phase == "train":
-            eta = torch.as_tensor(arrays[ETA].numpy(), dtype=torch.float32, device=env.device)
+        if phase == P.PHASE_TRAIN:
+            eta = torch.as_tensor(arrays[P.ETA].numpy(), dtype=torch.float32, device=env.device)
             alpha = cfg["fedlog-alpha"]
             means = known = None
-            if alpha > 0 and STATS_SUM in arrays:
-                phi_sum = arrays[STATS_SUM].numpy()
+            if alpha > 0 and P.STATS_SUM in arrays:
+                phi_sum = arrays[P.STATS_SUM].numpy()
                 means = torch.as_tensor(class_means(phi_sum), dtype=torch.float32, device=env.device)
                 known = torch.as_tensor(phi_sum[:, 0] > 0, device=env.device)
 
@@ -91,11 +91,13 @@ class FedLogClient:
                 fresh_optimizer_each_epoch=True, modules=[fmap],
             )
             state[BODY_STATE] = ArrayRecord({k: v.detach().cpu() for k, v in fmap.body.state_dict().items()})
-        stats = self._statistics(env, fmap, rnd)
-        reply = ArrayRecord({STATS: Array(stats.astype(np.float32))})
+        stats = self._statistics(env, fmap)
+        reply = ArrayRecord({P.STATS: Array(stats.astype(np.float32))})
+        if cfg["fedlog-dp"] == "local":  # release nothing private beside the noised statistic
+            return RecordDict({P.ARRAYS: reply, P.METRICS: MetricRecord({P.PARTITION_ID: env.partition_id})})
         return RecordDict({P.ARRAYS: reply, P.METRICS: train_metrics(env, loss)})
 
     def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
         fmap = self._features(env, state).eval()
-        eta = torch.as_tensor(content[P.ARRAYS][ETA].numpy(), dtype=torch.float32, device=env.device)
+        eta = torch.as_tensor(content[P.ARRAYS][P.ETA].numpy(), dtype=torch.float32, device=env.device)
         return RecordDict({P.METRICS: test_metrics(env, lambda x: fmap(x) @ eta.T)})

@@ -1,13 +1,12 @@
 """LG-FedAvg client: train the local body and the received global layers jointly on the
 task loss and return the global layers. For the new test it uploads its whole model
-once, with the name of its body."""
+once (the server knows its body from its registration)."""
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
 from client.env import ClientEnv
-from client.procedures.base import train_metrics
 from client.procedures.layer_sharing import SharedLayersClient
 from core import protocol as P
 
@@ -18,4 +17,4 @@ class LGFedAvgClient(SharedLayersClient):
             return super().evaluate(env, content, state)
         model, _ = self.model(env, content, state)
         weights = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
-        return RecordDict({P.ARRAYS: weights, P.CONFIG: ConfigRecord({P.BODY: env.body}), P.METRICS: train_metrics(env, float("nan"))})
+        return RecordDict({P.ARRAYS: weights, P.METRICS: MetricRecord({P.PARTITION_ID: env.partition_id})})

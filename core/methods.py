@@ -1,0 +1,103 @@
+"""Every federated method, declared once: its name, what a client sends, its run-config
+keys, and where its strategy and client procedure live.
+
+The strategy and procedure are named as ``module:Class`` strings so that this module (and
+everything importing it: config, both registries) stays free of Flower and never makes
+``server`` import ``client`` or the reverse. Adding a method means one entry here plus its
+strategy module and its client procedure.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from core import protocol as P
+from core.schema import Key, non_negative, positive
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method's declaration."""
+
+    name: str
+    summary: str
+    strategy: str  # "module:Class" of the Flower strategy (server side)
+    procedure: str  # "module:Class" of the client procedure
+    sends: dict[str, str]  # array name -> wire dtype of a training reply
+    keys: dict[str, Key] = field(default_factory=dict)
+
+    def load_strategy(self) -> type:
+        return _load(self.strategy)
+
+    def load_procedure(self) -> type:
+        return _load(self.procedure)
+
+
+def _load(path: str) -> Any:
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+# Record names of whole-model methods are the model's own layer names (float32).
+MODEL = {"*": "float32"}
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("fedavg", "whole-model averaging weighted by n_k (McMahan et al. 2017)",
+               "strategies.fedavg:FedAvg", "client.procedures.fedavg:FedAvgClient", MODEL),
+        Method("fedprox", "FedAvg with the proximal term (mu/2)|w - w_global|^2 (Li et al. 2020)",
+               "strategies.fedprox:FedProx", "client.procedures.fedavg:FedProxClient", MODEL,
+               {"fedprox-mu": non_negative("FedProx: proximal term weight mu", 0.01)}),
+        Method("fedlog", "per-class feature sums and the exact MAP head of Eq. 12 (FedLog, FedLog-C, DP-FedLog)",
+               "strategies.fedlog:FedLog", "client.procedures.fedlog:FedLogClient", {P.STATS: "float32"},
+               {
+                   "fedlog-prior-nu": non_negative("prior strength nu of the conjugate prior", 1.0),
+                   "fedlog-prior-chi": Key(0.0, "prior chi (every entry)"),
+                   "fedlog-init": Key("stats", "first head: one statistics round on untrained bodies, or random", choices=("stats", "random")),
+                   "fedlog-alpha": non_negative("FedLog-C auxiliary loss weight; 0: plain FedLog", 0.0),
+                   "fedlog-dp": Key("off", "differential privacy of the statistics", choices=("off", "local", "central")),
+                   "fedlog-epsilon": positive("DP epsilon", 1.0),
+                   "fedlog-delta": Key(0.01, "DP delta", check=lambda v: 0 < v < 1, rule="in (0, 1)"),
+                   "fedlog-clip": non_negative("clip body features to [-b, b]; 0: no clip (required > 0 with DP)", 0.0),
+               }),
+        Method("lg-fedavg", "local bodies, averaged top layers (Liang et al. 2020, Alg. 1)",
+               "strategies.lg_fedavg:LGFedAvg", "client.procedures.lg_fedavg:LGFedAvgClient", MODEL,
+               {
+                   "lg-global-layers": positive("LG-FedAvg: top layers that are global and averaged (1 or 2 in FedLog's Table 1)", 1),
+                   "lg-warmup-rounds": non_negative("LG-FedAvg: first rounds run as FedAvg on the whole model before bodies go local", 0),
+                   "lg-new-test": Key(True, "LG-FedAvg: after the last round clients upload their models once and the server scores their logit ensemble on the whole test set"),
+               }),
+        Method("fedper", "averaged bodies, local top layers (Arivazhagan et al. 2019)",
+               "strategies.fedper:FedPer", "client.procedures.layer_sharing:SharedLayersClient", MODEL,
+               {"fedper-local-layers": positive("FedPer: top layers kept local; the rest are averaged", 2)}),
+        Method("fedrep", "averaged body, local head fitted first (Collins et al. 2021)",
+               "strategies.fedrep:FedRep", "client.procedures.fedrep:FedRepClient", MODEL,
+               {
+                   "fedrep-local-layers": positive("FedRep: top layers kept local (the head); the rest are averaged", 1),
+                   "fedrep-head-epochs": non_negative("FedRep: epochs training the local head (body fixed) before the body epochs", 10),
+               }),
+        Method("fedproto", "per-class mean features averaged by class counts (Tan et al. 2022)",
+               "strategies.fedproto:FedProto", "client.procedures.fedproto:FedProtoClient",
+               {P.PROTOTYPES: "float32", P.CLASS_COUNTS: "float32"},
+               {
+                   "fedproto-lambda": non_negative("FedProto: weight of the pull of features towards the global prototypes", 1.0),
+                   "fedproto-predict": Key("head", "FedProto: the accuracy reported first: local head, or nearest global prototype (both are recorded)", choices=("head", "prototype")),
+               }),
+    )
+}
+
+ALGORITHMS: tuple[str, ...] = tuple(METHODS)
+
+
+def method_keys() -> dict[str, Key]:
+    """Every method's own run-config keys, in declaration order."""
+    out: dict[str, Key] = {}
+    for method in METHODS.values():
+        for name, key in method.keys.items():
+            if name in out:
+                raise RuntimeError(f"run-config key {name!r} is declared by two methods")
+            out[name] = key
+    return out

@@ -1,0 +1,80 @@
+"""Choosing k clients out of n without replacement, uniformly or by weight, and the
+probability that each one is chosen.
+
+Weighted sampling is *successive* sampling (numpy's ``choice(replace=False, p=...)``):
+the first pick has probability w_i / Σw, and each later pick is drawn the same way from
+the clients not yet picked. The resulting inclusion probability π_i = P(i is among the k)
+is not k·w_i/Σw in general; :func:`inclusion_probabilities` computes it exactly.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+
+def clean_weights(weights: Sequence[float]) -> np.ndarray:
+    """Weights as float64 with non-finite or negative entries set to 0."""
+    w = np.asarray(weights, dtype=np.float64)
+    return np.where(np.isfinite(w) & (w > 0), w, 0.0)
+
+
+def sample_positions(n: int, k: int, rng: np.random.Generator, weights: Sequence[float] | None = None) -> list[int]:
+    """``min(k, n)`` distinct positions out of ``n``, uniformly or by successive sampling ∝ ``weights``.
+
+    With fewer than k positive weights, the positive ones are all taken and the rest are
+    drawn uniformly from the others.
+    """
+    k = max(0, min(k, n))
+    if k == 0:
+        return []
+    if weights is None:
+        return sorted(rng.choice(n, size=k, replace=False).tolist())
+    w = clean_weights(weights)
+    if len(w) != n:
+        raise ValueError(f"{len(w)} weights for {n} positions")
+    positive = np.flatnonzero(w > 0)
+    if len(positive) <= k:
+        rest = np.setdiff1d(np.arange(n), positive)
+        extra = rng.choice(rest, size=k - len(positive), replace=False).tolist() if k > len(positive) else []
+        return sorted(positive.tolist() + extra)
+    return sorted(rng.choice(n, size=k, replace=False, p=w / w.sum()).tolist())
+
+
+def inclusion_probabilities(weights: Sequence[float], k: int) -> np.ndarray:
+    """π_i = P(position i is among the k drawn by successive sampling ∝ ``weights``).
+
+    Exact, by recursion over the set already drawn (2^n states: meant for n ≲ 20, such as
+    documenting and testing the sampler; Σ π_i = k).
+    """
+    w = clean_weights(weights)
+    n = len(w)
+    if np.count_nonzero(w) < k:
+        raise ValueError("inclusion probabilities need at least k positive weights")
+    if n > 22:
+        raise ValueError(f"exact inclusion probabilities enumerate 2^n subsets; n={n} is too many")
+    weights_t = tuple(w.tolist())
+
+    @lru_cache(maxsize=None)
+    def reach(mask: int) -> float:
+        """Probability that the first popcount(mask) draws are exactly the set ``mask``."""
+        if mask == 0:
+            return 1.0
+        total = 0.0
+        for i in range(n):
+            if mask >> i & 1:
+                prev = mask & ~(1 << i)
+                left = sum(weights_t[j] for j in range(n) if not prev >> j & 1)
+                total += reach(prev) * weights_t[i] / left
+        return total
+
+    pi = np.zeros(n)
+    for mask in range(1 << n):
+        if bin(mask).count("1") == k:
+            p = reach(mask)
+            for i in range(n):
+                if mask >> i & 1:
+                    pi[i] += p
+    return pi

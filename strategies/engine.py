@@ -1,0 +1,308 @@
+"""The round engine every strategy runs on: who the clients are, what a round may wait
+for, and what crossed the wire.
+
+- :class:`ClientRegistry`: node id ↔ partition id (stated once, in a registration query
+  before a node's first round), body, last seen, consecutive failures, refused nodes,
+  and per-client method state. Nodes are ordered by partition id, so seeded sampling is
+  reproducible although node ids are random.
+- :class:`Engine`: exchanges with a deadline (``round-timeout`` per exchange; a node that
+  misses it is not asked again in the same round), quorum (``min-replies``), decoding of
+  every reply against the method's :class:`~strategies.replies.Layout`, relays from one
+  client to the next with a per-hop deadline, and the wire meter.
+- :class:`RoundMeter`: bytes per phase (as shipped, :mod:`strategies.wire`), failures
+  with reasons, absent nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from core import protocol as P
+from core.sampling import sample_positions
+from strategies.replies import Layout, Reply, decode
+from strategies.services import Services
+from strategies.wire import WireMeter
+
+log = logging.getLogger("headway")
+
+# Phases whose bytes are measurement, not the method's cost (reported apart).
+MEASUREMENT_PHASES = (P.PHASE_REGISTER, P.PHASE_EVALUATE, P.PHASE_UPLOAD)
+
+
+class RoundFailed(RuntimeError):
+    """A step of a round could not go on (e.g. every client failed in round 1)."""
+
+
+@dataclass
+class ClientInfo:
+    """What the server knows of one node."""
+
+    node_id: int
+    partition_id: int
+    body: str
+    last_seen: float = 0.0
+    last_round: int = 0
+    consecutive_failures: int = 0
+    state: dict[str, Any] = field(default_factory=dict)  # the method's per-client state
+
+
+class ClientRegistry:
+    """Registered nodes, refused nodes, and who holds which partition id."""
+
+    def __init__(self, num_partitions: int):
+        self.num_partitions = num_partitions
+        self.clients: dict[int, ClientInfo] = {}
+        self.refused: dict[int, str] = {}  # node id -> why it takes no part
+
+    def claim(self, node_id: int, partition_id: Any, body: Any) -> str | None:
+        """Register ``node_id`` as ``partition_id``; the reason it cannot be, or None."""
+        if isinstance(partition_id, bool) or not isinstance(partition_id, (int, float)) or partition_id != int(partition_id):
+            return f"registration gives partition id {partition_id!r}, expected a whole number"
+        pid = int(partition_id)
+        if not 0 <= pid < self.num_partitions:
+            return f"registration gives partition id {pid}, outside 0..{self.num_partitions - 1}"
+        holder = self.by_partition(pid)
+        if holder is not None and holder != node_id:
+            return f"partition id {pid} is already held by node {holder}; a second node cannot claim it"
+        self.clients[node_id] = ClientInfo(node_id, pid, str(body), last_seen=time.monotonic())
+        return None
+
+    def refuse(self, node_id: int, reason: str) -> None:
+        self.refused[node_id] = reason
+
+    def by_partition(self, partition_id: int) -> int | None:
+        return next((n for n, c in self.clients.items() if c.partition_id == partition_id), None)
+
+    def ordered(self, nodes: Iterable[int]) -> list[int]:
+        """Registered nodes among ``nodes``, by partition id."""
+        return sorted((n for n in nodes if n in self.clients), key=lambda n: self.clients[n].partition_id)
+
+    def seen(self, node_id: int, server_round: int) -> None:
+        info = self.clients[node_id]
+        info.last_seen, info.last_round, info.consecutive_failures = time.monotonic(), server_round, 0
+
+    def failed(self, node_id: int) -> None:
+        if node_id in self.clients:
+            self.clients[node_id].consecutive_failures += 1
+
+    def partition(self, node_id: int) -> int | None:
+        info = self.clients.get(node_id)
+        return None if info is None else info.partition_id
+
+
+@dataclass
+class RoundMeter:
+    """Bytes (per phase, down and up), failures and absent nodes of one round."""
+
+    bytes: dict[str, list[int]] = field(default_factory=dict)
+    rejected_bytes_up: int = 0
+    failures: list[str] = field(default_factory=list)
+    absent: list[int] = field(default_factory=list)  # partition ids of registered nodes not connected
+
+    def add(self, phase: str, down: int = 0, up: int = 0) -> None:
+        acc = self.bytes.setdefault(phase, [0, 0])
+        acc[0] += down
+        acc[1] += up
+
+    def fail(self, reason: str) -> None:
+        self.failures.append(reason)
+        log.warning("failure: %s", reason)
+
+    def cost(self) -> tuple[int, int]:
+        """(down, up) bytes of the method's own traffic: every phase but measurement."""
+        down = sum(v[0] for p, v in self.bytes.items() if p not in MEASUREMENT_PHASES)
+        up = sum(v[1] for p, v in self.bytes.items() if p not in MEASUREMENT_PHASES)
+        return down, up
+
+    def phase(self, phase: str) -> tuple[int, int]:
+        down, up = self.bytes.get(phase, [0, 0])
+        return down, up
+
+
+def _short(reason: str, limit: int = 300) -> str:
+    """A client's error reason without a long remote traceback: its last line, bounded."""
+    lines = [line.strip() for line in str(reason).strip().splitlines() if line.strip()]
+    text = lines[-1] if lines else "no reason given"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class Engine:
+    """Exchanges of one run with its clients (see the module docstring)."""
+
+    def __init__(self, grid: Grid, cfg: dict[str, Any], services: Services, clock: Callable[[], float] = time.monotonic):
+        self.grid = grid
+        self.cfg = cfg
+        self.services = services
+        self.registry = ClientRegistry(cfg["num-clients"])
+        self.clock = clock
+        self.wire = WireMeter()
+        self.meter = RoundMeter()
+        self.round = 0
+        self.missed: set[int] = set()  # nodes that missed a deadline this round
+
+    # ----- rounds -----------------------------------------------------------------
+    def begin_round(self, server_round: int) -> None:
+        """Start a round: fresh meter and deadlines; register nodes that are new."""
+        self.round = server_round
+        self.missed = set()
+        self.wire.clear()
+        connected = set(self.grid.get_node_ids())
+        self.meter.absent = sorted(c.partition_id for n, c in self.registry.clients.items() if n not in connected)
+        new = [n for n in sorted(connected) if n not in self.registry.clients and n not in self.registry.refused]
+        if new:
+            self.register(new)
+
+    def end_round(self) -> RoundMeter:
+        """The finished round's meter (and a fresh one for what follows)."""
+        meter, self.meter = self.meter, RoundMeter()
+        return meter
+
+    # ----- who takes part ---------------------------------------------------------
+    def wait_for_clients(self) -> list[int]:
+        """Before round 1: wait up to ``sample-timeout`` for ``min-available-clients``
+        (0: ``num-clients``) to connect; returns the connected node ids."""
+        wanted = self.cfg["min-available-clients"] or self.cfg["num-clients"]
+        deadline = self.clock() + self.cfg["sample-timeout"]
+        while True:
+            nodes = sorted(self.grid.get_node_ids())
+            if len(nodes) >= wanted or self.clock() >= deadline:
+                if len(nodes) < wanted:
+                    log.warning("only %d of %d clients connected after %.0f s; going on with them", len(nodes), wanted, self.cfg["sample-timeout"])
+                return nodes
+            time.sleep(0.5)
+
+    def register(self, nodes: list[int]) -> None:
+        """Ask ``nodes`` for their partition id and body (one query, within one deadline)."""
+        content = RecordDict({P.CONFIG: ConfigRecord({P.ROUND: self.round, P.PHASE: P.PHASE_REGISTER})})
+        for reply in self._send(P.PHASE_REGISTER, {n: content for n in nodes}, MessageType.QUERY):
+            node = reply.metadata.src_node_id
+            self.meter.add(P.PHASE_REGISTER, up=self.wire.message(reply))
+            if reply.has_error():
+                self.registry.refuse(node, f"registration failed: {_short(reply.error.reason)}")
+                self.meter.fail(f"node {node}: registration error {reply.error.code}: {_short(reply.error.reason)}")
+                continue
+            met = reply.content.metric_records.get(P.METRICS, {})
+            cfg = reply.content.config_records.get(P.CONFIG, {})
+            problem = self.registry.claim(node, met.get(P.PARTITION_ID), cfg.get(P.BODY, ""))
+            if problem:
+                self.registry.refuse(node, problem)
+                self.meter.fail(f"node {node}: {problem}")
+        for node in nodes:
+            if node not in self.registry.clients and node not in self.registry.refused:
+                self.registry.refuse(node, "did not answer its registration")  # asked again if it reconnects as a new node
+        log.info("registry: %d clients registered (%d refused)", len(self.registry.clients), len(self.registry.refused))
+
+    def nodes(self) -> list[int]:
+        """Registered, connected nodes that have not missed a deadline this round, by partition id."""
+        connected = set(self.grid.get_node_ids())
+        return [n for n in self.registry.ordered(connected) if n not in self.missed]
+
+    def sample(self, fraction: float, weights: Mapping[int, float] | None = None) -> list[int]:
+        """K = max(1, round(N·fraction)) of the N available nodes, without replacement,
+        uniformly or by successive sampling ∝ ``weights`` (keyed by node id; see
+        :mod:`core.sampling` for the inclusion probabilities)."""
+        nodes = self.nodes()
+        if not nodes:
+            return []
+        k = max(1, int(round(fraction * len(nodes))))
+        w = None if weights is None else [float(weights.get(n, 0.0)) for n in nodes]
+        return [nodes[i] for i in sample_positions(len(nodes), k, self.services.sampling, w)]
+
+    def partition_of(self, node_id: int) -> int:
+        return self.registry.clients[node_id].partition_id
+
+    # ----- exchanges --------------------------------------------------------------
+    def _send(self, phase: str, contents: Mapping[int, RecordDict], kind: str, timeout: float | None = None) -> list[Message]:
+        """Send, wait until all answered or the deadline; meter down; count the silent."""
+        if not contents:
+            return []
+        timeout = self.cfg["round-timeout"] if timeout is None else timeout
+        messages = [Message(content=c, dst_node_id=n, message_type=kind, group_id=str(self.round)) for n, c in contents.items()]
+        self.meter.add(phase, down=sum(self.wire.message(m) for m in messages))
+        replies = list(self.grid.send_and_receive(messages, timeout=max(timeout, 0.0)))
+        answered = {r.metadata.src_node_id for r in replies}
+        for node in contents:
+            if node not in answered:
+                self.missed.add(node)
+                self.registry.failed(node)
+                self.meter.fail(f"{phase}: {self._who(node)}: no reply within {timeout:.0f} s")
+        return [r for r in replies if r.metadata.src_node_id in contents]
+
+    def _who(self, node: int) -> str:
+        pid = self.registry.partition(node)
+        return f"node {node}" + ("" if pid is None else f" (partition {pid})")
+
+    def _accept(self, phase: str, reply: Message, layout: Layout | Callable[[int], Layout], split: str) -> Reply | None:
+        """Decode one reply; meter it as the method's bytes if valid, as rejected if not."""
+        node = reply.metadata.src_node_id
+        nbytes = self.wire.message(reply)
+        if reply.has_error():
+            problem = f"error {reply.error.code}: {_short(reply.error.reason)}"
+            decoded = None
+        else:
+            pid = self.partition_of(node)
+            layout = layout if isinstance(layout, Layout) else layout(node)
+            decoded, problem = decode(reply, layout, pid, self.services.data.max_count(pid, split), nbytes)
+        if decoded is None:
+            self.meter.rejected_bytes_up += nbytes
+            self.meter.fail(f"{phase}: {self._who(node)}: {problem}")
+            self.registry.failed(node)
+            return None
+        self.meter.add(phase, up=nbytes)
+        self.registry.seen(node, self.round)
+        return decoded
+
+    def exchange(self, phase: str, contents: Mapping[int, RecordDict], kind: str, layout: Layout | Callable[[int], Layout], split: str = "train") -> list[Reply]:
+        """Send each node its content; return the valid replies, decoded against ``layout``
+        (or ``layout(node_id)`` where replies differ per client, e.g. by body).
+
+        Ends when every node has answered or at the ``round-timeout`` deadline; silent,
+        erroring and invalid replies are counted with their reason. ``split`` names the
+        data a reply's count is about (train or test), for its bound."""
+        replies = self._send(phase, contents, kind)
+        return [r for r in (self._accept(phase, m, layout, split) for m in replies) if r is not None]
+
+    def quorum(self, phase: str, replies: list[Reply]) -> bool:
+        """Whether ``replies`` reach ``min-replies``; a shortfall is counted as a failure."""
+        need = self.cfg["min-replies"]
+        if len(replies) >= need:
+            return True
+        self.meter.fail(f"{phase}: {len(replies)} valid replies, fewer than min-replies={need}; keeping the previous model")
+        return False
+
+    def relay(
+        self,
+        phase: str,
+        order: list[int],
+        first: RecordDict,
+        forward: Callable[[Reply], RecordDict],
+        layout: Layout,
+        hop_timeout: float,
+        kind: str = MessageType.TRAIN,
+    ) -> list[Reply]:
+        """Pass a message along ``order``: each valid reply becomes, through ``forward``,
+        the next node's message. A hop that fails (silent past ``hop_timeout``, or an
+        invalid reply) is skipped: the next node gets what the failed one was given. No
+        hop waits past the round deadline of ``round-timeout`` from the relay's start."""
+        deadline = self.clock() + self.cfg["round-timeout"]
+        content, out = first, []
+        for node in order:
+            left = deadline - self.clock()
+            if left <= 0:
+                self.meter.fail(f"{phase}: relay deadline passed before {self._who(node)}; {len(order) - len(out)} hops left unvisited")
+                break
+            replies = self._send(phase, {node: content}, kind, timeout=min(hop_timeout, left))
+            reply = self._accept(phase, replies[0], layout, "train") if replies else None
+            if reply is None:
+                log.warning("%s: relay skips %s; the next client gets the same message", phase, self._who(node))
+                continue
+            out.append(reply)
+            content = forward(reply)
+        return out

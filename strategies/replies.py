@@ -1,0 +1,161 @@
+"""Client replies, decoded once against what the method declared they may be.
+
+Every reply is untrusted. :func:`decode` turns a Flower reply into a :class:`Reply` only
+when its records, array names, shapes and dtypes, values, metric types and counts are what
+the :class:`Layout` allows and it is no larger than the layout's byte cap; otherwise it
+returns the exact reason, which the engine counts as a failure. Nothing that failed here
+is ever aggregated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+from flwr.app import Message
+
+from core import protocol as P
+
+# A method's own check of decoded arrays: (payload, None) or (None, reason).
+Check = Callable[[dict[str, np.ndarray], "Reply"], tuple[Any, str | None]]
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One array a reply must carry: exact shape and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a reply of one phase may hold.
+
+    ``arrays``: the exact arrays (None: the reply carries no ArrayRecord).
+    ``count``: whether ``num-examples`` is required, and its inclusive upper bound comes
+    from the engine (the client's partition size, or a cap).
+    ``metrics``: required metric names; ``optional``: names that may also appear.
+    ``config``: names a ConfigRecord may hold (None: no ConfigRecord).
+    ``check``: the method's bound on the values (clip bound, update norm, ...).
+    ``slack_bytes``: allowance above the arrays' own size for headers and metadata.
+    """
+
+    arrays: Mapping[str, ArraySpec] | None
+    count: bool = True
+    metrics: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    config: tuple[str, ...] | None = None
+    check: Check | None = None
+    slack_bytes: int = 64 * 1024
+
+    @property
+    def max_bytes(self) -> int:
+        return sum(s.nbytes for s in (self.arrays or {}).values()) + self.slack_bytes
+
+
+@dataclass
+class Reply:
+    """A decoded, valid reply: who sent it and what it holds."""
+
+    node_id: int
+    partition_id: int
+    arrays: dict[str, np.ndarray]
+    count: int | None
+    metrics: dict[str, float]
+    config: dict[str, Any] = field(default_factory=dict)
+    payload: Any = None  # what the layout's check made of the arrays
+    nbytes: int = 0
+
+
+def _metric_problem(name: str, value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"metric {name!r} is a {type(value).__name__}, expected a number"
+    if not math.isfinite(float(value)):
+        return f"metric {name!r} is {value}, expected a finite number"
+    return None
+
+
+def _integral(name: str, value: float, upper: float) -> str | None:
+    if value < 0 or value != int(value):
+        return f"metric {name!r} is {value:g}, expected a whole number >= 0"
+    if value > upper:
+        return f"metric {name!r} is {value:g}, above the {upper:g} this client can hold"
+    return None
+
+
+def decode(reply: Message, layout: Layout, partition_id: int, max_count: int, nbytes: int) -> tuple[Reply | None, str | None]:
+    """(Reply, None) when ``reply`` is what ``layout`` allows, else (None, the reason).
+
+    ``partition_id`` is what the registry knows of the sender; ``max_count`` bounds its
+    ``num-examples``; ``nbytes`` is the reply's size on the wire.
+    """
+    if nbytes > layout.max_bytes:
+        return None, f"reply is {nbytes} bytes, over this phase's cap of {layout.max_bytes}"
+    content = reply.content
+    allowed = {P.METRICS} | ({P.ARRAYS} if layout.arrays is not None else set()) | ({P.CONFIG} if layout.config is not None else set())
+    names = set(content.keys())
+    if names - allowed:
+        return None, f"unexpected record(s) {sorted(names - allowed)}; this phase allows {sorted(allowed)}"
+    if P.METRICS not in content.metric_records:
+        return None, "reply without its metrics record"
+    metrics: dict[str, float] = {}
+    expected = set(layout.metrics) | ({P.NUM_EXAMPLES} if layout.count else set()) | {P.PARTITION_ID}
+    for name, value in content.metric_records[P.METRICS].items():
+        if name not in expected and name not in layout.optional:
+            return None, f"unexpected metric {name!r}"
+        if problem := _metric_problem(name, value):
+            return None, problem
+        metrics[name] = float(value)
+    if missing := sorted(expected - set(metrics)):
+        return None, f"reply lacks metric(s) {missing}"
+    if metrics[P.PARTITION_ID] != partition_id:
+        return None, f"reply claims partition {metrics[P.PARTITION_ID]:g}, but this node registered as partition {partition_id}"
+    count = None
+    if layout.count:
+        if problem := _integral(P.NUM_EXAMPLES, metrics[P.NUM_EXAMPLES], max_count):
+            return None, problem
+        count = int(metrics[P.NUM_EXAMPLES])
+    config: dict[str, Any] = {}
+    if layout.config is not None and P.CONFIG in content.config_records:
+        config = dict(content.config_records[P.CONFIG])
+        if extra := sorted(set(config) - set(layout.config)):
+            return None, f"unexpected config field(s) {extra}"
+    arrays: dict[str, np.ndarray] = {}
+    if layout.arrays is not None:
+        if P.ARRAYS not in content.array_records:
+            return None, "reply without its arrays record"
+        record = content.array_records[P.ARRAYS]
+        got, want = set(record.keys()), set(layout.arrays)
+        if got != want:
+            return None, f"array names differ from the layout (missing {sorted(want - got)[:5]}, unexpected {sorted(got - want)[:5]})"
+        for name, spec in layout.arrays.items():
+            arr = record[name]
+            if arr.dtype != spec.dtype:
+                return None, f"array {name!r} is {arr.dtype}, expected {spec.dtype}"
+            if tuple(arr.shape) != spec.shape:
+                return None, f"array {name!r} has shape {tuple(arr.shape)}, expected {spec.shape}"
+            try:
+                value = arr.numpy()
+            except Exception as exc:  # a shape/dtype header that lies about its data
+                return None, f"array {name!r} cannot be read: {exc}"
+            if value.shape != spec.shape:
+                return None, f"array {name!r} holds {value.size} values, not shape {spec.shape}"
+            if np.issubdtype(value.dtype, np.floating) and not np.all(np.isfinite(value)):
+                return None, f"array {name!r} contains NaN or Inf"
+            arrays[name] = value
+    out = Reply(reply.metadata.src_node_id, partition_id, arrays, count, metrics, config, nbytes=nbytes)
+    if layout.check is not None:
+        try:
+            out.payload, problem = layout.check(arrays, out)
+        except Exception as exc:  # a method check that trips on odd input is a bad reply, not a crash
+            problem = f"payload cannot be checked: {type(exc).__name__}: {exc}"
+        if problem:
+            return None, problem
+    return out, None

@@ -1,0 +1,79 @@
+"""What a strategy is handed at construction: the server-held data (if any), separate
+random streams for reproducible choices and for privacy, and reply bounds derived from
+the data. Nothing here talks to clients."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.data import Dataset, DatasetMissingError, load_dataset, to_tensors
+from core.partition import make_partition
+
+log = logging.getLogger("headway")
+
+DEFAULT_EXAMPLE_CAP = 1_000_000  # num-examples cap when the server has no data and max-client-examples = 0
+
+
+class ServerData:
+    """The data the server itself holds: the test set and the partition sizes, computed
+    the way every client computes its own partition (deterministic in the run seed).
+    A deployment server may hold no data; then every accessor returns None."""
+
+    def __init__(self, cfg: dict[str, Any]):
+        self.cfg = cfg
+
+    @cached_property
+    def dataset(self) -> Dataset | None:
+        try:
+            return load_dataset(self.cfg["dataset"], self.cfg["data-dir"], self.cfg["seed"])
+        except DatasetMissingError as exc:
+            log.warning("the server holds no copy of the data (no global test score, reply counts capped by max-client-examples): %s", exc)
+            return None
+
+    @cached_property
+    def partition_sizes(self) -> list[tuple[int, int]] | None:
+        """(train, test) examples of every partition id, or None without data."""
+        if self.dataset is None:
+            return None
+        part = make_partition(self.dataset, self.cfg)
+        return [(len(tr), len(te)) for tr, te in zip(part.train, part.test)]
+
+    def test_tensors(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The whole test set as tensors (global evaluation, LG-FedAvg's new test)."""
+        ds = self.dataset
+        return None if ds is None else to_tensors(ds, ds.x_test, ds.y_test)
+
+    def max_count(self, partition_id: int, split: str) -> int:
+        """The largest ``num-examples`` partition ``partition_id`` can truly report for
+        ``split`` (train or test): its size when known, else the configured cap."""
+        sizes = self.partition_sizes
+        if sizes is not None and 0 <= partition_id < len(sizes):
+            return sizes[partition_id][0 if split == "train" else 1]
+        return int(self.cfg["max-client-examples"]) or DEFAULT_EXAMPLE_CAP
+
+
+def private_rng() -> np.random.Generator:
+    """A generator seeded from OS entropy: for DP noise and masks, never reproducible
+    from the run config."""
+    return np.random.default_rng()  # numpy seeds a fresh default_rng from the OS
+
+
+@dataclass
+class Services:
+    """Handed to every strategy: data, the seeded sampling stream, the private stream."""
+
+    cfg: dict[str, Any]
+    data: ServerData = field(init=False)
+    sampling: np.random.Generator = field(init=False)
+    private: np.random.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.data = ServerData(self.cfg)
+        self.sampling = np.random.default_rng([int(self.cfg["seed"]), 7919])  # reproducible choices
+        self.private = private_rng()

@@ -1,0 +1,66 @@
+"""What a message costs on Flower 1.39's Fleet link: its header plus every object of its
+content-addressed object tree, as serialized (``flwr.supercore.inflatable``).
+
+A SuperNode pulls (or pushes) a message as three parts: the message header (a protobuf
+``Message`` without content, holding the metadata), the ``ObjectTree`` of object ids, and
+the deflated bytes of every object in that tree (the message object, its RecordDict,
+each record, each array). gRPC, HTTP/2 and TLS framing are not counted.
+
+Content shared by many messages (the same model sent to every client) is measured once:
+:class:`WireMeter` caches the size of each content object it has seen, keyed by the
+object itself, so a 44 MB model costs one serialization per round, not one per recipient.
+"""
+
+from __future__ import annotations
+
+from flwr.app import Message, RecordDict
+from flwr.common.serde import message_to_proto
+from flwr.proto.message_pb2 import ObjectTree  # pylint: disable=no-name-in-module
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
+
+def _content_size(content: RecordDict) -> tuple[ObjectTree, int]:
+    """(object tree, total deflated bytes) of a RecordDict and everything under it."""
+    objects = get_all_nested_objects(content)
+    return get_object_tree(content), sum(len(obj.deflate()) for obj in objects.values())
+
+
+def _header_size(message: Message) -> int:
+    """The message header as it crosses the Fleet link (metadata and error, no content)."""
+    proto = message_to_proto(message if message.has_error() else Message(metadata=message.metadata, content=RecordDict()))
+    proto.ClearField("content")
+    proto.metadata.message_id = message.object_id  # deployment ids are object ids (64 hex)
+    return proto.ByteSize()
+
+
+class WireMeter:
+    """Measures messages as shipped; remembers the size of content it has measured."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[RecordDict, ObjectTree, int]] = {}
+
+    def content(self, content: RecordDict) -> tuple[ObjectTree, int]:
+        hit = self._cache.get(id(content))
+        if hit is not None and hit[0] is content:
+            return hit[1], hit[2]
+        tree, size = _content_size(content)
+        self._cache[id(content)] = (content, tree, size)
+        return tree, size
+
+    def message(self, message: Message) -> int:
+        """Bytes of ``message`` on the Fleet link."""
+        msg_object = len(message.deflate())
+        if message.has_error() or not message.has_content():
+            tree = ObjectTree(object_id=message.object_id)
+            return _header_size(message) + tree.ByteSize() + msg_object
+        content_tree, content_bytes = self.content(message.content)
+        tree = ObjectTree(object_id=message.object_id, children=[content_tree])
+        return _header_size(message) + tree.ByteSize() + msg_object + content_bytes
+
+    def clear(self) -> None:
+        """Forget cached content (call once per round: content is rebuilt every round)."""
+        self._cache.clear()
+
+
+def wire_bytes(message: Message) -> int:
+    """Bytes of one message on the Fleet link (see :class:`WireMeter`)."""
+    return WireMeter().message(message)
