@@ -18,37 +18,13 @@ from core.layers import layer_names, select, top_layers
 from core.models import build_model
 from core.prototypes import average_prototypes, class_prototypes, nearest_prototype, prototype_problem
 from core.training import ensemble_logits
-from strategies.registry import STRATEGIES
+from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 MNIST = SPECS["mnist"]
 
 
-class NodesGrid:
-    """A grid with three connected nodes that answers with prepared contents."""
-
-    def __init__(self, answer=None):
-        self.answer = answer or (lambda i, msg: None)
-
-    def get_node_ids(self):
-        return [101, 102, 103]
-
-    def send_and_receive(self, messages, timeout):
-        out = []
-        for i, msg in enumerate(messages):
-            content = self.answer(i, msg)
-            if content is not None:
-                out.append(Message(content=content, reply_to=msg))
-        return out
-
-
 def strategy(algorithm, **cfg):
-    s = STRATEGIES[algorithm](resolve({"algorithm": algorithm, "num-clients": 3, "sample-timeout": 0.0, **cfg}))
-    s.check(MNIST)
-    return s
-
-
-def reply_content(arrays: dict[str, np.ndarray], n: int) -> RecordDict:
-    return RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}), "metrics": MetricRecord({"num-examples": n, "loss": 0.1})})
+    return make_strategy(algorithm, **cfg)
 
 
 def test_layers_are_named_in_forward_order_and_selected_by_prefix():
@@ -74,25 +50,31 @@ def test_layers_are_named_in_forward_order_and_selected_by_prefix():
 )
 def test_each_method_sends_its_shared_layers_and_averages_them_by_count(task_identity, algorithm, cfg, shared):
     s = strategy(algorithm, **cfg)
-    msgs = list(s.configure_train(1, s.initial_arrays(MNIST), ConfigRecord(), NodesGrid()))
-    assert len(msgs) == 3
-    sent = {k: v.numpy() for k, v in msgs[0].content["arrays"].items()}
-    assert set(sent) == shared
-    a = {k: np.ones_like(v) for k, v in sent.items()}
-    b = {k: np.full_like(v, 4.0) for k, v in sent.items()}
-    bad = {k: v for k, v in sent.items() if k != sorted(sent)[0]}  # a layer missing: not averageable
-    replies = [Message(content=reply_content(x, n), reply_to=m) for x, n, m in ((a, 10, msgs[0]), (b, 20, msgs[1]), (bad, 30, msgs[2]))]
-    new, metrics = s.aggregate_train(1, replies)
-    assert metrics["clients"] == 2 and s.meter.failures == 1 and "names differ" in s.meter.failure_reasons[0]
-    for k, v in new.items():
-        assert np.allclose(v.numpy(), 3.0)  # (10·1 + 20·4) / 30
+
+    def answer(pid, msg):
+        sent = {k: v.numpy() for k, v in msg.content["arrays"].items()}
+        if pid == 0:
+            return reply({k: np.full_like(v, 0.01) for k, v in sent.items()}, 10, pid)
+        if pid == 1:
+            return reply({k: np.full_like(v, 0.04) for k, v in sent.items()}, 20, pid)
+        return reply({k: v for k, v in sent.items() if k != sorted(sent)[0]}, 30, pid)  # a layer missing: not averageable
+
+    grid = FakeGrid(3, answer)
+    engine = engine_for(s, grid)
+    step = s.train_round(1, s.initial_arrays(), engine)
+    trained = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert len(trained) == 3 and set(trained[0].content["arrays"]) == shared
+    assert step.clients == 2 and len(engine.meter.failures) == 1 and "missing" in engine.meter.failures[0]
+    for k, v in step.arrays.items():
+        assert np.allclose(v.numpy(), 0.03)  # (10·0.01 + 20·0.04) / 30
 
 
 def test_lg_fedavg_warm_up_shares_the_whole_model_then_only_the_head(task_identity):
     s = strategy("lg-fedavg", **{"lg-warmup-rounds": 2})
-    full = s.initial_arrays(MNIST)
-    assert set(list(s.configure_train(2, full, ConfigRecord(), NodesGrid()))[0].content["arrays"]) == set(full)
-    assert set(list(s.configure_train(3, full, ConfigRecord(), NodesGrid()))[0].content["arrays"]) == {"head.weight", "head.bias"}
+    full = s.initial_arrays()
+    engine = engine_for(s, FakeGrid(3))
+    assert set(next(iter(s.configure_train(2, full, engine).values()))["arrays"]) == set(full)
+    assert set(next(iter(s.configure_train(3, full, engine).values()))["arrays"]) == {"head.weight", "head.bias"}
 
 
 def test_mixed_bodies_allowed_only_where_shared_layers_agree():
@@ -214,40 +196,39 @@ def test_lg_new_test_scores_the_ensemble_of_uploaded_models_and_rejects_bad_uplo
     s = strategy("lg-fedavg", **{"data-dir": data_dir})
     models = [build_model("mnist-cnn", (1, 28, 28), 0, 10, seed) for seed in (1, 2)]
 
-    def answer(i, msg):
+    def answer(pid, msg):
         assert msg.content["config"]["phase"] == "upload-model"
-        if i < 2:
-            state = ArrayRecord(models[i].state_dict())
+        if pid < 2:
+            state = {k: v.numpy() for k, v in models[pid].state_dict().items()}
         else:  # a client sends a model that does not fit its architecture
-            state = ArrayRecord({"head.weight": torch.zeros(2, 2)})
-        return RecordDict({"arrays": state, "config": ConfigRecord({"body": "mnist-cnn"}), "metrics": MetricRecord({"num-examples": 1})})
+            state = {"head.weight": np.zeros((2, 2), np.float32)}
+        return reply(state, None, pid)
 
-    out = s.final_evaluation(ArrayRecord(), NodesGrid(answer), 10.0)
+    engine = engine_for(s, FakeGrid(3, answer))
+    out = s.final_evaluation(ArrayRecord(), engine)
     ds = load_dataset("mnist", data_dir, 0)
     x, y = to_tensors(ds, ds.x_test, ds.y_test)
     expected = score("classification", ensemble_logits([m.eval() for m in models], x), y)["accuracy"]
     assert out["new_test_models"] == 2 and out["new_test_accuracy"] == pytest.approx(expected)
-    assert s.meter.failures == 1 and "does not match" in s.meter.failure_reasons[0]
-    assert s.meter.phase_bytes("upload")[1] > 2 * 21840 * 4  # two whole models came up
+    assert len(engine.meter.failures) == 1 and "array names differ" in engine.meter.failures[0]
+    assert engine.meter.phase("upload-model")[1] > 2 * 21840 * 4  # two whole models came up
 
 
 def test_fedproto_server_averages_valid_prototypes_only(task_identity):
     s = strategy("fedproto")
-    msgs = list(s.configure_train(1, ArrayRecord(), ConfigRecord(), NodesGrid()))
-    assert len(msgs[0].content["arrays"]) == 0  # nothing to send before the first aggregation
     p1, c1 = np.zeros((10, 50), np.float32), np.zeros(10, np.float32)
     p1[0], c1[0] = 1.0, 4
     p2, c2 = np.zeros((10, 50), np.float32), np.zeros(10, np.float32)
     p2[0], p2[1], c2[0], c2[1] = 3.0, 7.0, 4, 2
     nan = p2.copy()
     nan[1, 0] = np.nan
-    replies = [
-        Message(content=reply_content({"prototypes": p, "class-counts": c}, int(c.sum())), reply_to=m)
-        for (p, c), m in zip(((p1, c1), (p2, c2), (nan, c2)), msgs)
-    ]
-    new, metrics = s.aggregate_train(1, replies)
-    assert metrics["clients"] == 2 and s.meter.failures == 1
-    protos = new["prototypes"].numpy()
+    payloads = [(p1, c1), (p2, c2), (nan, c2)]
+    grid = FakeGrid(3, lambda pid, msg: reply({"prototypes": payloads[pid][0], "class-counts": payloads[pid][1]}, int(payloads[pid][1].sum()), pid))
+    engine = engine_for(s, grid)
+    step = s.train_round(1, ArrayRecord(), engine)
+    assert len(grid.sent[-1].content["arrays"]) == 0  # nothing to send before the first aggregation
+    assert step.clients == 2 and len(engine.meter.failures) == 1 and "NaN" in engine.meter.failures[0]
+    protos = step.arrays["prototypes"].numpy()
     assert np.allclose(protos[0], 2.0) and np.allclose(protos[1], 7.0) and np.allclose(protos[2:], 0.0)
-    assert new["class-counts"].numpy().tolist()[:3] == [8.0, 2.0, 0.0]
-    assert set(list(s.configure_train(2, ArrayRecord(), ConfigRecord(), NodesGrid()))[0].content["arrays"]) == {"prototypes", "class-counts"}
+    assert step.arrays["class-counts"].numpy().tolist()[:3] == [8.0, 2.0, 0.0]
+    assert set(next(iter(s.configure_train(2, ArrayRecord(), engine).values()))["arrays"]) == {"prototypes", "class-counts"}

@@ -1,0 +1,67 @@
+"""A stand-in for Flower's Grid in unit tests: nodes that register, answer, fail or stay silent."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+
+from core.config import resolve
+from core.data import SPECS
+from strategies.engine import Engine
+from strategies.registry import STRATEGIES
+from strategies.services import Services
+
+Answer = Callable[[int, Message], "RecordDict | Error | None"]
+
+
+class FakeGrid:
+    """Nodes 101, 102, … register as partitions 0, 1, … (body from ``bodies``) and answer
+    other messages with ``answer(partition_id, message)``: a RecordDict, an Error, or None
+    (silence). Every message sent is kept in ``sent``."""
+
+    def __init__(self, n: int = 3, answer: Answer | None = None, bodies: list[str] | None = None):
+        self.nodes = [101 + i for i in range(n)]
+        self.answer = answer or (lambda pid, msg: None)
+        self.bodies = bodies or ["mnist-cnn"] * n
+        self.sent: list[Message] = []
+        self.timeouts: list[float] = []
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def send_and_receive(self, messages, timeout):
+        self.timeouts.append(timeout)
+        out = []
+        for msg in messages:
+            self.sent.append(msg)
+            pid = msg.metadata.dst_node_id - 101
+            if msg.metadata.message_type == MessageType.QUERY:
+                content = RecordDict({"metrics": MetricRecord({"partition-id": pid}), "config": ConfigRecord({"body": self.bodies[pid]})})
+            else:
+                content = self.answer(pid, msg)
+            if isinstance(content, Error):
+                out.append(Message(content, reply_to=msg))
+            elif content is not None:
+                out.append(Message(content=content, reply_to=msg))
+        return out
+
+
+def reply(arrays: dict[str, np.ndarray], n: int | None, pid: int, **metrics) -> RecordDict:
+    """A training reply as a client sends it."""
+    met = {"partition-id": pid, **({} if n is None else {"num-examples": n}), **metrics}
+    return RecordDict({"arrays": ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()}), "metrics": MetricRecord(met)})
+
+
+def make_strategy(algorithm: str, **cfg):
+    """A strategy on MNIST's spec, 3 clients, no waiting for nodes."""
+    resolved = resolve({"algorithm": algorithm, "num-clients": 3, "sample-timeout": 0.0, "round-timeout": 5.0, **cfg})
+    return STRATEGIES[algorithm](resolved, SPECS[resolved["dataset"]], Services(resolved))
+
+
+def engine_for(strategy, grid: FakeGrid, server_round: int = 1) -> Engine:
+    """An engine on ``grid`` whose nodes have registered, in ``server_round``."""
+    engine = Engine(grid, strategy.cfg, strategy.services)
+    engine.begin_round(server_round)
+    return engine

@@ -1,0 +1,195 @@
+"""The round engine on a fake grid: registry, deadlines and quorum, decoding, sampling,
+relays, per-client content, and the wire meter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.serde import recorddict_to_proto
+
+from core.aggregate import update_norm_problem, weighted_average
+from core.sampling import inclusion_probabilities, sample_positions
+from strategies.replies import ArraySpec, Layout
+from strategies.wire import WireMeter, wire_bytes
+from tests.fakes import FakeGrid, engine_for, make_strategy, reply
+
+LAYOUT = Layout({"x": ArraySpec((4,))}, count=True, optional=("loss",))
+
+
+def test_weighted_average_casts_to_the_servers_dtype_and_rounds_integers():
+    a = {"w": np.array([1.0, 2.0], np.float32), "n": np.array(3, np.int64)}
+    b = {"w": np.array([3.0, 6.0], np.float32), "n": np.array(4, np.int64)}
+    out = weighted_average([a, b], [1, 3], like=a)
+    assert out["w"].dtype == np.float32 and np.allclose(out["w"], [2.5, 5.0]) and out["n"] == 4
+    with pytest.raises(ValueError):
+        weighted_average([a], [0])
+
+
+def test_update_norm_bound_is_relative_to_the_global_model():
+    ref = {"w": np.full(100, 0.5, np.float32)}  # norm 5
+    assert update_norm_problem(ref, {"w": ref["w"] * 3}, 10.0) is None  # moved by 10 <= 50
+    assert "exceeds" in update_norm_problem(ref, {"w": ref["w"] * 1e6}, 10.0)
+
+
+def test_exchange_decodes_meters_both_ways_and_counts_errors_silence_and_bad_replies(task_identity):
+    def answer(pid, msg):
+        return [reply({"x": np.ones(4, np.float32)}, 5, pid), Error(code=7, reason="Traceback ...\nValueError: boom"), None, reply({"x": np.ones(3, np.float32)}, 5, pid)][pid]
+
+    s = make_strategy("fedavg", **{"num-clients": 4})
+    grid = FakeGrid(4, answer)
+    engine = engine_for(s, grid)
+    content = RecordDict({"arrays": ArrayRecord({"x": Array(np.zeros(100, np.float32))}), "config": ConfigRecord({"r": 1})})
+    replies = engine.exchange("train", {n: content for n in engine.nodes()}, MessageType.TRAIN, LAYOUT)
+    assert [r.partition_id for r in replies] == [0] and replies[0].count == 5
+    reasons = " | ".join(engine.meter.failures)
+    assert len(engine.meter.failures) == 3
+    assert "(partition 1): error 7: ValueError: boom |" in reasons  # the last line, not the traceback
+    assert "(partition 2): no reply within 5 s" in reasons
+    assert "(partition 3): array 'x' has shape (3,), expected (4,)" in reasons
+    sent = [m for m in grid.sent if m.metadata.message_type == "train"]
+    meter = WireMeter()
+    assert engine.meter.phase("train")[0] == sum(meter.message(m) for m in sent)
+    assert engine.meter.phase("train")[1] == replies[0].nbytes > 0
+    assert engine.meter.rejected_bytes_up > 0  # the bad replies' bytes are not the method's
+
+
+def test_a_node_that_misses_the_deadline_is_not_asked_again_that_round(task_identity):
+    """A dead node costs one deadline per round: it is left out of the evaluation."""
+    s = make_strategy("fedavg")
+
+    def answer(pid, msg):
+        if pid == 2:
+            return None  # dead
+        if msg.metadata.message_type == "train":
+            return reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, 10, pid, loss=0.5)
+        return RecordDict({"metrics": MetricRecord({"partition-id": pid, "num-examples": 10, "correct": 7})})
+
+    grid = FakeGrid(3, answer)
+    engine = engine_for(s, grid)
+    arrays = s.train_round(1, s.initial_arrays(), engine).arrays
+    evaluation = s.evaluate_round(1, arrays, engine)
+    evaluated = {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == "evaluate"}
+    assert evaluated == {101, 102} and evaluation["accuracy"] == pytest.approx(0.7)
+    assert len(engine.meter.failures) == 1 and "no reply within 5 s" in engine.meter.failures[0]
+    assert grid.timeouts == [5.0, 5.0, 5.0]  # registration, train, evaluate: each one deadline at most
+
+
+def test_quorum_keeps_the_previous_model_when_too_few_replies_are_valid(task_identity):
+    s = make_strategy("fedavg", **{"min-replies": 3})
+    grid = FakeGrid(3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, 10, pid) if pid else None)
+    engine = engine_for(s, grid)
+    step = s.train_round(1, s.initial_arrays(), engine)
+    assert step.arrays is None and step.clients == 2
+    assert "fewer than min-replies=3" in engine.meter.failures[-1]
+
+
+def test_registry_refuses_a_second_claim_and_replies_under_another_partition(task_identity):
+    s = make_strategy("fedavg")
+    grid = FakeGrid(3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, 10, 0))  # everyone claims 0 in replies
+    grid.send_and_receive_orig = grid.send_and_receive
+
+    def registration_claims(messages, timeout):  # nodes 101 and 102 both register as partition 0
+        out = grid.send_and_receive_orig(messages, timeout)
+        for r in out:
+            if r.metadata.message_type == MessageType.QUERY:
+                r.content["metrics"]["partition-id"] = 0 if r.metadata.src_node_id in (101, 102) else 2
+        return out
+
+    grid.send_and_receive = registration_claims
+    engine = engine_for(s, grid)
+    assert engine.registry.partition(101) == 0 and 102 in engine.registry.refused and engine.registry.partition(103) == 2
+    assert "already held by node 101" in engine.meter.failures[0]
+    assert engine.nodes() == [101, 103]
+    step = s.train_round(1, s.initial_arrays(), engine)
+    assert step.clients == 1 and "claims partition 0, but this node registered as partition 2" in engine.meter.failures[-1]
+
+
+def test_absent_known_nodes_are_reported_and_new_nodes_register(task_identity):
+    s = make_strategy("fedavg")
+    grid = FakeGrid(3)
+    engine = engine_for(s, grid)
+    engine.end_round()
+    grid.nodes = [101, 103, 104]  # 102 left; 104 (a restarted client, new node id) arrives
+    grid.bodies.append("mnist-cnn")
+    engine.begin_round(2)
+    assert engine.meter.absent == [1]
+    assert 104 in engine.registry.refused  # it claimed partition 3 of num-clients=3
+    assert engine.nodes() == [101, 103]
+
+
+def test_uniform_and_weighted_sampling_are_seeded_and_keyed_by_node_id(task_identity):
+    s = make_strategy("fedavg", **{"num-clients": 5})
+    engine = engine_for(s, FakeGrid(5))
+    first = engine.sample(0.4)
+    assert len(first) == 2 and set(first) <= {101, 102, 103, 104, 105}
+    again = engine_for(make_strategy("fedavg", **{"num-clients": 5}), FakeGrid(5)).sample(0.4)
+    assert again == first  # seeded by the run seed, whatever the node ids
+    assert sorted(engine.sample(0.4, weights={104: 1.0, 105: 2.0})) == [104, 105]  # only positive weights
+
+
+def test_weighted_sampling_matches_its_documented_inclusion_probabilities():
+    w = [1.0, 2.0, 3.0, 4.0, 10.0]
+    pi = inclusion_probabilities(w, 2)
+    assert pi.sum() == pytest.approx(2.0)
+    assert pi[0] == pytest.approx(sum(1 / 20 * w[j] / (20 - 1) + w[j] / 20 * 1 / (20 - w[j]) for j in range(1, 5)))
+    rng = np.random.default_rng(1)
+    hits = np.zeros(5)
+    draws = 20000
+    for _ in range(draws):
+        hits[sample_positions(5, 2, rng, w)] += 1
+    assert np.allclose(hits / draws, pi, atol=0.015)
+    assert not np.allclose(pi, 2 * np.array(w) / sum(w), atol=0.05)  # not simply k·w/Σw
+
+
+def test_each_client_can_get_its_own_content(task_identity):
+    s = make_strategy("fedavg")
+    grid = FakeGrid(3, lambda pid, msg: reply({"x": msg.content["arrays"]["x"].numpy() + 1}, 1, pid))
+    engine = engine_for(s, grid)
+    contents = {n: RecordDict({"arrays": ArrayRecord({"x": Array(np.full(4, float(n), np.float32))})}) for n in engine.nodes()}
+    replies = engine.exchange("train", contents, MessageType.TRAIN, LAYOUT)
+    assert {r.node_id: float(r.arrays["x"][0]) for r in replies} == {101: 102.0, 102: 103.0, 103: 104.0}
+
+
+def test_relay_passes_each_reply_on_and_skips_a_dropped_hop(task_identity):
+    s = make_strategy("fedavg", **{"num-clients": 4})
+    grid = FakeGrid(4, lambda pid, msg: None if pid == 1 else reply({"x": msg.content["arrays"]["x"].numpy() + 10 ** pid}, 1, pid))
+    engine = engine_for(s, grid)
+
+    def forward(r):
+        return RecordDict({"arrays": ArrayRecord({"x": Array(r.arrays["x"])})})
+
+    start = RecordDict({"arrays": ArrayRecord({"x": Array(np.zeros(4, np.float32))})})
+    out = engine.relay("relay", engine.nodes(), start, forward, LAYOUT, hop_timeout=2.0)
+    assert [r.partition_id for r in out] == [0, 2, 3]
+    assert [float(r.arrays["x"][0]) for r in out] == [1.0, 101.0, 1101.0]  # partition 1 skipped: 2 got 0's result
+    assert "relay: node 102 (partition 1): no reply within 2 s" in engine.meter.failures[0]
+    assert grid.timeouts[1:] == [2.0] * 4  # per-hop deadline
+    assert engine.meter.phase("relay")[0] > 0 and engine.meter.phase("relay")[1] > 0
+
+
+def test_fedlog_collects_statistics_from_every_client_before_round_1(task_identity):
+    s = make_strategy("fedlog", **{"num-clients": 3, "fraction-train": 0.34})
+
+    def answer(pid, msg):
+        stats = np.zeros((10, 51), np.float32)
+        stats[pid, 0] = 4
+        return reply({"stats": stats}, 4, pid, loss=1.0)
+
+    grid = FakeGrid(3, answer)
+    engine = engine_for(s, grid)
+    arrays, prep = s.prepare(s.initial_arrays(), engine)
+    assert prep.clients == 3 and {m.metadata.dst_node_id for m in grid.sent if m.content["config"].get("phase") == "stats"} == {101, 102, 103}
+    assert engine.meter.phase("stats")[0] > 0 and "eta" in arrays
+
+
+def test_wire_meter_counts_header_tree_and_objects_and_caches_shared_content(task_identity):
+    small = RecordDict({"arrays": ArrayRecord({"x": Array(np.zeros((10, 51), np.float32))})})
+    big = RecordDict({"arrays": ArrayRecord({"x": Array(np.zeros((100, 101), np.float32))})})
+    m_small = Message(content=small, dst_node_id=5, message_type="train")
+    m_big = Message(content=big, dst_node_id=5, message_type="train")
+    assert wire_bytes(m_big) - wire_bytes(m_small) == pytest.approx((100 * 101 - 10 * 51) * 4, abs=8)  # the data (and a few length digits)
+    assert wire_bytes(m_small) > recorddict_to_proto(small).ByteSize() + 500  # ids, headers: the old size undercounts
+    meter = WireMeter()
+    msgs = [Message(content=big, dst_node_id=n, message_type="train") for n in (5, 6)]
+    assert [meter.message(m) for m in msgs] == [wire_bytes(m) for m in msgs]

@@ -1,0 +1,95 @@
+"""Every injectable bad reply (client/faults.py) against every method's server side:
+rejected with a reason, counted, never aggregated; the global state stays finite."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import MetricRecord, RecordDict
+
+from client.faults import TRAIN_MODES, corrupt
+from core.methods import ALGORITHMS
+from tests.fakes import FakeGrid, engine_for, make_strategy, reply
+
+EXPECTED_REASON = {
+    "nan": "NaN",
+    "wrong-shape": "shape",
+    "negative-count": "whole number >= 0",
+    "huge-count": "above the",
+    "zero-model": "above the",
+    "int-arrays": "int32, expected float32",
+    "extra-array": "over this phase's cap",
+    "list-metric": "is a list",
+}
+
+
+def honest(algorithm: str, pid: int, msg) -> RecordDict:
+    """What an honest client of ``algorithm`` might answer (10 examples of class ``pid``)."""
+    if algorithm == "fedlog":
+        stats = np.zeros((10, 51), np.float32)
+        stats[pid] = [10.0] + [2.0 + pid] * 50
+        return reply({"stats": stats}, 10, pid, loss=0.7)
+    if algorithm == "fedproto":
+        protos, counts = np.zeros((10, 50), np.float32), np.zeros(10, np.float32)
+        protos[pid], counts[pid] = 1.0 + pid, 10
+        return reply({"prototypes": protos, "class-counts": counts}, 10, pid, loss=0.7)
+    return reply({k: v.numpy() * 0.9 + 0.01 * pid for k, v in msg.content["arrays"].items()}, 10, pid, loss=0.7)
+
+
+@pytest.mark.parametrize("mode", TRAIN_MODES + ("scaled", "huge-values"))
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_bad_training_reply_is_rejected_and_the_round_goes_on(task_identity, data_dir, algorithm, mode):
+    s = make_strategy(algorithm, **{"data-dir": data_dir})
+
+    def answer(pid, msg):
+        content = honest(algorithm, pid, msg)
+        return corrupt(content, mode, "train") if pid == 2 else content
+
+    engine = engine_for(s, FakeGrid(3, answer))
+    step = s.train_round(1, s.initial_arrays(), engine)
+    assert step.clients == 2, engine.meter.failures
+    assert len(engine.meter.failures) == 1
+    if mode in EXPECTED_REASON:
+        assert EXPECTED_REASON[mode] in engine.meter.failures[0]
+    for name, arr in step.arrays.items():
+        values = arr.numpy()
+        assert values.dtype != np.int32 and np.all(np.isfinite(values)), name
+        assert np.max(np.abs(values), initial=0.0) < 1e4, name  # nothing of the ×1e6 / 1e30 reply got in
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_an_evaluation_reply_claiming_impossible_scores_is_rejected(task_identity, data_dir, algorithm):
+    s = make_strategy(algorithm, **{"data-dir": data_dir})
+
+    def answer(pid, msg):
+        met = MetricRecord({"partition-id": pid, "num-examples": 100, "correct": 80, "loss": 0.3})
+        content = RecordDict({"metrics": met})
+        return corrupt(content, "bad-eval", "evaluate") if pid == 1 else content
+
+    engine = engine_for(s, FakeGrid(3, answer))
+    out = s.evaluate_round(1, s.initial_arrays(), engine)
+    assert out["accuracy"] == pytest.approx(0.8) and out["eval_clients"] == 2
+    assert "not a whole number in [0, num-examples=100]" in engine.meter.failures[0]
+
+
+def test_nan_loss_from_one_client_does_not_poison_the_round_loss(task_identity, data_dir):
+    s = make_strategy("fedavg", **{"data-dir": data_dir})
+    seen = []
+
+    def answer(pid, msg):
+        content = honest("fedavg", pid, msg)
+        if pid == 0:
+            content["metrics"] = MetricRecord({"partition-id": 0, "num-examples": 10})  # no loss: it had none
+        seen.append(pid)
+        return content
+
+    step = s.train_round(1, s.initial_arrays(), engine_for(s, FakeGrid(3, answer)))
+    assert step.metrics["loss"] == pytest.approx(0.7)
+
+
+def test_a_count_above_the_clients_partition_size_is_rejected(task_identity, data_dir):
+    s = make_strategy("fedavg", **{"data-dir": data_dir})
+    sizes = [train for train, _ in s.services.data.partition_sizes]
+    engine = engine_for(s, FakeGrid(3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, sizes[pid] + (pid == 1), pid)))
+    step = s.train_round(1, s.initial_arrays(), engine)
+    assert step.clients == 2 and f"is {sizes[1] + 1}, above the {sizes[1]} this client can hold" in engine.meter.failures[0]
