@@ -70,9 +70,9 @@ SCHEMA: dict[str, Key] = {
     "fault-mode": Key("nan", "how faulty clients corrupt replies (see README, Robustness testing)", choices=FAULT_MODES),
     # what a reply may be: bounds the server enforces on every client reply
     "min-replies": positive("valid replies a round needs at its deadline; fewer and the round keeps the previous model", 1),
-    "max-update-norm": positive("model-averaging methods: largest |w_client - w_global| accepted, relative to max(|w_global|, 1)", 10.0),
+    "max-update-norm": positive("model-averaging methods: largest ‖w_client − w_global‖ accepted, relative to max(‖w_global‖, 1)", 10.0),
     "max-feature-value": positive("largest |feature| a reply's feature sums or prototypes may imply (FedLog without clip, FedProto)", 1e4),
-    "max-client-examples": non_negative("largest num-examples a reply may claim when the server cannot compute the partition sizes; 0: the data set's size", 0),
+    "max-client-examples": non_negative("largest num-examples a reply may claim when the server holds no data to compute partition sizes; 0: 1,000,000", 0),
     **method_keys(),
 }
 
