@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job: FedLog on FedLog's Table 1 MNIST setup (50 clients, 100 rounds).
+# results/main is this target's own folder: each `make run` replaces the last one's results.
 run: setup
-	$(PY) -m server.run benchmarks/configs/mnist-table1.toml --set algorithm=fedlog --out results/main
+	$(PY) -m simulation benchmarks/configs/mnist-table1.toml --set algorithm=fedlog --out results/main --overwrite
 
 test: setup
 	$(PY) -m pytest -q

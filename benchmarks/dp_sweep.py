@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.runner import add_run_arguments, fmt_mean_se, load_run, mean_se, results_root, simulate
+from benchmarks.runner import add_run_arguments, finished, fmt_mean_se, load_run, mean_se, results_root, simulate
 
 EPSILONS = (0.1, 0.5, 1.0, 5.0, 10.0)
 MODES = ("central", "local")
@@ -33,6 +33,8 @@ def collect(root: Path) -> dict[tuple[str, float | None], list[tuple[dict, list[
     """(mode, ε) -> finished runs; ε is None for the run without noise."""
     runs: dict = defaultdict(list)
     for path in sorted(root.glob("*/summary.json")):
+        if not finished(path.parent):
+            continue
         summary, rounds = load_run(path.parent)
         dp = summary.get("dp")
         runs[(dp["mode"], float(dp["epsilon"])) if dp else ("off", None)].append((summary, rounds))

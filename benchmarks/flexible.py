@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 from benchmarks.compare import METHODS
-from benchmarks.runner import add_run_arguments, fmt_mean_se, load_run, results_root, simulate
+from benchmarks.runner import add_run_arguments, finished, fmt_mean_se, load_run, results_root, simulate
 from benchmarks.summarize import mean_curve
 from server.results import plot_curves
 
@@ -33,7 +33,7 @@ ARMS = {
 def arm_runs(root: Path, reference: Path | None, method: str, arm: str, seeds: list[int], rounds: int | None) -> list[tuple[dict, list[dict]]]:
     """The finished runs of one (method, arm), each cut to ``rounds`` rounds."""
     folders = [(reference / f"{method}-seed{s}" if arm == "all-cifar-cnn" and reference else root / f"{method}-{arm}-seed{s}") for s in seeds]
-    runs = [load_run(f) for f in folders if (f / "summary.json").exists()]
+    runs = [load_run(f) for f in folders if finished(f)]
     return [(summary, rows[:rounds] if rounds else rows) for summary, rows in runs]
 
 

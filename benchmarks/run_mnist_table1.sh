@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # FedLog Table 1, MNIST: FedAvg, FedLog and FedLog-C on the same setup, one seed per call.
 #   bash benchmarks/run_mnist_table1.sh [SEED] [METHOD ...]     (about 15 min per method on 2 cores)
+# A results folder that already holds files is refused; OVERWRITE=1 replaces it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seed="${1:-0}"; shift || true
@@ -12,6 +13,6 @@ for method in ${methods[@]}; do
     fedlog-c) extra=(--set algorithm=fedlog --set fedlog-alpha=0.01) ;;
     *) echo "unknown method $method" >&2; exit 2 ;;
   esac
-  .venv/bin/python -m server.run benchmarks/configs/mnist-table1.toml "${extra[@]}" --set seed="$seed" \
-      --out "benchmarks/results/mnist-table1/${method}-seed${seed}"
+  .venv/bin/python -m simulation benchmarks/configs/mnist-table1.toml "${extra[@]}" --set seed="$seed" \
+      --out "benchmarks/results/mnist-table1/${method}-seed${seed}" ${OVERWRITE:+--overwrite}
 done

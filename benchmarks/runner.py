@@ -29,14 +29,26 @@ def results_root(name: str, tag: str) -> Path:
     return ROOT / "benchmarks" / "results" / (name + (f"-{tag}" if tag else ""))
 
 
+def finished(folder: Path) -> bool:
+    """Whether ``folder`` holds a complete run: a summary.json whose status is "complete"
+    (runs written before summaries had a status count as complete)."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return summary.get("status", "complete") == "complete"
+
+
 def simulate(dataset: str, out: Path, overrides: Mapping[str, Any], sets: Sequence[str] = ()) -> None:
-    """One ``server.run`` simulation of the dataset's Table 1 config in a fresh process
+    """One ``python -m simulation`` run of the dataset's Table 1 config in a fresh process
     (a fresh Ray), with ``overrides`` then ``sets`` on top; skipped if ``out`` holds a
-    finished run (``summary.json``)."""
-    if (out / "summary.json").exists():
+    complete run, and run again over what a failed or interrupted run left there."""
+    if finished(out):
         print(f"skip {out} (done)", flush=True)
         return
-    args = [sys.executable, "-m", "server.run", CONFIGS[dataset], "--out", str(out)]
+    args = [sys.executable, "-m", "simulation", CONFIGS[dataset], "--out", str(out)]
+    if out.is_dir() and any(out.iterdir()):
+        args.append("--overwrite")  # an earlier run of this folder stopped before completing
     for key, value in overrides.items():
         args += ["--set", f"{key}={value}"]
     for s in sets:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.runner import fmt_mean_se, load_run
+from benchmarks.runner import finished, fmt_mean_se, load_run
 from server.results import plot_curves
 
 # fedlog-extended Table 1: accuracy % (mean ± s.e., 10 seeds) and communication cost to the threshold
@@ -37,7 +37,8 @@ def load_runs(root: Path) -> dict[str, list[tuple[dict, list[dict]]]]:
     """method -> [(summary, rounds)], the method being the folder name before '-seed'."""
     runs: dict[str, list] = defaultdict(list)
     for summary_path in sorted(root.glob("*/summary.json")):
-        runs[summary_path.parent.name.split("-seed")[0]].append(load_run(summary_path.parent))
+        if finished(summary_path.parent):
+            runs[summary_path.parent.name.split("-seed")[0]].append(load_run(summary_path.parent))
     return runs
 
 

@@ -97,8 +97,20 @@ def _find(root: Path, subdirs: tuple[str, ...], files: tuple[str, ...]) -> Path 
     return None
 
 
+def _find_idx(root: Path, subdirs: tuple[str, ...]) -> list[Path] | None:
+    """The four MNIST-format files in the first folder that holds them all, each either
+    gzipped (as published) or uncompressed (``raw/*-ubyte``, as torchvision keeps them)."""
+    for sub in subdirs:
+        cand = root / sub if sub else root
+        paths = [next((p for p in (cand / f, cand / f.removesuffix(".gz")) if p.is_file()), None) for f in MNIST_FILES]
+        if all(p is not None for p in paths):
+            return paths  # type: ignore[return-value]
+    return None
+
+
 def _read_idx(path: Path) -> np.ndarray:
-    with gzip.open(path, "rb") as fh:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
         raw = fh.read()
     ndim = raw[3]
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
@@ -107,12 +119,13 @@ def _read_idx(path: Path) -> np.ndarray:
 
 def _load_idx_set(name: str, root: Path, tv_name: str, tv_cls: str) -> Dataset:
     subdirs = (name, name.replace("-", "_"), f"{tv_name}/raw", "")
-    found = _find(root, subdirs, MNIST_FILES)
+    found = _find_idx(root, subdirs)
     if found is None:
         _download(tv_cls, root, name, [root / s for s in subdirs], MNIST_FILES)
-        found = _find(root, subdirs, MNIST_FILES)
-        assert found is not None
-    xtr, ytr, xte, yte = (_read_idx(found / f) for f in MNIST_FILES)
+        found = _find_idx(root, subdirs)
+        if found is None:
+            raise DatasetMissingError(name, [root / s for s in subdirs], MNIST_FILES, "the download did not leave the IDX files")
+    xtr, ytr, xte, yte = (_read_idx(f) for f in found)
     return Dataset(name, "classification", 10, (1, 28, 28), xtr[:, None], ytr.astype(np.int64), xte[:, None], yte.astype(np.int64))
 
 

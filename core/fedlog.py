@@ -150,7 +150,7 @@ class StatsCheck:
             margin = slack * math.sqrt(1.0 + self.clip**2) + 1e-4 * (1.0 + per_class.max(initial=0.0))
             bound = self.clip * np.maximum(per_class, 0.0)[:, None] + margin
             if np.any(np.abs(stats[:, 1:]) > bound):
-                return f"a feature sum exceeds b={self.clip:g} times its class count (b: fedlog-clip, or max-feature-value when unclipped)"
+                return f"a feature sum exceeds clip bound b={self.clip:g} times its class count (b: fedlog-clip, or max-feature-value when unclipped)"
         return None
 
 

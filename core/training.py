@@ -77,9 +77,11 @@ def train_epochs(
 
 @torch.no_grad()
 def predict(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int = 1000, device: torch.device = torch.device("cpu")) -> torch.Tensor:
-    """Outputs of ``forward`` over ``x`` in batches, on the CPU."""
-    outs = [forward(x[i : i + batch_size].to(device)).cpu() for i in range(0, len(x), batch_size)]
-    return torch.cat(outs) if outs else torch.zeros(0)
+    """Outputs of ``forward`` over ``x`` in batches, on the CPU. An empty ``x`` gives an
+    empty output of the right width (forward runs on the 0-row batch), so an empty
+    partition yields empty statistics instead of a shape error."""
+    outs = [forward(x[i : i + batch_size].to(device)).cpu() for i in range(0, max(len(x), 1), batch_size)]
+    return torch.cat(outs)
 
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from core.config import ConfigError, check_against_spec, resolve
+from core.config import check_against_spec, resolve
 from core.data import SPECS
 from server.results import Recorder
 from strategies.base import HeadwayStrategy
@@ -55,13 +55,13 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     try:
         strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(), num_rounds=cfg["num-server-rounds"], on_round=recorder.round)
     except KeyboardInterrupt:
-        recorder.finish(strategy.summary_extra(), status="interrupted", reason="interrupted (Ctrl-C or a stop signal)")
+        recorder.finish({**strategy.summary_extra(), **strategy.participants()}, status="interrupted", reason="interrupted (Ctrl-C or a stop signal)")
         raise
     except Exception as exc:
-        summary = recorder.finish(strategy.summary_extra(), status="failed", reason=f"{type(exc).__name__}: {exc}")
+        summary = recorder.finish({**strategy.summary_extra(), **strategy.participants()}, status="failed", reason=f"{type(exc).__name__}: {exc}")
         log.error("headway: run failed after %d rounds: %s", summary["rounds"], summary["reason"])
         raise
-    summary = recorder.finish(strategy.summary_extra())
+    summary = recorder.finish({**strategy.summary_extra(), **strategy.participants()})
     log.info("headway: final accuracy %s, best %s, total bytes %d, %.1f s", summary["final_accuracy"], summary["best_accuracy"], summary["total_bytes"], summary["wall_seconds"])
     return summary
 

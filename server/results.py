@@ -11,6 +11,44 @@ from typing import Any
 
 log = logging.getLogger("headway")
 
+# What a run writes into its folder; --overwrite removes these, and nothing else.
+RESULT_FILES = ("config.json", "rounds.jsonl", "summary.json", "accuracy_vs_round.png", "accuracy_vs_bytes.png")
+STATUSES = ("complete", "failed", "interrupted")
+
+
+class ResultsFolderError(FileExistsError):
+    """The results folder already holds files (and overwriting was not asked for), or is not a folder."""
+
+
+def check_out_dir(out_dir: str | Path, overwrite: bool = False) -> None:
+    """Raise :class:`ResultsFolderError` unless ``out_dir`` is new, an empty folder, or
+    ``overwrite`` is set. Changes nothing on disk."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ResultsFolderError(f"results folder {str(out)!r} is a file, not a folder; choose another folder")
+    if overwrite or not out.exists():
+        return
+    held = sorted(p.name for p in out.iterdir())
+    if held:
+        shown = ", ".join(held[:5]) + (f", ... ({len(held)} entries)" if len(held) > 5 else "")
+        raise ResultsFolderError(
+            f"results folder {str(out)!r} already holds files ({shown}); pass --overwrite to replace "
+            "an earlier run's results, or choose another folder"
+        )
+
+
+def clear_results(out_dir: str | Path) -> list[str]:
+    """Remove an earlier run's result files (:data:`RESULT_FILES`) from ``out_dir``; other
+    files and subfolders stay. Returns the names removed."""
+    out = Path(out_dir)
+    removed = []
+    for name in RESULT_FILES:
+        path = out / name
+        if path.is_file() or path.is_symlink():
+            path.unlink()
+            removed.append(name)
+    return removed
+
 
 def _clean(value: Any) -> Any:
     """JSON-safe: non-finite floats become null."""
@@ -24,10 +62,18 @@ def _clean(value: Any) -> Any:
 
 
 class Recorder:
-    """Writes one run's results as rounds arrive, and the summary and plots at the end."""
+    """Writes one run's results as rounds arrive, and the summary and plots at the end.
 
-    def __init__(self, out_dir: str | Path, cfg: dict[str, Any]):
+    ``out_dir`` must be new or empty; with ``overwrite`` an earlier run's result files
+    there are removed first. Otherwise :class:`ResultsFolderError` is raised and nothing
+    is written.
+    """
+
+    def __init__(self, out_dir: str | Path, cfg: dict[str, Any], overwrite: bool = False):
         self.out = Path(out_dir)
+        check_out_dir(self.out, overwrite)
+        if overwrite:
+            clear_results(self.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.cfg = cfg
         self.rounds: list[dict[str, Any]] = []
@@ -37,6 +83,38 @@ class Recorder:
         self.started = time.monotonic()
         (self.out / "config.json").write_text(json.dumps(_clean(cfg), indent=2, sort_keys=True))
         (self.out / "rounds.jsonl").write_text("")
+
+    @classmethod
+    def reopen(cls, out_dir: str | Path, cfg: dict[str, Any], started: float | None = None) -> "Recorder":
+        """A Recorder over a folder a run already wrote into (its rounds.jsonl is read back,
+        a torn last line skipped), so that :meth:`finish` can write the summary of a run
+        whose own Recorder never did. Writes config.json and rounds.jsonl only where they
+        are missing. ``started`` is the run's ``time.monotonic()`` start, for wall_seconds."""
+        self = cls.__new__(cls)
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.cfg = cfg
+        self.rounds, self.cumulative = [], 0
+        self.bytes_to_target = self.round_to_target = None
+        self.started = time.monotonic() if started is None else started
+        if not (self.out / "config.json").exists():
+            (self.out / "config.json").write_text(json.dumps(_clean(cfg), indent=2, sort_keys=True))
+        path = self.out / "rounds.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        if not path.exists():
+            path.write_text("")
+        target = cfg.get("target-accuracy") or 0.0
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            self.cumulative = record.get("cumulative_bytes", self.cumulative + record.get("bytes_down", 0) + record.get("bytes_up", 0))
+            acc = record.get("accuracy")
+            if target > 0 and self.bytes_to_target is None and acc is not None and acc >= target:
+                self.bytes_to_target, self.round_to_target = self.cumulative, record.get("round")
+            self.rounds.append(record)
+        return self
 
     def round(self, record: dict[str, Any]) -> None:
         self.cumulative += record["bytes_down"] + record["bytes_up"]
@@ -54,7 +132,19 @@ class Recorder:
             record["round"], acc_s, record["bytes_down"] + record["bytes_up"], self.cumulative, record["failures"], record["seconds"],
         )
 
-    def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def finish(self, extra: dict[str, Any] | None = None, status: str = "complete", reason: str | None = None) -> dict[str, Any]:
+        """Write summary.json (and the plots, when there are rounds) and return the summary.
+
+        ``status`` is "complete", "failed" or "interrupted"; ``reason`` says why a run did
+        not complete (null when complete). Safe after a failure: zero rounds, or rounds
+        without accuracy, give null accuracies and zero bytes.
+        """
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+        if status == "complete":
+            reason = None
+        elif not reason:
+            reason = "unknown"
         accs = [r["accuracy"] for r in self.rounds if r.get("accuracy") is not None]
         summary = {
             "algorithm": self.cfg["algorithm"],
@@ -64,24 +154,26 @@ class Recorder:
             "final_accuracy": accs[-1] if accs else None,
             "best_accuracy": max(accs) if accs else None,
             "total_bytes": self.cumulative,
-            "total_bytes_down": sum(r["bytes_down"] for r in self.rounds),
-            "total_bytes_up": sum(r["bytes_up"] for r in self.rounds),
+            "total_bytes_down": sum(r.get("bytes_down", 0) for r in self.rounds),
+            "total_bytes_up": sum(r.get("bytes_up", 0) for r in self.rounds),
             "total_eval_bytes": sum(r.get("eval_bytes_down", 0) + r.get("eval_bytes_up", 0) for r in self.rounds),
             "target_accuracy": self.cfg.get("target-accuracy") or None,
             "bytes_to_target": self.bytes_to_target,
             "round_to_target": self.round_to_target,
-            "failures": sum(r["failures"] for r in self.rounds),
+            "failures": sum(r.get("failures", 0) for r in self.rounds),
             "wall_seconds": time.monotonic() - self.started,
         }
         if accs:
             best_round = max((r for r in self.rounds if r.get("accuracy") is not None), key=lambda r: r["accuracy"])
-            summary["bytes_to_best"] = best_round["cumulative_bytes"]
+            summary["bytes_to_best"] = best_round.get("cumulative_bytes")
         summary.update(extra or {})
+        summary["status"], summary["reason"] = status, reason  # after extra: never overridden
         (self.out / "summary.json").write_text(json.dumps(_clean(summary), indent=2))
-        try:
-            plot_curves({self.cfg["algorithm"]: self.rounds}, self.out, f"{self.cfg['algorithm']} on {self.cfg['dataset']}")
-        except Exception as exc:  # a plot must never lose a finished run's numbers
-            log.warning("plotting failed: %s", exc)
+        if self.rounds:
+            try:
+                plot_curves({self.cfg["algorithm"]: self.rounds}, self.out, f"{self.cfg['algorithm']} on {self.cfg['dataset']}")
+            except Exception as exc:  # a plot must never lose a run's numbers
+                log.warning("plotting failed: %s", exc)
         return summary
 
 

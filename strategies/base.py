@@ -76,6 +76,17 @@ class HeadwayStrategy(Strategy):
         """Method-specific figures for summary.json."""
         return {}
 
+    def participants(self) -> dict[str, Any]:
+        """Who took part, for summary.json: partition id -> body, and refused nodes' reasons."""
+        engine: Engine | None = getattr(self, "engine", None)
+        if engine is None:
+            return {}
+        clients = sorted(engine.registry.clients.values(), key=lambda c: c.partition_id)
+        return {
+            "participants": {str(c.partition_id): c.body for c in clients},
+            "refused_nodes": sorted(engine.registry.refused.values()),
+        }
+
     def config(self, server_round: int, **fields: Any) -> ConfigRecord:
         return ConfigRecord({P.ROUND: server_round, **fields})
 
@@ -194,7 +205,7 @@ class HeadwayStrategy(Strategy):
         Raises :class:`RoundFailed` when round 1 (or the work before it) gets no valid reply.
         """
         self.summary()
-        engine = Engine(grid, self.cfg, self.services)
+        engine = self.engine = Engine(grid, self.cfg, self.services)
         result = Result()
         arrays = initial_arrays
         started = time.monotonic()

@@ -6,6 +6,11 @@ A SuperNode pulls (or pushes) a message as three parts: the message header (a pr
 the deflated bytes of every object in that tree (the message object, its RecordDict,
 each record, each array). gRPC, HTTP/2 and TLS framing are not counted.
 
+Ids are counted in their deployment form. A deployed message's id is its object id (64
+hex characters), and a reply points back to it by that id; Flower's simulation gives
+messages uuid4 ids (36 characters) instead. The meter counts both ids at 64 characters, so
+a simulated run reports what the same run ships when deployed.
+
 Content shared by many messages (the same model sent to every client) is measured once:
 :class:`WireMeter` caches the size of each content object it has seen, keyed by the
 object itself, so a 44 MB model costs one serialization per round, not one per recipient.
@@ -32,6 +37,18 @@ def _header_size(message: Message) -> int:
     return proto.ByteSize()
 
 
+OBJECT_ID_CHARS = 64  # a deployed message id: the sha256 hex of the message object
+
+
+def _reply_id_correction(message: Message) -> int:
+    """Bytes a reply's ``reply_to_message_id`` adds when deployed, beyond its form here.
+
+    The id is written twice (in the header and in the message object), each with a one-byte
+    length prefix for either length."""
+    reply_to = message.metadata.reply_to_message_id
+    return 2 * (OBJECT_ID_CHARS - len(reply_to)) if reply_to else 0
+
+
 class WireMeter:
     """Measures messages as shipped; remembers the size of content it has measured."""
 
@@ -48,7 +65,7 @@ class WireMeter:
 
     def message(self, message: Message) -> int:
         """Bytes of ``message`` on the Fleet link."""
-        msg_object = len(message.deflate())
+        msg_object = len(message.deflate()) + _reply_id_correction(message)
         if message.has_error() or not message.has_content():
             tree = ObjectTree(object_id=message.object_id)
             return _header_size(message) + tree.ByteSize() + msg_object

@@ -15,6 +15,18 @@ def test_mnist_from_the_idx_files(data_dir):
     assert abs(float(x.mean())) < 0.1 and abs(float(x.std()) - 1.0) < 0.1  # normalized
 
 
+def test_mnist_from_torchvisions_uncompressed_raw_files(data_dir, tmp_path):
+    """A torchvision data dir keeps MNIST/raw/*-ubyte uncompressed; those load like the .gz files."""
+    import gzip
+
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for f in Path(data_dir, "mnist").glob("*-ubyte.gz"):
+        (raw / f.name.removesuffix(".gz")).write_bytes(gzip.decompress(f.read_bytes()))
+    ds, ref = load_dataset("mnist", str(tmp_path)), load_dataset("mnist", data_dir)
+    assert np.array_equal(ds.x_train, ref.x_train) and np.array_equal(ds.y_test, ref.y_test)
+
+
 def test_cifar10_from_the_npz_pair(data_dir):
     ds = load_dataset("cifar10", data_dir)
     assert ds.x_train.shape == (50000, 3, 32, 32) and ds.augment

@@ -59,11 +59,21 @@ def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float =
     raise TimeoutError(f"port {port} not open after {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-def test_fedavg_over_grpc_with_a_superlink_and_two_supernodes(tmp_path, data_dir):
+def deploy(tmp_path: Path, data_dir: str, run_config: str, num_nodes: int = 2, probe: bool = False) -> tuple[Path, subprocess.CompletedProcess]:
+    """A SuperLink and ``num_nodes`` SuperNodes on 127.0.0.1 (insecure), one ``flwr run`` with
+    ``run_config``; returns the run's results folder and what ``flwr run`` printed. With
+    ``probe``, each SuperNode runs under :mod:`tests.wire_probe` and logs its Fleet bytes to
+    ``tmp_path/wire-<partition>.jsonl``. Every process is stopped by process group."""
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
            "HEADWAY_DATA_DIR": data_dir, "PYTHONPATH": str(ROOT)}
-    bin_dir = str(Path(sys.executable).parent)
-    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    path = [str(Path(sys.executable).parent)]
+    if probe:  # `server.launch supernode` execs the first flower-supernode on PATH: this one
+        shim = tmp_path / "probe-bin"
+        shim.mkdir()
+        (shim / "flower-supernode").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tests.wire_probe "$@"\n')
+        (shim / "flower-supernode").chmod(0o755)
+        path.insert(0, str(shim))
+    env["PATH"] = os.pathsep.join([*path, env.get("PATH", "")])
     fleet, control = free_port(), free_port()
     results = tmp_path / "results"
     procs: list[subprocess.Popen] = []
@@ -73,27 +83,62 @@ def test_fedavg_over_grpc_with_a_superlink_and_two_supernodes(tmp_path, data_dir
         procs.append(link)
         wait_for_port(fleet, link, link_log)
         wait_for_port(control, link, link_log)
-        for pid in range(2):
-            log = tmp_path / f"supernode{pid}.log"
+        for pid in range(num_nodes):
+            node_env = {**env, "HEADWAY_WIRE_LOG": str(tmp_path / f"wire-{pid}.jsonl")}
             procs.append(launch(["supernode", "--insecure", "--superlink", f"127.0.0.1:{fleet}", "--partition-id", str(pid),
-                                 "--num-partitions", "2", "--port", str(free_port())], env, log))
+                                 "--num-partitions", str(num_nodes), "--port", str(free_port())], node_env, tmp_path / f"supernode{pid}.log"))
         subprocess.run([sys.executable, "-m", "server.launch", "connect", "test", "--address", f"127.0.0.1:{control}", "--insecure"],
                        cwd=ROOT, env=env, check=True, capture_output=True)
-        run_config = (f"algorithm='fedavg' dataset='mnist' num-clients=2 num-server-rounds=2 train-fraction=0.01 local-epochs=1 "
-                      f"batch-size=10 partition='iid' results-dir='{results}' sample-timeout=60.0 round-timeout=120.0")
-        out = subprocess.run(["flwr", "run", ".", "test", "--stream", "--run-config", run_config], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=400)
+        out = subprocess.run(["flwr", "run", ".", "test", "--stream", "--run-config", f"{run_config} results-dir='{results}'"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
         summaries = list(results.glob("*/summary.json"))
         assert summaries, f"no results written.\nflwr run said:\n{out.stdout[-4000:]}\n{out.stderr[-2000:]}\nsuperlink log:\n{link_log.read_text()[-3000:]}"
-        folder = summaries[0].parent
-        summary = json.loads(summaries[0].read_text())
-        rounds = [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
-        assert summary["rounds"] == 2 and summary["failures"] == 0
-        assert all(r["clients"] == 2 for r in rounds)
-        assert rounds[-1]["accuracy"] > 0.3  # iid MNIST slice; chance is 0.1
-        assert rounds[0]["bytes_down"] > 2 * 21840 * 4 and rounds[0]["bytes_up"] > 2 * 21840 * 4
-        assert (folder / "config.json").exists() and (folder / "accuracy_vs_bytes.png").exists()
+        return summaries[0].parent, out
     finally:
         for proc in reversed(procs):
             stop(proc)
-    assert all(p.poll() is not None for p in procs)
+        assert all(p.poll() is not None for p in procs)
+
+
+def read_rounds(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
+
+
+def test_fedavg_over_grpc_with_a_superlink_and_two_supernodes(tmp_path, data_dir):
+    run_config = ("algorithm='fedavg' dataset='mnist' num-clients=2 num-server-rounds=2 train-fraction=0.01 local-epochs=1 "
+                  "batch-size=10 partition='iid' sample-timeout=60.0 round-timeout=120.0")
+    folder, _ = deploy(tmp_path, data_dir, run_config)
+    summary = json.loads((folder / "summary.json").read_text())
+    rounds = read_rounds(folder)
+    assert summary["rounds"] == 2 and summary["failures"] == 0 and summary["status"] == "complete"
+    assert all(r["clients"] == 2 for r in rounds)
+    assert rounds[-1]["accuracy"] > 0.3  # iid MNIST slice; chance is 0.1
+    assert rounds[0]["bytes_down"] > 2 * 21840 * 4 and rounds[0]["bytes_up"] > 2 * 21840 * 4
+    assert (folder / "config.json").exists() and (folder / "accuracy_vs_bytes.png").exists()
+
+
+def test_metered_bytes_are_the_bytes_the_supernodes_move(tmp_path, data_dir):
+    """The meter's total, every phase and both directions, against what the two SuperNodes
+    pulled and pushed on their Fleet channels (headers, object trees, object contents)."""
+    run_config = ("algorithm='fedlog' dataset='mnist' num-clients=2 num-server-rounds=2 train-fraction=0.01 local-epochs=1 "
+                  "batch-size=10 partition='pathological' sample-timeout=60.0 round-timeout=120.0")
+    folder, _ = deploy(tmp_path, data_dir, run_config, probe=True)
+    rounds = read_rounds(folder)
+    assert all(r["failures"] == 0 and r["clients"] == 2 for r in rounds)
+    # bytes_down/up hold the method's own phases (stats and train here); measurement phases apart
+    metered = {way: sum(r[f"bytes_{way}"] + r.get(f"eval_bytes_{way}", 0) + r.get(f"register_bytes_{way}", 0) for r in rounds)
+               for way in ("down", "up")}
+    moved = {"down": 0, "up": 0}
+    calls = 0
+    for pid in range(2):
+        for line in (tmp_path / f"wire-{pid}.jsonl").read_text().splitlines():
+            entry = json.loads(line)
+            moved["down"] += entry["down"]
+            moved["up"] += entry["up"]
+            calls += 1
+    # register, stats, train and evaluate in round 1; train and evaluate in round 2: 6 exchanges × 2 nodes
+    messages = 12
+    assert calls > 2 * messages  # each message is a header call plus its objects
+    for way in ("down", "up"):  # a few bytes a message: ids and task ids the SuperLink fills in
+        assert abs(metered[way] - moved[way]) <= 4 * messages, (way, metered, moved)
+    assert rounds[0]["stats_bytes_down"] > 0 and rounds[0]["bytes_down"] > rounds[0]["stats_bytes_down"]

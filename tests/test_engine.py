@@ -193,3 +193,17 @@ def test_wire_meter_counts_header_tree_and_objects_and_caches_shared_content(tas
     meter = WireMeter()
     msgs = [Message(content=big, dst_node_id=n, message_type="train") for n in (5, 6)]
     assert [meter.message(m) for m in msgs] == [wire_bytes(m) for m in msgs]
+
+
+def test_wire_meter_counts_reply_ids_in_their_deployed_form(task_identity):
+    """Simulation points replies back by uuid4 (36 characters), a deployment by object id (64):
+    the meter counts the deployed form either way, both in the header and the message object."""
+    content = RecordDict({"arrays": ArrayRecord({"x": Array(np.zeros((10, 51), np.float32))})})
+    request = Message(content=RecordDict(), dst_node_id=5, message_type="train")
+    request.metadata.__dict__["_message_id"] = "0123456789abcdef0123-4567-89ab-cdef"  # 36, as simulation's uuid4
+    simulated = Message(content=content, reply_to=request)
+    request.metadata.__dict__["_message_id"] = request.object_id  # 64, as a deployment's
+    deployed = Message(content=content, reply_to=request)
+    assert len(simulated.metadata.reply_to_message_id) == 35 and len(deployed.metadata.reply_to_message_id) == 64
+    assert wire_bytes(simulated) == wire_bytes(deployed)
+    assert len(simulated.deflate()) + 29 == len(deployed.deflate())  # the id sits in the message object (and the header)

@@ -7,14 +7,14 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from core.config import resolve
 from core.data import load_dataset
 from core.models import build_model
 from core.partition import make_partition
-from server.run import simulate
-from strategies.exchange import payload_bytes
+from simulation import simulate
+from strategies.wire import wire_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -34,10 +34,42 @@ def train_sizes(cfg):
     return [len(t) for t in part.train]
 
 
-def reply_bytes(arrays: dict, n: int, pid: int) -> int:
-    """Bytes of a training reply: the arrays plus num-examples, partition-id and loss."""
-    metrics = MetricRecord({"num-examples": n, "partition-id": pid, "loss": 0.5})
-    return payload_bytes(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}), "metrics": metrics}))
+# Simulation draws a random uint64 run id and node ids (9 or 10 varint bytes each, written
+# twice per message), so a message recomputed here may differ from the real one by a few bytes.
+SLACK = 12  # bytes per message
+
+
+def _sent(content: RecordDict, server_round: int) -> Message:
+    """A server message as the engine builds it, under a run id like simulation's."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 2**63 + 12345, 1  # the SuperLink is node 1
+    try:
+        msg = Message(content=content, dst_node_id=2**63 + 6789, message_type=MessageType.TRAIN, group_id=str(server_round))
+        msg.metadata.__dict__["_message_id"] = msg.object_id  # as Flower's grid sets it when pushing; replies point to it
+        return msg
+    finally:
+        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+
+
+def down_bytes(arrays: dict, server_round: int = 1) -> int:
+    """Wire bytes of a training message carrying ``arrays`` and the round number."""
+    content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}), "config": ConfigRecord({"server-round": server_round})})
+    return wire_bytes(_sent(content, server_round))
+
+
+def reply_bytes(arrays: dict, n: int, pid: int, loss: bool = True) -> int:
+    """Wire bytes of a training reply: the arrays plus num-examples, partition-id (and a loss)."""
+    metrics = MetricRecord({"num-examples": n, "partition-id": pid, **({"loss": 0.5} if loss else {})})
+    content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}), "metrics": metrics})
+    request = _sent(RecordDict({"config": ConfigRecord({"server-round": 1})}), 1)
+    return wire_bytes(Message(content=content, reply_to=request))
+
+
+def near(measured: int, expected: int, messages: int) -> bool:
+    """``measured`` is ``expected`` up to the id-length slack of ``messages`` messages."""
+    return abs(measured - expected) <= SLACK * messages
 
 
 def test_fedavg_learns_and_reports_the_bytes_it_sends(tmp_path, data_dir):
@@ -49,14 +81,14 @@ def test_fedavg_learns_and_reports_the_bytes_it_sends(tmp_path, data_dir):
     assert all(r["global_accuracy"] > 0 for r in rounds)  # the global model is scored too
     # bytes: what the messages carry, recomputed here from the model and the partition
     state = {k: v.numpy() for k, v in build_model("mnist-cnn", (1, 28, 28), 0, 10).state_dict().items()}
-    down = payload_bytes(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in state.items()}), "config": ConfigRecord({"server-round": 1})}))
     up = sum(reply_bytes(state, n, pid) for pid, n in enumerate(train_sizes(cfg)))
     for r in rounds:
-        assert r["bytes_down"] == 4 * down
-        assert r["bytes_up"] == up
+        assert near(r["bytes_down"], 4 * down_bytes(state, r["round"]), 4), (r["bytes_down"], 4 * down_bytes(state, r["round"]))
+        assert near(r["bytes_up"], up, 4), (r["bytes_up"], up)
         assert r["clients"] == 4
     assert summary["total_bytes"] == sum(r["bytes_down"] + r["bytes_up"] for r in rounds)
-    assert 4 * 21840 * 4 < rounds[0]["bytes_down"] < 4 * 21840 * 4 * 1.05  # 21 840 float32 parameters per client
+    # 21 840 float32 parameters per client, plus each message's header and its tree of 64-hex object ids
+    assert 4 * 21840 * 4 < rounds[0]["bytes_down"] < 4 * 21840 * 4 * 1.08
     for name in ("config.json", "summary.json", "accuracy_vs_round.png", "accuracy_vs_bytes.png"):
         assert (tmp_path / name).exists(), name
 
@@ -66,14 +98,19 @@ def test_fedlog_with_two_body_architectures(tmp_path, data_dir):
     accs = [r["accuracy"] for r in rounds]
     assert min(accs) > 0.8  # chance 0.1; each client tests on its own two classes
     assert summary["m"] == 51 and summary["failures"] == 0
+    # each client registered the body it ran: `bodies` is cycled over partition ids
+    assert summary["participants"] == {"0": "mnist-cnn", "1": "mlp", "2": "mnist-cnn", "3": "mlp"}
     assert all(r["solve_seconds"] < 1.0 for r in rounds)
     stats = {"stats": np.zeros((10, 51), np.float32)}
     per_client = [reply_bytes(stats, n, pid) for pid, n in enumerate(train_sizes(cfg))]
-    assert all(10 * 51 * 4 < b < 10 * 51 * 4 + 300 for b in per_client)  # classes × m values plus the count
+    assert all(10 * 51 * 4 + 1000 < b < 10 * 51 * 4 + 2000 for b in per_client)  # classes × m values; header, tree, ids, counts
     for r in rounds[1:]:
-        assert r["bytes_up"] == sum(per_client)
-    assert rounds[0]["bytes_up"] == 2 * sum(per_client)  # round 1 also carries the statistics round of fedlog-init=stats
-    assert summary["total_bytes"] < 100_000
+        assert near(r["bytes_up"], sum(per_client), 4), (r["bytes_up"], sum(per_client))
+    # round 1 also carries the statistics round of fedlog-init=stats (replies without a loss)
+    stats_round = sum(reply_bytes(stats, n, pid, loss=False) for pid, n in enumerate(train_sizes(cfg)))
+    assert rounds[0]["stats_bytes_up"] == rounds[0]["bytes_up"] - rounds[1]["bytes_up"]
+    assert near(rounds[0]["stats_bytes_up"], stats_round, 4), (rounds[0]["stats_bytes_up"], stats_round)
+    assert summary["total_bytes"] < 150_000  # FedAvg moves over 1 MB a round here
 
 
 @pytest.mark.parametrize("mode", ["nan", "wrong-shape"])

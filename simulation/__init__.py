@@ -1,0 +1,21 @@
+"""Run one experiment through Flower's simulation engine and write its results folder.
+
+    python -m simulation CONFIG.toml --out DIR [--set key=value ...] [--overwrite]
+
+CONFIG.toml holds run-config keys (top level, or under [run-config]); --set overrides
+them. Every virtual client is a Flower SuperNode in Flower's Ray-based simulation.
+
+This package is the one place that brings the ServerApp (``server``) and the ClientApp
+(``client``) together; neither of those imports the other, nor this.
+
+Before the engine starts, pre-flight checks stop a run that cannot work, each with one
+line ``error: ...`` on stderr and exit code 2: a bad config key or value, a
+``classes-per-client`` above the data set's classes, a results folder that already holds
+files (without --overwrite), a data set that is neither on disk nor downloadable, and
+whatever the method's strategy refuses (``server.app.preflight``). A run that stops
+early still leaves summary.json, with status "failed" or "interrupted" and the reason.
+"""
+
+from simulation.runner import load_config, main, parse_value, simulate
+
+__all__ = ["simulate", "load_config", "parse_value", "main"]

@@ -1,0 +1,234 @@
+"""The simulation runner: configuration, pre-flight checks, Flower's simulation engine,
+and a last-resort summary.json when a run stops without writing one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from core.config import ConfigError, check_against_spec, resolve
+from core.data import SPECS, DatasetMissingError, load_dataset
+from server.results import Recorder, ResultsFolderError, check_out_dir, clear_results
+
+# What pre-flight may raise; main() prints each as one line and exits 2.
+PREFLIGHT_ERRORS = (ConfigError, DatasetMissingError, ResultsFolderError)
+EXIT_PREFLIGHT = 2
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+INTERRUPTED = "interrupted by Ctrl-C (SIGINT) in the simulation runner"
+
+
+def parse_value(text: str) -> Any:
+    """A --set value as TOML would read it (numbers, booleans), else the raw string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def load_config(path: str | None, sets: list[str]) -> dict[str, Any]:
+    """Keys from CONFIG.toml overlaid with ``key=value`` overrides, validated."""
+    cfg: dict[str, Any] = {}
+    if path:
+        data = tomllib.loads(Path(path).read_text())
+        cfg.update(data.get("run-config", {k: v for k, v in data.items() if not isinstance(v, dict)}))
+    for item in sets:
+        if "=" not in item:
+            raise ConfigError(f"--set takes key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        cfg[key.strip()] = parse_value(value.strip())
+    return resolve(cfg)
+
+
+def preflight(cfg: dict[str, Any], out_dir: str | Path, overwrite: bool = False) -> None:
+    """Every check that can stop a run before the simulation engine starts; changes nothing
+    on disk. Raises ConfigError (the config against the data set's spec, and whatever the
+    method's strategy refuses: ``server.app.preflight``), ResultsFolderError (``out_dir``
+    holds files and ``overwrite`` is not set) or DatasetMissingError."""
+    check_against_spec(cfg, SPECS[cfg["dataset"]])
+    check_out_dir(out_dir, overwrite)
+    load_dataset(cfg["dataset"], cfg["data-dir"], cfg["seed"])  # a missing data set fails here, once
+    from server.app import preflight as server_preflight
+
+    server_preflight(cfg)
+
+
+class _ErrorLog(logging.Handler):
+    """Keeps the last ERROR that Flower logs, as the reason of a run that ends without a summary."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.last: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage().strip()
+        except Exception:  # a bad log call must not break the run
+            return
+        if text and not text.startswith("Traceback"):
+            self.last = text.splitlines()[0]
+
+
+def _reason(exc: BaseException) -> str:
+    """'Type: message' of the exception at the root of ``exc``'s cause chain (Flower wraps
+    the ServerApp's exception in 'RuntimeError: An error was encountered')."""
+    root = exc
+    while root.__cause__ is not None:
+        root = root.__cause__
+    text = str(root).strip()
+    return f"{type(root).__name__}: {text}" if text else type(root).__name__
+
+
+def _ensure_summary(cfg: dict[str, Any], out_dir: Path, started: float, status: str, reason: str) -> dict[str, Any]:
+    """summary.json as it is, or, when the run left none, one with ``status`` and ``reason``
+    beside the rounds it completed (the last resort: the ServerApp writes its own)."""
+    path = out_dir / "summary.json"
+    if path.exists():
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError:
+            pass  # torn by the stop: write it again
+    return Recorder.reopen(out_dir, cfg, started=started).finish(status=status, reason=reason)
+
+
+def simulate(cfg: dict[str, Any], out_dir: str | Path, verbose: bool = False, overwrite: bool = False, *, check: bool = True) -> dict[str, Any]:
+    """Run ``cfg`` with ``num-clients`` virtual SuperNodes; returns summary.json's content.
+
+    ``check`` runs :func:`preflight` first (its errors are raised before Ray starts);
+    ``overwrite`` then removes an earlier run's result files from ``out_dir``. A run that
+    ends without the ServerApp writing summary.json gets one here: status "failed" with the
+    reason found (the exception, else the last error Flower logged), or "interrupted" on
+    Ctrl-C; the exception is raised again.
+    """
+    out = Path(out_dir)
+    if check:
+        preflight(cfg, out, overwrite)
+    if overwrite and out.is_dir():
+        removed = clear_results(out)
+        if removed:
+            print(f"--overwrite: removed {', '.join(removed)} of an earlier run from {out}", file=sys.stderr)
+
+    from flwr.simulation import run_simulation
+
+    from client.app import build_client_app
+    from server.app import build_server_app
+
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    backend = {
+        "client_resources": {"num_cpus": cfg["client-num-cpus"], "num_gpus": cfg["client-num-gpus"]},
+        "init_args": {"include_dashboard": False, "logging_level": logging.WARNING},
+    }
+    errors = _ErrorLog()
+    flwr_log = logging.getLogger("flwr")
+    flwr_log.addHandler(errors)
+    started = time.monotonic()
+    try:
+        run_simulation(
+            server_app=build_server_app(cfg, out, overwrite=overwrite),
+            client_app=build_client_app(cfg),
+            num_supernodes=cfg["num-clients"],
+            backend_config=backend,
+            verbose_logging=verbose,
+        )
+    except KeyboardInterrupt:
+        _ensure_summary(cfg, out, started, "interrupted", INTERRUPTED)
+        raise
+    except BaseException as exc:
+        _ensure_summary(cfg, out, started, "failed", _reason(exc))
+        raise
+    finally:
+        flwr_log.removeHandler(errors)
+    why = f"last error Flower logged: {errors.last}" if errors.last else "see the log above"
+    return _ensure_summary(cfg, out, started, "failed", f"the simulation ended without the ServerApp writing summary.json ({why})")
+
+
+def _report_interrupted(out: Path, summary: dict[str, Any]) -> None:
+    print(f"interrupted: {out / 'summary.json'} has status {summary.get('status')!r} after {summary.get('rounds')} round(s)", file=sys.stderr)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Process ids under ``pid`` (Linux /proc; empty elsewhere): Ray's processes."""
+    children: dict[int, list[int]] = {}
+    try:
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    except OSError:
+        return []
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo.extend(children.get(child, []))
+    return out
+
+
+def _stop_on_sigint(cfg: dict[str, Any], out: Path, started: float):
+    """A SIGINT handler for the command line: write the interrupted summary (and plots) at
+    once and end the process with 130. Letting KeyboardInterrupt unwind instead makes Flower
+    shut Ray down under its own worker threads (which can crash the process) and leaves
+    its ServerApp thread, not a daemon, waiting for replies that never come."""
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the process at once
+        _report_interrupted(out, _ensure_summary(cfg, out, started, "interrupted", INTERRUPTED))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for pid in _descendants(os.getpid()):  # Ray's processes; its agents would outlive us by a minute
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        os._exit(EXIT_INTERRUPTED)
+
+    return handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit code: 0 complete, 1 failed, 2 stopped by a
+    pre-flight check (one ``error:`` line on stderr), 130 interrupted."""
+    parser = argparse.ArgumentParser(prog="python -m simulation", description=sys.modules["simulation"].__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", nargs="?", help="TOML file of run-config keys")
+    parser.add_argument("--out", required=True, help="results folder to write: new or empty, unless --overwrite")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key (repeatable)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier run's result files in --out")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.set)
+        preflight(cfg, args.out, args.overwrite)
+    except (*PREFLIGHT_ERRORS, OSError, tomllib.TOMLDecodeError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_PREFLIGHT
+    except KeyboardInterrupt:
+        print("interrupted before the run started; nothing written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    out = Path(args.out)
+    # our SIGINT handler, unless SIGINT is ignored (a background job) or main runs off the main thread
+    own_sigint = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+    previous = signal.signal(signal.SIGINT, _stop_on_sigint(cfg, out, time.monotonic())) if own_sigint else None
+    try:
+        summary = simulate(cfg, out, args.verbose, args.overwrite, check=False)
+    except KeyboardInterrupt:  # where the handler could not be installed: simulate wrote the summary
+        _report_interrupted(out, _ensure_summary(cfg, out, time.monotonic(), "interrupted", INTERRUPTED))
+        return EXIT_INTERRUPTED
+    finally:
+        if own_sigint:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    print(json.dumps(summary, indent=2))
+    if summary.get("status", "complete") != "complete":
+        print(f"error: the run {summary.get('status')} after {summary.get('rounds')} round(s): {summary.get('reason')}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
