@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 
@@ -62,9 +61,10 @@ def assign_classes(num_clients: int, num_classes: int, per_client: int, rng: np.
     return out
 
 
-def split_by_class(labels: np.ndarray, owners: Sequence[np.ndarray], weights: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
-    """Deal each class's rows to the clients in proportion to ``weights[client, class]``."""
-    num_clients = len(owners)
+def split_by_class(labels: np.ndarray, weights: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """Deal each class's rows to the clients in proportion to ``weights[client, class]``
+    (a client with weight 0 for a class gets none of it)."""
+    num_clients = weights.shape[0]
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for c in np.unique(labels):
         rows = rng.permutation(np.flatnonzero(labels == c))
@@ -83,16 +83,15 @@ def pathological(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_
     weights = np.zeros((num_clients, num_classes))
     for k, cs in enumerate(classes):
         weights[k, cs] = 1.0
-    return split_by_class(y_train, classes, weights, rng), split_by_class(y_test, classes, weights, rng)
+    return split_by_class(y_train, weights, rng), split_by_class(y_test, weights, rng)
 
 
 def dirichlet(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_classes: int, alpha: float, rng: np.random.Generator):
     """Per class, shares over clients drawn from Dir(alpha); test rows follow each client's class mix."""
     weights = rng.dirichlet(np.full(num_clients, alpha), size=num_classes).T  # clients x classes
-    owners = [np.flatnonzero(w > 0) for w in weights]
-    train = split_by_class(y_train, owners, weights, rng)
+    train = split_by_class(y_train, weights, rng)
     counts = np.stack([np.bincount(y_train[t], minlength=num_classes) for t in train]).astype(float)
-    return train, split_by_class(y_test, owners, counts, rng)
+    return train, split_by_class(y_test, counts, rng)
 
 
 def natural(src_train: np.ndarray, src_test: np.ndarray, num_clients: int) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -49,6 +49,16 @@ def test_gas_turbine_is_a_regression_with_one_source_per_year(data_dir):
     assert ds.y_train.shape[1] == 2  # CO and NOx
 
 
+def test_gas_turbine_holds_out_a_fifth_of_every_year_drawn_by_the_seed(data_dir):
+    a, b = load_dataset("uci-gas-turbine", data_dir, seed=0), load_dataset("uci-gas-turbine", data_dir, seed=1)
+    for year in np.unique(a.attrs_train["year"]):
+        n_test = int((a.attrs_test["year"] == year).sum())
+        n_all = n_test + int((a.attrs_train["year"] == year).sum())
+        assert abs(n_test - 0.2 * n_all) <= 0.5, year
+    assert len(a.y_test) == len(b.y_test) and not np.array_equal(a.y_test, b.y_test)  # another seed, other rows
+    assert load_dataset("uci-gas-turbine", data_dir, seed=0) is a
+
+
 def test_specs_match_the_loaded_data(data_dir):
     for name in ("mnist", "cifar10", "uci-adult", "uci-gas-turbine", "circle"):
         assert spec_of(load_dataset(name, data_dir)) == SPECS[name], name
