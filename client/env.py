@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
 from core.config import body_for, resolve
 from core.data import Dataset, load_dataset, to_tensors
 from core.models import Net, build_model, resolve_device
+from core.noise import corrupt, noise_assignment
 from core.partition import make_partition
 
 
@@ -69,7 +71,11 @@ def _env(cfg_json: str, partition_id: int, body_override: str) -> ClientEnv:
     if not 0 <= partition_id < part.num_clients:
         raise ValueError(f"partition-id {partition_id} is outside 0..{part.num_clients - 1} (num-clients={cfg['num-clients']})")
     tr, te = part.train[partition_id], part.test[partition_id]
-    xtr, ytr = to_tensors(ds, ds.x_train[tr], ds.y_train[tr])
+    x_raw = ds.x_train[tr]
+    kind = noise_assignment(cfg["client-noise"], cfg["num-clients"], cfg["seed"]).get(partition_id)
+    if kind is not None:  # a low-quality client: its training data only, deterministically from the seed
+        x_raw = corrupt(x_raw, kind, np.random.default_rng([int(cfg["seed"]), partition_id, 0x6E6F6973]))
+    xtr, ytr = to_tensors(ds, x_raw, ds.y_train[tr])
     xte, yte = to_tensors(ds, ds.x_test[te], ds.y_test[te])
     body = body_for(cfg, partition_id, body_override or None)
     return ClientEnv(cfg, partition_id, body, ds, xtr, ytr, xte, yte, resolve_device(cfg["device"]))

@@ -65,6 +65,8 @@ SCHEMA: dict[str, Key] = {
     "results-dir": Key("results", "where `flwr run` writes its results folder"),
     "client-num-cpus": positive("CPUs per virtual client (simulation)", 1.0),
     "client-num-gpus": non_negative("GPU share per virtual client (simulation)", 0.0),
+    # data quality: some clients' training data is corrupted (core/noise.py)
+    "client-noise": Key("", "comma list kind:fraction of clients whose training data is corrupted: irrelevant, blur, salt-pepper (images), polluted, noisy (tabular)"),
     # robustness testing: chosen clients corrupt their training replies
     "fault-clients": Key("", "comma list of partition ids whose replies are corrupted (robustness tests)"),
     "fault-mode": Key("nan", "how faulty clients corrupt replies (see README, Robustness testing)", choices=FAULT_MODES),
@@ -152,6 +154,12 @@ def _check_combinations(cfg: Mapping[str, Any]) -> None:
         fault_ids(cfg)
     except ValueError:
         raise ConfigError(f"run-config key 'fault-clients' must be a comma list of partition ids, got {cfg['fault-clients']!r}") from None
+    from core.noise import parse_client_noise  # local import: keeps the schema light
+
+    try:
+        parse_client_noise(cfg["client-noise"])
+    except ValueError as exc:
+        raise ConfigError(f"run-config key 'client-noise': {exc}") from None
     if cfg["fedlog-dp"] != "off" and cfg["fedlog-clip"] <= 0:
         raise ConfigError(
             "run-config key 'fedlog-clip' must be > 0 when 'fedlog-dp' is "
@@ -163,6 +171,13 @@ def check_against_spec(cfg: Mapping[str, Any], spec: Any) -> None:
     """Checks that need the data set's spec (a ``core.data.DatasetSpec``); ConfigError naming the key."""
     if cfg["partition"] == "pathological" and cfg["classes-per-client"] > spec.num_classes:
         raise ConfigError(f"run-config key 'classes-per-client' is {cfg['classes-per-client']}, but data set '{cfg['dataset']}' has {spec.num_classes} classes")
+    from core.noise import IMAGE_KINDS, parse_client_noise
+
+    image = len(spec.input_shape) == 3
+    for kind, _ in parse_client_noise(cfg["client-noise"]):
+        if (kind in IMAGE_KINDS) != image:
+            raise ConfigError(f"run-config key 'client-noise': kind {kind!r} is for {'images' if kind in IMAGE_KINDS else 'tabular data'}, "
+                              f"and data set '{cfg['dataset']}' is {'images' if image else 'tabular'}")
 
 
 def body_names(cfg: Mapping[str, Any]) -> list[str]:

@@ -86,6 +86,14 @@ METHODS: dict[str, Method] = {
                    "fedproto-lambda": non_negative("FedProto: weight of the pull of features towards the global prototypes", 1.0),
                    "fedproto-predict": Key("head", "FedProto: the accuracy reported first: local head, or nearest global prototype (both are recorded)", choices=("head", "prototype")),
                }),
+        Method("fedprof", "FedAvg with clients sampled by exp(-alpha * KL) of their representation profiles (Wu et al. 2023)",
+               "strategies.fedprof:FedProf", "client.procedures.fedprof:FedProfClient", {**MODEL, P.PROFILE: "float32"},
+               {
+                   "fedprof-layer": Key("body", "FedProf: the module whose outputs are profiled (a name from the model's named_modules; body: the feature layer)"),
+                   "fedprof-alpha": non_negative("FedProf: penalty alpha of the score exp(-alpha * div); 0: uniform selection", 10.0),
+                   "fedprof-val-size": positive("FedProf: training rows the server keeps as its validation set D^V for baseline profiles (never given to a client)", 1000),
+                   "fedprof-aggregation": Key("full", "FedProf: full (unselected clients count with the previous global model) or partial (scheme II of Li et al. 2020)", choices=("full", "partial")),
+               }),
     )
 }
 

@@ -7,7 +7,7 @@ client's test rows are drawn from the classes it trains on, as in FedLog §4.2).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -21,6 +21,7 @@ class Partition:
 
     train: tuple[np.ndarray, ...]
     test: tuple[np.ndarray, ...]
+    validation: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # server-held training rows
 
     @property
     def num_clients(self) -> int:
@@ -104,21 +105,35 @@ def natural(src_train: np.ndarray, src_test: np.ndarray, num_clients: int) -> tu
     return [np.flatnonzero(src_train == s) for s in sources], [np.flatnonzero(src_test == s) for s in sources]
 
 
+def server_holdout(cfg: dict) -> int:
+    """Training rows the server keeps for itself before partitioning (FedProf's validation
+    set D^V, ``fedprof-val-size``); 0 for every other method, whose partitions stay as they were."""
+    return int(cfg["fedprof-val-size"]) if cfg["algorithm"] == "fedprof" else 0
+
+
 def make_partition(ds: Dataset, cfg: dict) -> Partition:
     """The partition a run config asks for (cached: every client of a process shares it)."""
     return _make_partition(
         ds, cfg["partition"], cfg["num-clients"], cfg["classes-per-client"],
-        cfg["dirichlet-alpha"], cfg["train-fraction"], cfg["seed"], cfg["natural-column"],
+        cfg["dirichlet-alpha"], cfg["train-fraction"], cfg["seed"], cfg["natural-column"], server_holdout(cfg),
     )
 
 
 @lru_cache(maxsize=8)
-def _make_partition(ds: Dataset, scheme: str, num_clients: int, per_client: int, alpha: float, fraction: float, seed: int, column: str) -> Partition:
+def _make_partition(ds: Dataset, scheme: str, num_clients: int, per_client: int, alpha: float, fraction: float, seed: int, column: str, holdout: int = 0) -> Partition:
     rng = np.random.default_rng(seed)
     classification = ds.task == "classification"
     if scheme in ("pathological", "dirichlet") and not classification:
         raise ValueError(f"partition '{scheme}' needs class labels; data set '{ds.name}' is a regression task: use iid or natural")
-    keep = subsample(ds.y_train if classification else np.zeros(len(ds.y_train)), fraction, rng, classification)
+    validation = np.zeros(0, dtype=np.int64)
+    pool = np.arange(len(ds.y_train))
+    if holdout > 0:  # drawn first, from its own stream, and never dealt to a client
+        if holdout >= len(pool):
+            raise ValueError(f"fedprof-val-size={holdout} leaves no training rows for clients ({len(pool)} in {ds.name})")
+        validation = np.sort(np.random.default_rng([seed, 104729]).choice(len(pool), size=holdout, replace=False))
+        pool = np.setdiff1d(pool, validation)
+    labels = ds.y_train[pool] if classification else np.zeros(len(pool))
+    keep = pool[subsample(labels, fraction, rng, classification)]
     y_train = ds.y_train[keep]
     if scheme == "iid":
         train, test = iid(len(keep), num_clients, rng), iid(len(ds.y_test), num_clients, rng)
@@ -136,4 +151,4 @@ def _make_partition(ds: Dataset, scheme: str, num_clients: int, per_client: int,
         train, test = natural(ds.attrs_train[col][keep], ds.attrs_test[col], num_clients)
     else:
         raise ValueError(f"unknown partition {scheme!r}")
-    return Partition(tuple(keep[t] for t in train), tuple(test))
+    return Partition(tuple(keep[t] for t in train), tuple(test), validation)

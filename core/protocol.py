@@ -28,11 +28,15 @@ PHASE_STATS = "stats"  # FedLog fedlog-init=stats: statistics of the untrained b
 PHASE_TRAIN = "train"
 PHASE_EVALUATE = "evaluate"
 PHASE_UPLOAD = "upload-model"  # LG-FedAvg new test: a client sends its whole local model once
+PHASE_PROFILE = "profile"  # FedProf before round 1: every client profiles the initial model, no training
 
 # FedLog payload arrays
 ETA = "eta"  # the global head η (server -> client)
 STATS = "stats"  # a client's sufficient statistic T = Σ φ⊗e_y (client -> server)
 STATS_SUM = "stats-sum"  # FedLog-C: the aggregate Φ (server -> client)
+
+# FedProf payload array: per unit (mean, variance) of the profiled layer (client -> server)
+PROFILE = "profile"
 
 # FedProto payload arrays
 PROTOTYPES = "prototypes"

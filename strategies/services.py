@@ -49,6 +49,15 @@ class ServerData:
         ds = self.dataset
         return None if ds is None else to_tensors(ds, ds.x_test, ds.y_test)
 
+    def validation_tensors(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The server's own validation rows (training rows no client holds; FedProf's D^V)
+        as tensors, or None without data or without a holdout."""
+        ds = self.dataset
+        if ds is None:
+            return None
+        rows = make_partition(ds, self.cfg).validation
+        return None if len(rows) == 0 else to_tensors(ds, ds.x_train[rows], ds.y_train[rows])
+
     def max_count(self, partition_id: int, split: str) -> int:
         """The largest ``num-examples`` partition ``partition_id`` can truly report for
         ``split`` (train or test): its size when known, else the configured cap."""

@@ -1,0 +1,31 @@
+"""FedProf client (Wu et al., Alg. 1 lines 20-24): profile the received global model's
+``fedprof-layer`` on the local training data, then train as FedAvg does.
+
+Before round 1 (phase ``profile``) a client only profiles the initial model and sends
+the profile with its count; afterwards it sends its trained model and the profile of the
+model it was sent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, RecordDict
+
+from client.env import ClientEnv
+from client.procedures.base import round_of, train_metrics
+from client.procedures.fedavg import FedAvgClient
+from core import protocol as P
+from core.profiles import model_profile
+
+
+class FedProfClient(FedAvgClient):
+    def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        model, shared = self.model(env, content, state)
+        profile = model_profile(model, env.cfg["fedprof-layer"], env.x_train, device=env.device).astype(np.float32)
+        phase = str(content[P.CONFIG].get(P.PHASE, P.PHASE_TRAIN))
+        if phase == P.PHASE_PROFILE:
+            return RecordDict({P.ARRAYS: ArrayRecord({P.PROFILE: Array(profile)}), P.METRICS: train_metrics(env, float("nan"))})
+        loss = self.fit(env, model, shared, round_of(content))
+        weights = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+        reply = ArrayRecord({**{k: Array(np.ascontiguousarray(weights[k])) for k in shared}, P.PROFILE: Array(profile)})
+        return RecordDict({P.ARRAYS: reply, P.METRICS: train_metrics(env, loss)})

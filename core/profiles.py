@@ -1,0 +1,122 @@
+"""FedProf's maths (Wu et al., §3.2 and Alg. 1): representation profiles, their
+divergence from the server's baseline profile, client scores, and the two aggregation
+rules the paper compares (full, and partial scheme II of Li et al. 2020).
+
+A profile is a (q, 2) array: per unit of one layer, the mean and the variance of its
+output over a data set. For a convolutional layer a unit is a channel, its output summed
+over spatial positions first (the paper's "channel-wise fused" representation).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+VARIANCE_FLOOR = 1e-8  # a unit that never varies (e.g. a dead ReLU) must not divide by zero
+
+
+def representation_profile(outputs: np.ndarray) -> np.ndarray:
+    """(q, 2) per-unit mean and (population) variance of a layer's ``outputs``.
+
+    ``outputs`` is (n, q) for a dense layer or (n, q, ...) for a convolutional one, whose
+    spatial positions are summed first. An empty ``outputs`` gives zeros."""
+    x = np.asarray(outputs, dtype=np.float64)
+    if x.ndim < 2:
+        raise ValueError(f"a layer's outputs must be (n, units, ...), got shape {x.shape}")
+    if x.ndim > 2:
+        x = x.reshape(x.shape[0], x.shape[1], -1).sum(axis=2)
+    if x.shape[0] == 0:
+        return np.zeros((x.shape[1], 2))
+    return np.stack([x.mean(axis=0), x.var(axis=0)], axis=1)
+
+
+def model_profile(model, layer: str, x, device=None, batch_size: int = 1000) -> np.ndarray:
+    """The profile of ``model``'s module ``layer`` (a name from ``named_modules()``) on
+    inputs ``x``, in eval mode without gradients."""
+    import torch
+
+    modules = dict(model.named_modules())
+    if layer not in modules:
+        names = ", ".join(n for n in modules if n)
+        raise ValueError(f"fedprof-layer {layer!r} is not a module of this model; choose one of: {names}")
+    captured: list[np.ndarray] = []
+    hook = modules[layer].register_forward_hook(lambda _m, _i, out: captured.append(out.detach().float().cpu().numpy()))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            device = device or next(model.parameters()).device
+            for i in range(0, max(len(x), 1), batch_size):  # an empty x still runs once: the layer's width
+                model(x[i : i + batch_size].to(device))
+    finally:
+        hook.remove()
+        model.train(was_training)
+    return representation_profile(np.concatenate(captured))
+
+
+def gaussian_kl(mu_p: np.ndarray, var_p: np.ndarray, mu_q: np.ndarray, var_q: np.ndarray, floor: float = VARIANCE_FLOOR) -> np.ndarray:
+    """KL(N(mu_p, var_p) ‖ N(mu_q, var_q)) per unit, variances floored at ``floor``.
+
+    The paper's Eq. 4 leaves out the constant −1/2; it scales every score by the same
+    factor exp(α/2), so selection probabilities λ/Λ do not change. With it, identical
+    profiles have divergence 0."""
+    vp, vq = np.maximum(var_p, floor), np.maximum(var_q, floor)
+    return 0.5 * np.log(vq / vp) + (vp + (np.asarray(mu_p) - np.asarray(mu_q)) ** 2) / (2.0 * vq) - 0.5
+
+
+def divergence(profile: np.ndarray, baseline: np.ndarray) -> float:
+    """div(RP_k, RP^B) of Eq. 3: the mean over units of the per-unit KL divergence."""
+    if profile.shape != baseline.shape:
+        raise ValueError(f"profile shape {profile.shape} does not match the baseline's {baseline.shape}")
+    return float(np.mean(gaussian_kl(profile[:, 0], profile[:, 1], baseline[:, 0], baseline[:, 1])))
+
+
+def score(div: float, alpha: float) -> float:
+    """λ_k = exp(−α · div) (Eq. 7)."""
+    return float(np.exp(-alpha * div))
+
+
+def profile_problem(profile: np.ndarray, units: int) -> str | None:
+    """Why a client's profile cannot be scored, or None."""
+    if profile.shape != (units, 2):
+        return f"profile has shape {tuple(profile.shape)}, expected ({units}, 2): (mean, variance) per unit"
+    if not np.all(np.isfinite(profile)):
+        return "profile holds NaN or Inf"
+    if np.any(profile[:, 1] < 0):
+        return "profile holds a negative variance"
+    return None
+
+
+def full_aggregate(previous: Mapping[str, np.ndarray], models: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[float], total: float) -> dict[str, np.ndarray]:
+    """Full aggregation: θ ← Σ_{k=1..N} ρ_k θ_k with ρ_k = n_k / n over all N clients,
+    where a client not selected this round contributes the previous global model:
+    θ ← Σ_{k∈S} ρ_k θ_k + (1 − Σ_{k∈S} ρ_k) θ."""
+    rho = np.asarray(sizes, dtype=np.float64) / float(total)
+    if np.any(rho < 0) or rho.sum() > 1 + 1e-9:
+        raise ValueError(f"selected clients' shares {rho.tolist()} must be >= 0 and sum to at most 1")
+    rest = 1.0 - rho.sum()
+    out = {}
+    for name, old in previous.items():
+        acc = rest * np.asarray(old, dtype=np.float64)
+        for r, model in zip(rho, models):
+            acc += r * np.asarray(model[name], dtype=np.float64)
+        out[name] = acc.astype(np.asarray(old).dtype)
+    return out
+
+
+def partial_aggregate(models: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[float], total: float, num_clients: int, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Partial aggregation, scheme II of Li et al. (2020): θ ← Σ_{k∈S} ρ_k (N/K) θ_k,
+    K = |S|. With equal data sizes this is the plain mean of FedProf's Eq. 36; with
+    unequal sizes the weights sum to 1 only in expectation, as [5] defines it."""
+    k = len(models)
+    if k == 0:
+        raise ValueError("nothing to aggregate")
+    w = np.asarray(sizes, dtype=np.float64) / float(total) * num_clients / k
+    out = {}
+    for name, ref in like.items():
+        acc = np.zeros(np.shape(ref), dtype=np.float64)
+        for wk, model in zip(w, models):
+            acc += wk * np.asarray(model[name], dtype=np.float64)
+        out[name] = acc.astype(np.asarray(ref).dtype)
+    return out
