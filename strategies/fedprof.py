@@ -95,6 +95,9 @@ class FedProf(FedAvg):
         return arrays, Step(None, len(replies), {"clients": float(len(replies))})
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine):
+        self.engine = engine
+        if self.version not in self.baselines:  # no profiling round ran (e.g. a round driven on its own)
+            self.new_version(self.version, arrays)
         self.sent = to_numpy(arrays)
         content = self.content(server_round, arrays, **{P.PHASE: P.PHASE_TRAIN})
         chosen = engine.sample(self.cfg["fraction-train"], self.scores(engine))

@@ -33,7 +33,10 @@ def honest(algorithm: str, pid: int, msg) -> RecordDict:
         protos, counts = np.zeros((10, 50), np.float32), np.zeros(10, np.float32)
         protos[pid], counts[pid] = 1.0 + pid, 10
         return reply({"prototypes": protos, "class-counts": counts}, 10, pid, loss=0.7)
-    return reply({k: v.numpy() * 0.9 + 0.01 * pid for k, v in msg.content["arrays"].items()}, 10, pid, loss=0.7)
+    model = {k: v.numpy() * 0.9 + 0.01 * pid for k, v in msg.content["arrays"].items()}
+    if algorithm == "fedprof":  # the model and the profile of mnist-cnn's 50 features
+        model["profile"] = np.tile(np.array([[0.5, 1.0]], np.float32), (50, 1))
+    return reply(model, 10, pid, loss=0.7)
 
 
 @pytest.mark.parametrize("mode", TRAIN_MODES + ("scaled", "huge-values"))
