@@ -127,3 +127,24 @@ def test_fedavg_survives_a_client_that_raises(tmp_path, data_dir):
     cfg, summary, rounds = run(tmp_path, data_dir, algorithm="fedavg", **{"fault-clients": "3", "fault-mode": "error", "num-server-rounds": 2})
     assert [r["failures"] for r in rounds] == [1, 1] and all(r["clients"] == 3 for r in rounds)
     assert rounds[-1]["accuracy"] > 0.3
+
+
+def test_fedprof_scores_irrelevant_clients_down_and_counts_profile_bytes(tmp_path, data_dir):
+    """Half the clients hold structured noise instead of digits: their profiles diverge from
+    the baseline and they are (almost) never selected; the profiling round is metered."""
+    from core.noise import noise_assignment
+
+    cfg, summary, rounds = run(tmp_path, data_dir, algorithm="fedprof", partition="iid", **{
+        "num-clients": 6, "num-server-rounds": 3, "fraction-train": 0.5, "local-epochs": 1, "train-fraction": 0.05,
+        "client-noise": "irrelevant:0.5", "fedprof-alpha": 10.0})
+    noisy = set(noise_assignment("irrelevant:0.5", 6, 0))
+    div = {int(k): v for k, v in summary["fedprof_last_divergence"].items()}
+    assert min(div[k] for k in noisy) > 3 * max(div[k] for k in set(range(6)) - noisy)
+    picks = {int(k): v for k, v in summary["fedprof_selections"].items()}
+    assert sum(picks.get(k, 0) for k in noisy) <= 1 < sum(picks.get(k, 0) for k in set(range(6)) - noisy)
+    assert all(r["failures"] == 0 and r["clients"] == 3 for r in rounds)
+    profile = {"profile": np.zeros((50, 2), np.float32)}
+    expected = sum(reply_bytes(profile, n, pid, loss=False) for pid, n in enumerate(train_sizes(cfg)))
+    assert near(rounds[0]["profile_bytes_up"], expected, 6), (rounds[0]["profile_bytes_up"], expected)
+    assert rounds[0]["bytes_up"] > rounds[0]["profile_bytes_up"] > 0  # the method's own cost
+    assert rounds[-1]["global_accuracy"] > 0.6
