@@ -13,6 +13,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from core.aggregate import weighted_average
+
 VARIANCE_FLOOR = 1e-8  # a unit that never varies (e.g. a dead ReLU) must not divide by zero
 
 
@@ -95,28 +97,15 @@ def full_aggregate(previous: Mapping[str, np.ndarray], models: Sequence[Mapping[
     rho = np.asarray(sizes, dtype=np.float64) / float(total)
     if np.any(rho < 0) or rho.sum() > 1 + 1e-9:
         raise ValueError(f"selected clients' shares {rho.tolist()} must be >= 0 and sum to at most 1")
-    rest = 1.0 - rho.sum()
-    out = {}
-    for name, old in previous.items():
-        acc = rest * np.asarray(old, dtype=np.float64)
-        for r, model in zip(rho, models):
-            acc += r * np.asarray(model[name], dtype=np.float64)
-        out[name] = acc.astype(np.asarray(old).dtype)
-    return out
+    return weighted_average([previous, *models], [max(1.0 - rho.sum(), 0.0), *rho], like=previous)
 
 
 def partial_aggregate(models: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[float], total: float, num_clients: int, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Partial aggregation, scheme II of Li et al. (2020): θ ← Σ_{k∈S} ρ_k (N/K) θ_k,
     K = |S|. With equal data sizes this is the plain mean of FedProf's Eq. 36; with
     unequal sizes the weights sum to 1 only in expectation, as [5] defines it."""
-    k = len(models)
-    if k == 0:
+    if not models:
         raise ValueError("nothing to aggregate")
-    w = np.asarray(sizes, dtype=np.float64) / float(total) * num_clients / k
-    out = {}
-    for name, ref in like.items():
-        acc = np.zeros(np.shape(ref), dtype=np.float64)
-        for wk, model in zip(w, models):
-            acc += wk * np.asarray(model[name], dtype=np.float64)
-        out[name] = acc.astype(np.asarray(ref).dtype)
-    return out
+    w = np.asarray(sizes, dtype=np.float64) / float(total) * num_clients / len(models)
+    mean = weighted_average(models, w, like=like)  # Σ w_k θ_k / Σ w_k
+    return {k: (np.asarray(v, np.float64) * w.sum()).astype(np.asarray(like[k]).dtype) for k, v in mean.items()}

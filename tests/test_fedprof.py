@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import MetricRecord, RecordDict
 
 from core.config import ConfigError, check_against_spec, resolve
 from core.data import SPECS
@@ -80,6 +80,8 @@ def test_partial_aggregation_is_scheme_two():
     assert np.allclose(partial_aggregate(models, [25, 25], 100, 4, like)["w"], [2.0, 3.0])
     # unequal sizes: 10 and 40 of 100 -> weights 0.2 and 0.8
     assert np.allclose(partial_aggregate(models, [10, 40], 100, 4, like)["w"], [0.2 * 3 + 0.8 * 1, 0.2 * 5 + 0.8 * 1])
+    # weights 0.2 and 0.6 need not sum to 1 (unbiased only in expectation): no renormalizing
+    assert np.allclose(partial_aggregate(models, [10, 30], 100, 4, like)["w"], [0.2 * 3 + 0.6 * 1, 0.2 * 5 + 0.6 * 1])
 
 
 # ----------------------------------------------------------------- data-quality scenarios
@@ -131,11 +133,6 @@ def test_client_noise_corrupts_the_chosen_clients_training_data_only(data_dir):
 
 
 # ----------------------------------------------------------------- the strategy
-
-
-def fedprof_on(grid_answer, **cfg):
-    strategy = make_strategy("fedprof", **{"fedprof-val-size": 200, "train-fraction": 0.01, **cfg})
-    return strategy
 
 
 def test_selection_favours_matching_profiles_and_malformed_profiles_are_counted(task_identity, data_dir):
