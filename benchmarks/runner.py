@@ -40,13 +40,14 @@ def finished(folder: Path) -> bool:
 
 
 def simulate(dataset: str, out: Path, overrides: Mapping[str, Any], sets: Sequence[str] = ()) -> None:
-    """One ``python -m simulation`` run of the dataset's Table 1 config in a fresh process
+    """One ``python -m simulation`` run of the dataset's Table 1 config (or of the config
+    file ``dataset`` names, when it is not a key of CONFIGS) in a fresh process
     (a fresh Ray), with ``overrides`` then ``sets`` on top; skipped if ``out`` holds a
     complete run, and run again over what a failed or interrupted run left there."""
     if finished(out):
         print(f"skip {out} (done)", flush=True)
         return
-    args = [sys.executable, "-m", "simulation", CONFIGS[dataset], "--out", str(out)]
+    args = [sys.executable, "-m", "simulation", CONFIGS.get(dataset, dataset), "--out", str(out)]
     if out.is_dir() and any(out.iterdir()):
         args.append("--overwrite")  # an earlier run of this folder stopped before completing
     for key, value in overrides.items():

@@ -48,6 +48,10 @@ class ClientEnv:
         """This client's initial model (see ``init_seed``)."""
         return build_model(body or self.body, self.data.input_shape, self.cfg["feature-dim"], self.outputs, self.init_seed).to(self.device)
 
+    def lr(self, server_round: int) -> float:
+        """The learning rate of ``server_round``: lr · lr-decay^(round − 1) (rounds from 1)."""
+        return float(self.cfg["lr"]) * float(self.cfg["lr-decay"]) ** max(server_round - 1, 0)
+
     def seed_for(self, server_round: int, salt: int = 0) -> int:
         """A seed for this client's randomness in one round (batches, crops, noise)."""
         return _derived_seed(self.cfg["seed"], self.partition_id, server_round, salt)

@@ -21,7 +21,7 @@ DATASETS = (
     "uci-gas-turbine",
     "circle",
 )
-PARTITIONS = ("iid", "pathological", "dirichlet", "natural")
+PARTITIONS = ("iid", "pathological", "dirichlet", "natural", "dominant")
 OPTIMIZERS = ("adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
 FAULT_MODES = (
@@ -43,7 +43,11 @@ SCHEMA: dict[str, Key] = {
     "partition": Key("pathological", "how data is split over clients", choices=PARTITIONS),
     "classes-per-client": positive("classes per client (pathological)", 2),
     "dirichlet-alpha": positive("Dirichlet concentration (dirichlet)", 0.5),
+    "dominant-class-fraction": Key(0.6, "share of each client's data from its one dominant class (dominant); dominant classes are dealt evenly over clients", check=lambda v: 0 <= v <= 1, rule="in [0, 1]"),
+    "client-size-mean": non_negative("mean of clients' local data sizes, drawn from a normal distribution (iid, dominant); 0: equal shares of the data", 0.0),
+    "client-size-std": non_negative("standard deviation of clients' local data sizes (with client-size-mean)", 0.0),
     "natural-column": Key("", "column that names a client's source (natural); empty: the data set's own"),
+    "server-holdout": non_negative("training rows kept from every client before partitioning (FedProf uses fedprof-val-size instead); set it equal to compare a method with FedProf on the same client data", 0),
     "train-fraction": fraction("fraction of the training set used, drawn before partitioning", 0.05),
     "num-server-rounds": positive("federated rounds", 100),
     "fraction-train": fraction("fraction of clients sampled per round", 1.0),
@@ -52,6 +56,7 @@ SCHEMA: dict[str, Key] = {
     "local-epochs": non_negative("local epochs per round", 5),
     "batch-size": positive("local batch size", 10),
     "lr": positive("local learning rate", 1e-3),
+    "lr-decay": Key(1.0, "learning rate of round r: lr · lr-decay^(r-1)", check=lambda v: 0 < v <= 1, rule="in (0, 1]"),
     "optimizer": Key("adam", "local optimizer", choices=OPTIMIZERS),
     "body": Key("mnist-cnn", "default body architecture"),
     "feature-dim": non_negative("m, the number of features a body outputs; 0: the body's own width", 0),
@@ -61,6 +66,7 @@ SCHEMA: dict[str, Key] = {
     "target-accuracy": Key(0.0, "accuracy for bytes_to_target; 0: none", check=lambda v: 0 <= v <= 1, rule="in [0, 1]"),
     "device": Key("auto", "torch device of clients", choices=DEVICES),
     "round-timeout": positive("deadline in seconds of each exchange of a round; a client that misses it is not waited for again that round", 600.0),
+    "eval-every": non_negative("clients score themselves on their test splits every this many rounds and after the last; 0: only after the last", 1),
     "global-eval": Key(True, "also evaluate a single global model on the whole test set, where one exists"),
     "results-dir": Key("results", "where `flwr run` writes its results folder"),
     "client-num-cpus": positive("CPUs per virtual client (simulation)", 1.0),
@@ -160,6 +166,10 @@ def _check_combinations(cfg: Mapping[str, Any]) -> None:
         parse_client_noise(cfg["client-noise"])
     except ValueError as exc:
         raise ConfigError(f"run-config key 'client-noise': {exc}") from None
+    if cfg["client-size-std"] > 0 and cfg["client-size-mean"] <= 0:
+        raise ConfigError("run-config key 'client-size-std' needs 'client-size-mean' > 0: the sizes are drawn from N(mean, std²)")
+    if cfg["client-size-mean"] > 0 and cfg["partition"] not in ("iid", "dominant"):
+        raise ConfigError(f"run-config key 'client-size-mean' applies to partition iid or dominant, not {cfg['partition']!r}")
     if cfg["fedlog-dp"] != "off" and cfg["fedlog-clip"] <= 0:
         raise ConfigError(
             "run-config key 'fedlog-clip' must be > 0 when 'fedlog-dp' is "
@@ -169,6 +179,8 @@ def _check_combinations(cfg: Mapping[str, Any]) -> None:
 
 def check_against_spec(cfg: Mapping[str, Any], spec: Any) -> None:
     """Checks that need the data set's spec (a ``core.data.DatasetSpec``); ConfigError naming the key."""
+    if cfg["partition"] == "dominant" and spec.task != "classification":
+        raise ConfigError(f"run-config key 'partition' is 'dominant', which needs class labels; data set '{cfg['dataset']}' is a regression task: use iid")
     if cfg["partition"] == "pathological" and cfg["classes-per-client"] > spec.num_classes:
         raise ConfigError(f"run-config key 'classes-per-client' is {cfg['classes-per-client']}, but data set '{cfg['dataset']}' has {spec.num_classes} classes")
     from core.noise import IMAGE_KINDS, parse_client_noise

@@ -46,6 +46,13 @@ def cifar_cnn_small(input_shape: tuple[int, ...], m: int) -> nn.Module:
     return CNN([nn.Conv2d(input_shape[0], 6, 5), nn.Conv2d(6, 16, 5)], [nn.Linear(400, m or 100)])
 
 
+def lenet5(input_shape: tuple[int, ...], m: int) -> nn.Module:
+    """LeNet-5 (FedProf Table 2) without its output layer: two 5×5 convolutions (6, 16
+    channels; 28×28 inputs padded to 32×32), then 400 -> 120 -> m (84)."""
+    pad = 2 if input_shape[-1] == 28 else 0
+    return CNN([nn.Conv2d(input_shape[0], 6, 5, padding=pad), nn.Conv2d(6, 16, 5)], [nn.Linear(400, 120), nn.Linear(120, m or 84)])
+
+
 class MLP(nn.Module):
     """Fully connected layers with ReLU on flat inputs."""
 
@@ -112,10 +119,24 @@ def resnet18(input_shape: tuple[int, ...], m: int) -> nn.Module:
     return TorchvisionBody(net, 512, m)
 
 
+def shufflenet_v2(input_shape: tuple[int, ...], m: int) -> nn.Module:
+    """torchvision's ShuffleNet V2 ×1.0, untrained (FedProf's CIFAR-10 model), 1024 features."""
+    from torchvision.models import shufflenet_v2_x1_0 as build
+
+    net = build(weights=None)
+    if input_shape[0] != 3:
+        old = net.conv1[0]
+        net.conv1[0] = nn.Conv2d(input_shape[0], old.out_channels, 3, 2, 1, bias=False)
+    net.fc = nn.Identity()
+    return TorchvisionBody(net, 1024, m)
+
+
 BODIES: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "mnist-cnn": mnist_cnn,
     "cifar-cnn": cifar_cnn,
     "cifar-cnn-small": cifar_cnn_small,
+    "lenet5": lenet5,
+    "shufflenet-v2": shufflenet_v2,
     "mlp": mlp,
     "mlp-deep": mlp_deep,
     "mobilenet-v2": mobilenet_v2,

@@ -95,6 +95,38 @@ def dirichlet(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_cla
     return train, split_by_class(y_test, counts, rng)
 
 
+def dominant(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_classes: int, fraction: float, sizes: np.ndarray | None, rng: np.random.Generator):
+    """FedProf §5: each client has one dominant class holding ``fraction`` of its data, the
+    rest spread evenly over the other classes. Dominant classes are dealt round-robin in a
+    random order, so every class dominates equally many clients and the class supply
+    balances; ``sizes`` (None: equal) scale each client's share. Test rows follow each
+    client's class mix."""
+    owner = rng.permutation(np.arange(num_clients) % num_classes)
+    weights = np.full((num_clients, num_classes), (1.0 - fraction) / max(num_classes - 1, 1))
+    weights[np.arange(num_clients), owner] = fraction
+    if sizes is not None:
+        weights *= sizes[:, None]
+    train = split_by_class(y_train, weights, rng)
+    counts = np.stack([np.bincount(y_train[t], minlength=num_classes) for t in train]).astype(float)
+    return train, split_by_class(y_test, counts, rng)
+
+
+def client_sizes(num_clients: int, mean: float, std: float, available: int, seed: int) -> np.ndarray | None:
+    """Local data sizes drawn from N(mean, std²), at least one row each, from their own
+    stream of ``seed`` (None when ``mean`` is 0: equal shares). Sizes that ask for more rows
+    than ``available`` are scaled down in proportion."""
+    if mean <= 0:
+        return None
+    sizes = np.maximum(1, np.rint(np.random.default_rng([seed, 0x73697A65]).normal(mean, std, num_clients))).astype(np.int64)
+    if sizes.sum() > available:
+        if num_clients > available:
+            raise ValueError(f"client-size-mean: {num_clients} clients need at least one row each, and only {available} training rows are left")
+        sizes = np.maximum(1, np.floor(sizes * (available / sizes.sum()))).astype(np.int64)
+        while sizes.sum() > available:  # the floor of at least 1 can still overshoot by a few rows
+            sizes[np.argmax(sizes)] -= 1
+    return sizes
+
+
 def natural(src_train: np.ndarray, src_test: np.ndarray, num_clients: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     sources = np.unique(src_train)
     if len(sources) != num_clients:
@@ -106,9 +138,10 @@ def natural(src_train: np.ndarray, src_test: np.ndarray, num_clients: int) -> tu
 
 
 def server_holdout(cfg: dict) -> int:
-    """Training rows the server keeps for itself before partitioning (FedProf's validation
-    set D^V, ``fedprof-val-size``); 0 for every other method, whose partitions stay as they were."""
-    return int(cfg["fedprof-val-size"]) if cfg["algorithm"] == "fedprof" else 0
+    """Training rows the server keeps for itself before partitioning: FedProf's validation
+    set D^V (``fedprof-val-size``), else ``server-holdout`` (0 by default), which lets another
+    method run on exactly the client data a FedProf run of the same seed has."""
+    return int(cfg["fedprof-val-size"]) if cfg["algorithm"] == "fedprof" else int(cfg["server-holdout"])
 
 
 def make_partition(ds: Dataset, cfg: dict) -> Partition:
@@ -116,11 +149,15 @@ def make_partition(ds: Dataset, cfg: dict) -> Partition:
     return _make_partition(
         ds, cfg["partition"], cfg["num-clients"], cfg["classes-per-client"],
         cfg["dirichlet-alpha"], cfg["train-fraction"], cfg["seed"], cfg["natural-column"], server_holdout(cfg),
+        cfg["dominant-class-fraction"], cfg["client-size-mean"], cfg["client-size-std"],
     )
 
 
 @lru_cache(maxsize=8)
-def _make_partition(ds: Dataset, scheme: str, num_clients: int, per_client: int, alpha: float, fraction: float, seed: int, column: str, holdout: int = 0) -> Partition:
+def _make_partition(
+    ds: Dataset, scheme: str, num_clients: int, per_client: int, alpha: float, fraction: float, seed: int, column: str,
+    holdout: int = 0, dominant_fraction: float = 0.6, size_mean: float = 0.0, size_std: float = 0.0,
+) -> Partition:
     rng = np.random.default_rng(seed)
     classification = ds.task == "classification"
     if scheme in ("pathological", "dirichlet") and not classification:
@@ -134,9 +171,17 @@ def _make_partition(ds: Dataset, scheme: str, num_clients: int, per_client: int,
         pool = np.setdiff1d(pool, validation)
     labels = ds.y_train[pool] if classification else np.zeros(len(pool))
     keep = pool[subsample(labels, fraction, rng, classification)]
+    sizes = client_sizes(num_clients, size_mean, size_std, len(keep), seed)
+    if scheme == "dominant" and sizes is not None and sizes.sum() < len(keep):  # the drawn sizes take only part of the rows
+        keep = keep[subsample(ds.y_train[keep], sizes.sum() / len(keep), rng, True)]
     y_train = ds.y_train[keep]
-    if scheme == "iid":
+    if scheme == "iid" and sizes is not None:  # exactly the drawn sizes; rows beyond their sum stay unused
+        train = [np.sort(p) for p in np.split(rng.permutation(len(keep)), np.cumsum(sizes))[:num_clients]]
+        test = iid(len(ds.y_test), num_clients, rng)
+    elif scheme == "iid":
         train, test = iid(len(keep), num_clients, rng), iid(len(ds.y_test), num_clients, rng)
+    elif scheme == "dominant":
+        train, test = dominant(y_train, ds.y_test, num_clients, ds.num_classes, dominant_fraction, sizes, rng)
     elif scheme == "pathological":
         train, test = pathological(y_train, ds.y_test, num_clients, ds.num_classes, per_client, rng)
     elif scheme == "dirichlet":

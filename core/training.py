@@ -96,11 +96,16 @@ def task_loss(task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def score(task: str, outputs: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    """Metrics of a prediction: accuracy for classification, MSE for regression."""
+    """Metrics of a prediction: accuracy for classification; for regression MSE and R²,
+    1 − Σ(y − ŷ)² / Σ(y − ȳ)² over every target (the "accuracy" of a regression run)."""
     if task == "classification":
         return {"accuracy": accuracy(outputs, y), "loss": float(nn.functional.cross_entropy(outputs, y)) if len(y) else float("nan")}
-    mse = float(nn.functional.mse_loss(outputs, y)) if len(y) else float("nan")
-    return {"mse": mse, "loss": mse}
+    if not len(y):
+        return {"mse": float("nan"), "loss": float("nan"), "r2": float("nan")}
+    mse = float(nn.functional.mse_loss(outputs, y))
+    spread = float(((y - y.mean(0)) ** 2).sum())
+    r2 = 1.0 - float(((outputs - y) ** 2).sum()) / spread if spread > 0 else float("nan")
+    return {"mse": mse, "loss": mse, "r2": r2}
 
 
 @torch.no_grad()

@@ -163,6 +163,9 @@ class Recorder:
             "failures": sum(r.get("failures", 0) for r in self.rounds),
             "wall_seconds": time.monotonic() - self.started,
         }
+        summary.update(global_progress(self.rounds, self.cfg.get("target-accuracy") or 0.0))
+        if self.cfg.get("client-noise"):
+            summary["participation_by_noise"] = participation_by_noise(self.rounds, self.cfg)
         if accs:
             best_round = max((r for r in self.rounds if r.get("accuracy") is not None), key=lambda r: r["accuracy"])
             summary["bytes_to_best"] = best_round.get("cumulative_bytes")
@@ -175,6 +178,42 @@ class Recorder:
             except Exception as exc:  # a plot must never lose a run's numbers
                 log.warning("plotting failed: %s", exc)
         return summary
+
+
+def global_progress(rounds: list[dict[str, Any]], target: float) -> dict[str, Any]:
+    """The single global model's score on the whole test set (accuracy, or R² for a
+    regression task): best, final, and the round and cumulative bytes where it first
+    reached ``target``. Empty when no round scored a global model."""
+    name = next((k for k in ("global_accuracy", "global_r2") if any(r.get(k) is not None for r in rounds)), None)
+    if name is None:
+        return {}
+    scored = [r for r in rounds if r.get(name) is not None]
+    best = max(scored, key=lambda r: r[name])
+    hit = next((r for r in scored if target > 0 and r[name] >= target), None)
+    return {
+        "global_metric": name,
+        "global_final": scored[-1][name],
+        "global_best": best[name],
+        "global_best_round": best["round"],
+        "global_round_to_target": None if hit is None else hit["round"],
+        "global_bytes_to_target": None if hit is None else hit.get("cumulative_bytes"),
+    }
+
+
+def participation_by_noise(rounds: list[dict[str, Any]], cfg: dict[str, Any]) -> dict[str, float]:
+    """Per client-noise kind (and ``clean``): the mean number of rounds its clients trained in."""
+    from core.noise import noise_assignment
+
+    kinds = noise_assignment(cfg["client-noise"], cfg["num-clients"], cfg["seed"])
+    members: dict[str, list[int]] = {}
+    for pid in range(cfg["num-clients"]):
+        members.setdefault(kinds.get(pid, "clean"), []).append(pid)
+    taken = {pid: 0 for pid in range(cfg["num-clients"])}
+    for record in rounds:
+        for pid in record.get("selected", []):
+            if pid in taken:
+                taken[pid] += 1
+    return {kind: sum(taken[p] for p in pids) / len(pids) for kind, pids in sorted(members.items())}
 
 
 def plot_curves(series: dict[str, list[dict[str, Any]]], out: Path, title: str) -> None:

@@ -47,6 +47,7 @@ class Step:
     arrays: ArrayRecord | None
     clients: int
     metrics: dict[str, float] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)  # non-scalar figures, e.g. FedProf's scores by partition id
 
 
 def mean_finite(values: list[float]) -> float:
@@ -227,7 +228,8 @@ class HeadwayStrategy(Strategy):
                 raise RoundFailed(self._first_reason(engine.meter, "every client failed in round 1"))
             if step.arrays is not None:
                 arrays = step.arrays
-            evaluation = self.evaluate_round(rnd, arrays, engine)
+            every = self.cfg["eval-every"]
+            evaluation = self.evaluate_round(rnd, arrays, engine) if rnd == num_rounds or (every and rnd % every == 0) else {}
             if rnd == num_rounds:
                 evaluation.update(self.final_evaluation(arrays, engine))
             evaluation.update(self.global_evaluation(arrays))
@@ -250,6 +252,7 @@ class HeadwayStrategy(Strategy):
             "bytes_down": down,
             "bytes_up": up,
             "clients": step.clients,
+            "selected": sorted(meter.selected),
             "failures": len(meter.failures),
             "absent": len(meter.absent),
             "seconds": seconds,
@@ -264,6 +267,7 @@ class HeadwayStrategy(Strategy):
             record["rejected_bytes_up"] = meter.rejected_bytes_up
         record.update({k: v for k, v in figures.items() if k != "accuracy"})
         record.update({f"train_{k}" if k in ("loss",) else k: v for k, v in step.metrics.items()})
+        record.update(step.details)
         if meter.absent:
             record["absent_partitions"] = meter.absent
         if meter.failures:

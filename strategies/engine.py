@@ -105,6 +105,7 @@ class RoundMeter:
     rejected_bytes_up: int = 0
     failures: list[str] = field(default_factory=list)
     absent: list[int] = field(default_factory=list)  # partition ids of registered nodes not connected
+    selected: set[int] = field(default_factory=set)  # partition ids sent a training message
 
     def add(self, phase: str, down: int = 0, up: int = 0) -> None:
         acc = self.bytes.setdefault(phase, [0, 0])
@@ -225,6 +226,8 @@ class Engine:
             return []
         timeout = self.cfg["round-timeout"] if timeout is None else timeout
         messages = [Message(content=c, dst_node_id=n, message_type=kind, group_id=str(self.round)) for n, c in contents.items()]
+        if phase == P.PHASE_TRAIN:
+            self.meter.selected.update(c.partition_id for n, c in self.registry.clients.items() if n in contents)
         self.meter.add(phase, down=sum(self.wire.message(m) for m in messages))
         replies = list(self.grid.send_and_receive(messages, timeout=max(timeout, 0.0)))
         answered = {r.metadata.src_node_id for r in replies}

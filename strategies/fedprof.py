@@ -41,6 +41,7 @@ class FedProf(FedAvg):
         self.baselines: dict[int, np.ndarray] = {}  # version -> RP^B on D^V
         self.units = 0  # q, the profiled layer's width
         self.selections: dict[int, int] = {}  # partition id -> rounds selected
+        self.round_scores: dict[int, float] = {}  # partition id -> λ this round's sampling used
 
     # ----- the baseline -------------------------------------------------------------
     def baseline(self, arrays: ArrayRecord) -> np.ndarray:
@@ -100,7 +101,9 @@ class FedProf(FedAvg):
             self.new_version(self.version, arrays)
         self.sent = to_numpy(arrays)
         content = self.content(server_round, arrays, **{P.PHASE: P.PHASE_TRAIN})
-        chosen = engine.sample(self.cfg["fraction-train"], self.scores(engine))
+        scores = self.scores(engine)
+        self.round_scores = {engine.partition_of(n): v for n, v in scores.items()}  # λ the sampler used, for rounds.jsonl
+        chosen = engine.sample(self.cfg["fraction-train"], scores)
         for node in chosen:
             pid = engine.partition_of(node)
             self.selections[pid] = self.selections.get(pid, 0) + 1
@@ -145,7 +148,8 @@ class FedProf(FedAvg):
         metrics = {"loss": mean_finite([r.metrics.get(P.LOSS, float("nan")) for r in replies])}
         if divs:
             metrics["fedprof_div_mean"] = float(np.mean(divs))
-        return Step(arrays, len(replies), metrics)
+        details = {"fedprof_scores": {str(p): round(v, 6) for p, v in sorted(self.round_scores.items())}}
+        return Step(arrays, len(replies), metrics, details)
 
     def summary_extra(self) -> dict[str, Any]:
         clients = getattr(self, "engine", None)

@@ -86,7 +86,7 @@ class FedLogClient:
 
             loss = train_epochs(
                 fmap, list(fmap.parameters()), env.x_train, env.y_train,
-                epochs=cfg["local-epochs"], batch_size=cfg["batch-size"], lr=cfg["lr"], optimizer=cfg["optimizer"],
+                epochs=cfg["local-epochs"], batch_size=cfg["batch-size"], lr=env.lr(rnd), optimizer=cfg["optimizer"],
                 loss_fn=objective, augment=env.data.augment, seed=env.seed_for(rnd), device=env.device,
                 fresh_optimizer_each_epoch=True, modules=[fmap],
             )

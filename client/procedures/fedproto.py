@@ -57,7 +57,7 @@ class FedProtoClient:
 
         loss = train_epochs(
             forward, list(model.parameters()), env.x_train, env.y_train,
-            epochs=cfg["local-epochs"], batch_size=cfg["batch-size"], lr=cfg["lr"], optimizer=cfg["optimizer"],
+            epochs=cfg["local-epochs"], batch_size=cfg["batch-size"], lr=env.lr(rnd), optimizer=cfg["optimizer"],
             loss_fn=objective, augment=env.data.augment, seed=env.seed_for(rnd), device=env.device, modules=[model],
         )
         state[PERSONAL] = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})

@@ -51,7 +51,7 @@ class SharedLayersClient:
         cfg = env.cfg
         return train_epochs(
             model, params, env.x_train, env.y_train,
-            epochs=cfg["local-epochs"] if epochs is None else epochs, batch_size=cfg["batch-size"], lr=cfg["lr"],
+            epochs=cfg["local-epochs"] if epochs is None else epochs, batch_size=cfg["batch-size"], lr=env.lr(server_round),
             optimizer=cfg["optimizer"], loss_fn=loss_fn or task_loss(env.data.task), augment=env.data.augment,
             seed=env.seed_for(server_round, salt=salt), device=env.device, modules=[model],
         )

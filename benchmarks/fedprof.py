@@ -1,0 +1,59 @@
+"""FedProf §5 benchmarks: FedProf against FedAvg with uniform random selection, in the same
+aggregation mode (full or partial), on the same clients and seeds.
+
+The FedAvg arm is FedProf with ``fedprof-alpha=0``: every score is 1, so clients are drawn
+uniformly without replacement and aggregated exactly as FedProf aggregates; the only
+difference is the selection. (Its clients still send their profiles, which the bytes show.)
+
+    python -m benchmarks.fedprof mnist --seeds 0 1 2                 # the paper's lengths
+    python -m benchmarks.fedprof mnist --seeds 0 1 2 --rounds 120 40 --tag short
+    python -m benchmarks.fedprof mnist --summarize-only --tag short
+
+Runs resume: a finished run folder is skipped. Results go to
+``benchmarks/results/fedprof-<task>[-<tag>]/<mode>/<method>-s<seed>/``; the table, plots
+and figures are written beside them by :mod:`benchmarks.fedprof_report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from benchmarks.runner import add_run_arguments, results_root, simulate
+
+TASKS = {
+    # task: (config, paper's T_max for full and partial aggregation)
+    "mnist": ("benchmarks/configs/fedprof-mnist.toml", (240, 80)),
+    "gasturbine": ("benchmarks/configs/fedprof-gasturbine.toml", (500, 500)),
+    "cifar10": ("benchmarks/configs/fedprof-cifar10.toml", (150, 120)),
+}
+MODES = ("full", "partial")
+METHODS = {"fedprof": {}, "fedavg": {"fedprof-alpha": 0.0}}  # method label -> run-config overrides
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.fedprof", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("task", choices=sorted(TASKS))
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--methods", nargs="+", choices=sorted(METHODS), default=list(METHODS))
+    p.add_argument("--rounds", type=int, nargs=2, metavar=("FULL", "PARTIAL"), help="rounds of full and partial runs (default: the paper's T_max); give a --tag when shortening")
+    add_run_arguments(p)
+    args = p.parse_args(argv)
+    config, paper_rounds = TASKS[args.task]
+    rounds = dict(zip(MODES, args.rounds or paper_rounds))
+    shortened = any(rounds[m] < r for m, r in zip(MODES, paper_rounds))
+    if shortened and not args.tag and not args.summarize_only:
+        p.error(f"--rounds {args.rounds} shortens the paper's runs ({paper_rounds}); name the results with --tag (e.g. --tag short)")
+    root = results_root(f"fedprof-{args.task}", args.tag)
+    if not args.summarize_only:
+        for seed in args.seeds:
+            for mode in args.modes:
+                for method in args.methods:
+                    overrides = {"algorithm": "fedprof", "fedprof-aggregation": mode, "num-server-rounds": rounds[mode], "seed": seed, **METHODS[method]}
+                    simulate(config, root / mode / f"{method}-s{seed}", overrides, args.set)
+    from benchmarks.fedprof_report import report
+
+    report(root, args.task, paper_rounds)
+
+
+if __name__ == "__main__":
+    main()
