@@ -148,3 +148,8 @@ def test_fedprof_scores_irrelevant_clients_down_and_counts_profile_bytes(tmp_pat
     assert near(rounds[0]["profile_bytes_up"], expected, 6), (rounds[0]["profile_bytes_up"], expected)
     assert rounds[0]["bytes_up"] > rounds[0]["profile_bytes_up"] > 0  # the method's own cost
     assert rounds[-1]["global_accuracy"] > 0.6
+    # who trained, by kind, from rounds.jsonl's `selected`: the same picks the strategy counted
+    assert sum(len(r["selected"]) for r in rounds) == sum(picks.values()) == 9
+    by_kind = summary["participation_by_noise"]
+    assert by_kind["clean"] == sum(picks.get(k, 0) for k in set(range(6)) - noisy) / 3 > by_kind["irrelevant"]
+    assert set(rounds[0]["fedprof_scores"]) == {str(k) for k in range(6)}
