@@ -29,12 +29,10 @@ LABELS = {"fedprof": "FedProf", "fedavg": "FedAvg (uniform selection)"}
 
 
 def client_sizes(cfg: dict[str, Any]) -> np.ndarray:
-    """Every client's training-set size, as the run's partition made it."""
-    from core.data import load_dataset
-    from core.partition import make_partition
+    """Every client's training-set size, as the run's partition made it (the server's own view)."""
+    from strategies.services import ServerData
 
-    part = make_partition(load_dataset(cfg["dataset"], cfg["data-dir"], cfg["seed"]), cfg)
-    return np.array([len(t) for t in part.train])
+    return np.array([train for train, _ in ServerData(cfg).partition_sizes()])
 
 
 def profile_width(cfg: dict[str, Any]) -> int:
