@@ -41,3 +41,12 @@ PROFILE = "profile"
 # FedProto payload arrays
 PROTOTYPES = "prototypes"
 CLASS_COUNTS = "class-counts"
+
+# FedPFT payload arrays (core/fedpft.py describes them)
+GMM_CLASSES = "gmm-classes"  # int32 (m, 3): label, examples, components of each class sent
+GMM_WEIGHTS = "gmm-weights"
+GMM_MEANS = "gmm-means"
+GMM_COVARIANCES = "gmm-covariances"
+HEAD_WEIGHT = "head-weight"  # FedPFT's linear head (server -> client)
+HEAD_BIAS = "head-bias"
+PHASE_CHAIN = "chain"  # FedPFT decentralized: a client gets the previous client's mixtures, relayed

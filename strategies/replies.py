@@ -24,14 +24,22 @@ Check = Callable[[dict[str, np.ndarray], "Reply"], tuple[Any, str | None]]
 
 @dataclass(frozen=True)
 class ArraySpec:
-    """One array a reply must carry: exact shape and dtype."""
+    """One array a reply must carry: its shape and dtype. A dimension given by name (a
+    str) may have any length up to the layout's bound for that name, and every array
+    using the name must agree on it (e.g. FedPFT's number of classes sent)."""
 
-    shape: tuple[int, ...]
+    shape: tuple[int | str, ...]
     dtype: str = "float32"
+
+    def max_shape(self, dims: Mapping[str, int]) -> tuple[int, ...]:
+        return tuple(dims[d] if isinstance(d, str) else d for d in self.shape)
+
+    def nbytes_max(self, dims: Mapping[str, int]) -> int:
+        return int(np.prod(self.max_shape(dims), dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return self.nbytes_max({})
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class Layout:
     ``config``: names a ConfigRecord may hold (None: no ConfigRecord).
     ``check``: the method's bound on the values (clip bound, update norm, ...).
     ``slack_bytes``: allowance above the arrays' own size for headers and metadata.
+    ``dims``: the largest length of each named dimension of ``arrays``.
     """
 
     arrays: Mapping[str, ArraySpec] | None
@@ -54,10 +63,11 @@ class Layout:
     config: tuple[str, ...] | None = None
     check: Check | None = None
     slack_bytes: int = 64 * 1024
+    dims: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def max_bytes(self) -> int:
-        return sum(s.nbytes for s in (self.arrays or {}).values()) + self.slack_bytes
+        return sum(s.nbytes_max(self.dims) for s in (self.arrays or {}).values()) + self.slack_bytes
 
 
 @dataclass
@@ -88,6 +98,19 @@ def _integral(name: str, value: float, upper: float) -> str | None:
     if value > upper:
         return f"metric {name!r} is {value:g}, above the {upper:g} this client can hold"
     return None
+
+
+def _match_shape(name: str, got: tuple[int, ...], want: tuple[int | str, ...], dims: Mapping[str, int], bound: dict[str, int]) -> tuple[tuple[int, ...], str | None]:
+    """The concrete shape ``got`` when it fits ``want`` (binding named dimensions in ``bound``), else the reason."""
+    if len(got) != len(want) or any(not isinstance(w, str) and g != w for g, w in zip(got, want)):
+        return got, f"array {name!r} has shape {got}, expected {want}"
+    for g, w in zip(got, want):
+        if isinstance(w, str):
+            if not 0 <= g <= dims[w]:
+                return got, f"array {name!r} has {g} {w}, more than the {dims[w]} allowed"
+            if bound.setdefault(w, g) != g:
+                return got, f"array {name!r} has {g} {w}, but another array has {bound[w]}"
+    return got, None
 
 
 def decode(reply: Message, layout: Layout, partition_id: int, max_count: int, nbytes: int) -> tuple[Reply | None, str | None]:
@@ -135,18 +158,20 @@ def decode(reply: Message, layout: Layout, partition_id: int, max_count: int, nb
         got, want = set(record.keys()), set(layout.arrays)
         if got != want:
             return None, f"array names differ from the layout (missing {sorted(want - got)[:5]}, unexpected {sorted(got - want)[:5]})"
+        bound: dict[str, int] = {}  # named dimensions, as the first array using each set them
         for name, spec in layout.arrays.items():
             arr = record[name]
             if arr.dtype != spec.dtype:
                 return None, f"array {name!r} is {arr.dtype}, expected {spec.dtype}"
-            if tuple(arr.shape) != spec.shape:
-                return None, f"array {name!r} has shape {tuple(arr.shape)}, expected {spec.shape}"
+            shape, problem = _match_shape(name, tuple(arr.shape), spec.shape, layout.dims, bound)
+            if problem:
+                return None, problem
             try:
                 value = arr.numpy()
             except Exception as exc:  # a shape/dtype header that lies about its data
                 return None, f"array {name!r} cannot be read: {exc}"
-            if value.shape != spec.shape:
-                return None, f"array {name!r} holds {value.size} values, not shape {spec.shape}"
+            if value.shape != shape:
+                return None, f"array {name!r} holds {value.size} values, not shape {shape}"
             if np.issubdtype(value.dtype, np.floating) and not np.all(np.isfinite(value)):
                 return None, f"array {name!r} contains NaN or Inf"
             arrays[name] = value

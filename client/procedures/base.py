@@ -28,7 +28,11 @@ def round_of(content: RecordDict) -> int:
 
 def test_metrics(env: ClientEnv, forward) -> MetricRecord:
     """Local test metrics of ``forward`` (batch -> outputs) in the reply format."""
-    out = predict(forward, env.x_test, device=env.device)
+    return outputs_metrics(env, predict(forward, env.x_test, device=env.device))
+
+
+def outputs_metrics(env: ClientEnv, out, extra: dict[str, float] | None = None) -> MetricRecord:
+    """Local test metrics of outputs ``out`` (one row per test example) in the reply format."""
     s = score(env.data.task, out, env.y_test)
     n = len(env.y_test)
     met = {P.NUM_EXAMPLES: n, P.PARTITION_ID: env.partition_id}
@@ -38,6 +42,7 @@ def test_metrics(env: ClientEnv, forward) -> MetricRecord:
         met[P.CORRECT] = int((out.argmax(1) == env.y_test).sum()) if n else 0
     else:
         met[P.SQUARED_ERROR] = float(((out - env.y_test) ** 2).mean(1).sum()) if n else 0.0
+    met.update(extra or {})
     return MetricRecord(met)
 
 

@@ -1,0 +1,294 @@
+"""FedPFT's maths without Flower (Beitollahi et al., §4): per-class Gaussian mixtures of a
+client's features as a float16 payload, the server's checks of that payload, synthetic
+features drawn from it, the linear head trained on them, and DP-FedPFT (Theorem 4.1).
+
+The payload of one client (array names in :mod:`core.protocol`):
+
+- ``gmm-classes`` int32 (m, 3): for each class sent, its label, its number of examples
+  and its number of components K_c (rows are the classes' mixtures, in this order);
+- ``gmm-weights`` float16 (R,), ``gmm-means`` float16 (R, d) and ``gmm-covariances``
+  float16 (R,) spherical, (R, d) diag or (R, d(d+1)/2) full (the upper triangle), where
+  R = Σ K_c counts the components of all classes, stacked class after class.
+
+So the float16 values are exactly Eqs. 9–11 summed over the classes sent (with K_c for
+K), and the class table adds 12 bytes a class.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from core import protocol as P
+from core.extractors import cache_dir, cached_extract
+from core.gmm import Mixture, fit_gmm, pack_symmetric, packed_dim, parameter_count, project_psd, sample, unpack_symmetric
+
+FLOAT16_TINY = float(np.finfo(np.float16).tiny)  # 2^-14: smallest normal float16; variances are floored here before sending
+WEIGHT_SUM_TOLERANCE = 1e-2  # float16 weights of a class must sum to 1 within this
+PSD_TOLERANCE = 1e-2  # a full covariance's most negative eigenvalue may be this fraction of its largest (float16 rounding)
+
+
+@dataclass
+class ClassMixture:
+    """One class's mixture as numpy arrays (float64), with the examples it summarizes."""
+
+    label: int
+    count: int
+    weights: np.ndarray  # (k,)
+    means: np.ndarray  # (k, d)
+    covariances: np.ndarray  # (k,), (k, d) or (k, d, d)
+    covariance: str
+
+    def as_mixture(self, dtype: torch.dtype = torch.float32) -> Mixture:
+        t = lambda a: torch.as_tensor(a, dtype=dtype)[None]  # noqa: E731
+        return Mixture(t(self.weights), t(self.means), t(self.covariances), self.covariance)
+
+
+def components_for(count: int, k: int) -> int:
+    """K_c: the components a class of ``count`` examples gets, at most K and at least
+    two examples per component (K is reduced for small classes, never below 1)."""
+    return max(1, min(k, count // 2))
+
+
+def fit_class_mixtures(
+    features: torch.Tensor,
+    labels: np.ndarray,
+    k: int,
+    covariance: str,
+    min_examples: int,
+    reg_covar: float,
+    tol: float,
+    max_iter: int,
+    init: str,
+    seed: int,
+    device: torch.device | str = "cpu",
+) -> tuple[list[ClassMixture], np.ndarray]:
+    """One mixture per class holding at least ``min_examples`` examples, all classes in
+    one batched EM; returns them and each fitted class's mean log-likelihood."""
+    labels = np.asarray(labels)
+    classes = [int(c) for c in np.unique(labels) if int(np.sum(labels == c)) >= min_examples]
+    if not classes:
+        return [], np.zeros(0)
+    groups = [features[torch.as_tensor(labels == c)] for c in classes]
+    ks = [components_for(len(g), k) for g in groups]
+    fit = fit_gmm(groups, max(ks), covariance, k_per_group=ks, reg_covar=reg_covar, tol=tol, max_iter=max_iter, init=init, seed=seed, device=device)
+    mix = fit.mixture
+    out = []
+    for b, (c, kc) in enumerate(zip(classes, ks)):
+        out.append(ClassMixture(
+            c, len(groups[b]),
+            mix.weights[b, :kc].double().cpu().numpy(),
+            mix.means[b, :kc].double().cpu().numpy(),
+            mix.covariances[b, :kc].double().cpu().numpy(),
+            covariance,
+        ))
+    return out, fit.log_likelihood
+
+
+def features(cfg: dict, dataset: str, x: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    """FedPFT's features of inputs ``x``: the configured extractor's (cached on disk), on
+    the unit sphere under DP. Clients and the server compute them the same way."""
+    f = cached_extract(x, dataset, cfg["fedpft-extractor"], cfg["fedpft-extractor-weights"], cfg["fedpft-resolution"], device, cache_dir(cfg["fedpft-cache-dir"]))
+    return normalize(f) if cfg["fedpft-dp"] == "on" else f
+
+
+# ----- the wire ---------------------------------------------------------------------
+def encode(mixtures: list[ClassMixture], dim: int, covariance: str) -> dict[str, np.ndarray]:
+    """The float16 payload of ``mixtures`` (see the module docstring)."""
+    table = np.array([[m.label, m.count, len(m.weights)] for m in mixtures], dtype=np.int32).reshape(-1, 3)
+    if mixtures:
+        weights = np.concatenate([m.weights for m in mixtures])
+        means = np.concatenate([m.means for m in mixtures])
+        covs = np.concatenate([m.covariances for m in mixtures])
+    else:
+        weights, means = np.zeros(0), np.zeros((0, dim))
+        covs = np.zeros((0,) + covariance_shape(dim, covariance))
+    if covariance == "full":
+        covs = pack_symmetric(covs)
+    else:
+        covs = np.maximum(covs, FLOAT16_TINY)  # a variance must stay > 0 in float16
+    return {
+        P.GMM_CLASSES: table,
+        P.GMM_WEIGHTS: weights.astype(np.float16),
+        P.GMM_MEANS: means.astype(np.float16),
+        P.GMM_COVARIANCES: covs.astype(np.float16),
+    }
+
+
+def covariance_shape(dim: int, covariance: str, packed: bool = False) -> tuple[int, ...]:
+    """Shape of one component's covariance: () spherical, (d,) diag, (d, d) full or
+    (d(d+1)/2,) full as sent."""
+    if covariance == "spherical":
+        return ()
+    if covariance == "diag":
+        return (dim,)
+    return (packed_dim(dim),) if packed else (dim, dim)
+
+
+def payload_values(counts: list[int], dim: int, k: int, covariance: str) -> int:
+    """float16 values of a payload for classes of these sizes: Eqs. 9–11 with K_c per class."""
+    return sum(parameter_count(dim, components_for(n, k), covariance) for n in counts)
+
+
+class PayloadCheck:
+    """The server's checks of one decoded GMM payload (every reply is untrusted)."""
+
+    def __init__(self, num_classes: int, dim: int, k: int, covariance: str, max_value: float):
+        self.num_classes, self.dim, self.k, self.covariance, self.max_value = num_classes, dim, k, covariance, max_value
+
+    def decode(self, arrays: dict[str, np.ndarray], max_examples: int | None) -> tuple[list[ClassMixture] | None, str | None]:
+        """(mixtures, None) when the payload is sound, else (None, the reason)."""
+        table = arrays[P.GMM_CLASSES].astype(np.int64)
+        weights = arrays[P.GMM_WEIGHTS].astype(np.float64)
+        means = arrays[P.GMM_MEANS].astype(np.float64)
+        covs = arrays[P.GMM_COVARIANCES].astype(np.float64)
+        labels, counts, ks = table[:, 0], table[:, 1], table[:, 2]
+        if np.any((labels < 0) | (labels >= self.num_classes)):
+            return None, f"class labels {sorted(set(labels.tolist()))[:5]} outside 0..{self.num_classes - 1}"
+        if len(set(labels.tolist())) != len(labels):
+            return None, "a class is sent twice"
+        if np.any(counts < 1):
+            return None, "a class count below 1"
+        if max_examples is not None and int(counts.sum()) > max_examples:
+            return None, f"class counts sum to {int(counts.sum())}, more than the {max_examples} examples this client holds"
+        if np.any((ks < 1) | (ks > self.k)):
+            return None, f"components per class must be in 1..{self.k}"
+        if int(ks.sum()) != len(weights):
+            return None, f"the class table names {int(ks.sum())} components, the arrays hold {len(weights)}"
+        if np.any(weights < 0) or np.any(weights > 1):
+            return None, "mixture weights outside [0, 1]"
+        if np.any(np.abs(means) > self.max_value):
+            return None, f"a mean entry beyond ±{self.max_value:g} (max-feature-value)"
+        if self.covariance != "full" and np.any(covs <= 0):
+            return None, "a variance <= 0"
+        if np.any(np.abs(covs) > self.max_value**2):
+            return None, f"a covariance entry beyond {self.max_value**2:g} (max-feature-value²)"
+        out, start = [], 0
+        for label, count, kc in zip(labels, counts, ks):
+            sl = slice(start, start + int(kc))
+            start += int(kc)
+            if abs(weights[sl].sum() - 1.0) > WEIGHT_SUM_TOLERANCE:
+                return None, f"class {int(label)}: mixture weights sum to {weights[sl].sum():.4f}, not 1"
+            cov = covs[sl]
+            if self.covariance == "full":
+                cov, problem = self._full(cov)
+                if problem:
+                    return None, f"class {int(label)}: {problem}"
+            out.append(ClassMixture(int(label), int(count), weights[sl] / weights[sl].sum(), means[sl], cov, self.covariance))
+        return out, None
+
+    def _full(self, packed: np.ndarray) -> tuple[np.ndarray, str | None]:
+        """Unpack full covariances; reject the non-PSD ones (beyond float16 rounding) and
+        lift the rounding's small negative eigenvalues to a positive floor."""
+        cov = unpack_symmetric(packed, self.dim)
+        diag = np.diagonal(cov, axis1=-2, axis2=-1)
+        if np.any(diag <= 0):
+            return cov, "a covariance with a diagonal entry <= 0"
+        bound = np.sqrt(diag[..., :, None] * diag[..., None, :]) * (1 + WEIGHT_SUM_TOLERANCE) + FLOAT16_TINY
+        if np.any(np.abs(cov) > bound):
+            return cov, "a covariance entry larger than its variances allow (|Σ_ij|² > Σ_ii Σ_jj): not PSD"
+        try:
+            np.linalg.cholesky(cov)
+            return cov, None
+        except np.linalg.LinAlgError:
+            pass
+        vals = np.linalg.eigvalsh(cov)
+        if np.any(vals[..., 0] < -PSD_TOLERANCE * vals[..., -1]):
+            return cov, f"a covariance is not PSD (eigenvalue {vals[..., 0].min():.3g} against largest {vals[..., -1].max():.3g})"
+        return project_psd(cov, FLOAT16_TINY), None
+
+
+# ----- synthetic features and the head ------------------------------------------------
+def synthesize(mixtures: list[ClassMixture], generator: torch.Generator, counts: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """|F_{i,c}| synthetic features from every class mixture (Alg. 1 line 14), with labels."""
+    xs, ys = [], []
+    for j, m in enumerate(mixtures):
+        n = m.count if counts is None else counts[j]
+        xs.append(sample(m.as_mixture(), [n], generator)[0])
+        ys.append(torch.full((n,), m.label, dtype=torch.long))
+    if not xs:
+        return torch.zeros((0, 0)), torch.zeros(0, dtype=torch.long)
+    return torch.cat(xs), torch.cat(ys)
+
+
+def train_head(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    optimizer: str = "adamw",
+    lr: float = 1e-4,
+    epochs: int = 50,
+    batch_size: int = 32,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> tuple[np.ndarray, np.ndarray]:
+    """A linear head (weight (C, d), bias (C,)) trained by cross-entropy on (x, y)
+    (Alg. 1 line 17; the paper: Adam 1e-4; the authors' Flower baseline: AdamW 1e-4,
+    50 epochs, batch 32)."""
+    gen = torch.Generator().manual_seed(int(seed))
+    head = torch.nn.Linear(x.shape[1], num_classes)
+    with torch.no_grad():  # a seeded initialization, independent of torch's global state
+        bound = 1.0 / math.sqrt(x.shape[1])
+        head.weight.copy_(torch.empty_like(head.weight).uniform_(-bound, bound, generator=gen))
+        head.bias.zero_()
+    head = head.to(device)
+    opt = (torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam)(head.parameters(), lr=lr)
+    x, y = x.to(device, torch.float32), y.to(device)
+    n = len(y)
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=gen).to(device)
+        for i in range(0, n, batch_size):
+            idx = order[i : i + batch_size]
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(head(x[idx]), y[idx]).backward()
+            opt.step()
+    return head.weight.detach().cpu().numpy(), head.bias.detach().cpu().numpy()
+
+
+def head_logits(x: torch.Tensor, weight: np.ndarray, bias: np.ndarray) -> torch.Tensor:
+    return x @ torch.as_tensor(weight, dtype=x.dtype, device=x.device).T + torch.as_tensor(bias, dtype=x.dtype, device=x.device)
+
+
+# ----- DP-FedPFT (Theorem 4.1) -------------------------------------------------------------
+def dp_sigma(n: int, epsilon: float, delta: float) -> float:
+    """Theorem 4.1's noise scale for a class of n examples with ‖f‖₂ ≤ 1:
+    4/(n·ε) · sqrt(5·ln(4/δ))."""
+    return 4.0 / (n * epsilon) * math.sqrt(5.0 * math.log(4.0 / delta))
+
+
+def dp_delta(n: int, delta: float) -> float:
+    """δ of a class: the configured one, or 1/n when it is 0."""
+    return delta if delta > 0 else 1.0 / n
+
+
+def normalize(features: torch.Tensor) -> torch.Tensor:
+    """f / ‖f‖₂: every feature on the unit sphere, so ‖f‖₂ ≤ 1 as Theorem 4.1 needs; the
+    scale is fixed, never fitted to the data (a data-dependent scale would leak)."""
+    return features / features.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def privatize(features: torch.Tensor, label: int, covariance: str, epsilon: float, delta: float, rng: np.random.Generator) -> tuple[ClassMixture, float, float]:
+    """One class's Gaussian (K = 1) released under (ε, δ)-DP: the sample mean and
+    covariance plus N(0, σ²) on every entry sent, then projected onto the PSD cone (kept
+    above float16's smallest normal). Diag and spherical releases are the full
+    covariance's diagonal and its mean: their ℓ2 sensitivity is at most the full one's,
+    so the same σ covers them. Returns the mixture, σ and δ used."""
+    f = features.double().cpu().numpy()
+    n, d = f.shape
+    delta = dp_delta(n, delta)
+    sigma = dp_sigma(n, epsilon, delta)
+    mean = f.mean(0) + rng.normal(0.0, sigma, d)
+    centred = f - f.mean(0)
+    if covariance == "full":
+        cov = centred.T @ centred / n
+        noise = np.triu(rng.normal(0.0, sigma, (d, d)))
+        noise = noise + np.triu(noise, 1).T  # one draw per entry sent (the upper triangle)
+        cov = project_psd(cov + noise, FLOAT16_TINY)[None]
+    elif covariance == "diag":
+        cov = np.maximum((centred**2).mean(0) + rng.normal(0.0, sigma, d), FLOAT16_TINY)[None]
+    else:
+        cov = np.maximum(np.array([(centred**2).mean() + rng.normal(0.0, sigma)]), FLOAT16_TINY)
+    return ClassMixture(label, n, np.ones(1), mean[None], cov, covariance), sigma, delta

@@ -1,0 +1,179 @@
+"""FedPFT (Beitollahi et al. 2024), one shot: clients send per-class Gaussian mixtures of
+their frozen-extractor features; the server draws |F_{i,c}| synthetic features from each
+and trains a linear head on their union (Alg. 1), or, under ``fedpft-topology=chain``,
+relays each client's mixtures to the next client in partition order and fits nothing
+itself (§4.2). The maths lives in :mod:`core.fedpft` and :mod:`core.gmm`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, MessageType, RecordDict
+
+from core import protocol as P
+from core.config import ConfigError
+from core.data import DatasetSpec
+from core.extractors import feature_dim
+from core.fedpft import PayloadCheck, dp_delta, dp_sigma, features, head_logits, synthesize, train_head
+from core.training import score
+from strategies.base import HeadwayStrategy, Step
+from strategies.engine import Engine
+from strategies.replies import ArraySpec, Layout, Reply
+from strategies.services import Services
+
+log = logging.getLogger("headway")
+
+GMM_ARRAYS = (P.GMM_CLASSES, P.GMM_WEIGHTS, P.GMM_MEANS, P.GMM_COVARIANCES)
+
+
+class FedPFT(HeadwayStrategy):
+    """One-shot transfer of per-class Gaussian mixtures (see the module docstring)."""
+
+    name = "fedpft"
+
+    def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
+        super().__init__(cfg, spec, services)
+        if spec.task != "classification":
+            raise ConfigError(f"fedpft needs a classification data set; '{cfg['dataset']}' is {spec.task}")
+        if cfg["num-server-rounds"] != 1:
+            raise ConfigError(
+                f"fedpft is one-shot: set num-server-rounds=1 (got {cfg['num-server-rounds']}); "
+                "every client sends its mixtures once and the head is trained once"
+            )
+        if cfg["fedpft-extractor"] != "identity" and len(spec.input_shape) != 3:
+            raise ConfigError(f"fedpft-extractor {cfg['fedpft-extractor']!r} takes images; data set '{cfg['dataset']}' is tabular: use fedpft-extractor=identity")
+        if cfg["fedpft-dp"] == "on" and cfg["fedpft-components"] != 1:
+            raise ConfigError(f"fedpft-dp=on releases one Gaussian per class (Theorem 4.1 is for K = 1): set fedpft-components=1 (got {cfg['fedpft-components']})")
+        self.chain = cfg["fedpft-topology"] == "chain"
+        self.eval_metrics = ("correct-local",) if self.chain else ()
+        self.classes = spec.num_classes
+        self.dim = feature_dim(cfg["fedpft-extractor"], spec.input_shape)
+        self.k = cfg["fedpft-components"]
+        self.covariance = cfg["fedpft-covariance"]
+        self.checker = PayloadCheck(self.classes, self.dim, self.k, self.covariance, cfg["max-feature-value"])
+        self.head: tuple[np.ndarray, np.ndarray] | None = None
+        self.received: list[tuple[int, int]] = []  # (class, count) of every mixture received
+        self.payload_bytes: list[int] = []  # wire bytes of each valid reply
+        self.relayed_examples = 0  # chain: examples the mixtures forwarded so far summarize
+        self.head_seconds = 0.0
+
+    # ----- what a reply may be ------------------------------------------------------
+    def train_layout(self, server_round: int) -> Layout:
+        """Class table and float16 mixtures, as many classes and components as a client
+        can hold (named dimensions), checked by :class:`core.fedpft.PayloadCheck`."""
+        cov = {"spherical": ("components",), "diag": ("components", self.dim), "full": ("components", self.dim * (self.dim + 1) // 2)}[self.covariance]
+        arrays = {
+            P.GMM_CLASSES: ArraySpec(("classes", 3), "int32"),
+            P.GMM_WEIGHTS: ArraySpec(("components",), "float16"),
+            P.GMM_MEANS: ArraySpec(("components", self.dim), "float16"),
+            P.GMM_COVARIANCES: ArraySpec(cov, "float16"),
+        }
+        return Layout(arrays, count=True, optional=(P.LOSS,), check=self.check_payload,
+                      dims={"classes": self.classes, "components": self.classes * self.k})
+
+    def check_payload(self, arrays: dict[str, np.ndarray], reply: Reply) -> tuple[Any, str | None]:
+        bound = None if reply.count is None else reply.count + (self.relayed_examples if self.chain else 0)
+        return self.checker.decode(arrays, bound)
+
+    # ----- the round --------------------------------------------------------------------
+    def train_round(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> Step:
+        if self.chain:
+            return self._chain(server_round, engine)
+        content = self.content(server_round, ArrayRecord(), **{P.PHASE: P.PHASE_TRAIN})
+        replies = engine.exchange(P.PHASE_TRAIN, {n: content for n in engine.nodes()}, MessageType.TRAIN, self.train_layout(server_round))
+        if not engine.quorum(P.PHASE_TRAIN, replies):
+            return Step(None, len(replies))
+        return self.aggregate_train(server_round, replies)
+
+    def aggregate_train(self, server_round: int, replies: list[Reply]) -> Step:
+        """Alg. 1 lines 13–17: sample every received class mixture, train the head."""
+        mixtures = [m for r in replies for m in r.payload]
+        self._note(replies)
+        gen = torch.Generator().manual_seed(int(self.cfg["seed"]))  # synthetic draws protect nothing: seeded, reproducible
+        x, y = synthesize(mixtures, gen)
+        if len(y) == 0:
+            return Step(None, 0, {"synthetic_examples": 0.0})
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        self.head = train_head(x, y, self.classes, cfg["fedpft-head-optimizer"], cfg["fedpft-head-lr"], cfg["fedpft-head-epochs"],
+                               cfg["fedpft-head-batch-size"], cfg["seed"])
+        self.head_seconds = time.perf_counter() - t0
+        return Step(self.head_record(), len(replies), {"synthetic_examples": float(len(y)), "classes_received": float(len(mixtures)), "head_seconds": self.head_seconds})
+
+    def _chain(self, server_round: int, engine: Engine) -> Step:
+        """§4.2: relay each client's mixtures to the next, in partition order."""
+        self.relayed_examples = 0
+
+        def forward(reply: Reply) -> RecordDict:
+            self.relayed_examples = int(sum(m.count for m in reply.payload))
+            return self.content(server_round, ArrayRecord({k: Array(np.ascontiguousarray(reply.arrays[k])) for k in GMM_ARRAYS}), **{P.PHASE: P.PHASE_CHAIN})
+
+        first = self.content(server_round, ArrayRecord(), **{P.PHASE: P.PHASE_CHAIN})
+        out = engine.relay(P.PHASE_CHAIN, engine.nodes(), first, forward, self.train_layout(server_round), hop_timeout=self.cfg["round-timeout"])
+        self._note(out)
+        return Step(None, len(out), {"chain_hops": float(len(out))}, {"chain_order": [r.partition_id for r in out]})
+
+    def _note(self, replies: list[Reply]) -> None:
+        self.received += [(m.label, m.count) for r in replies for m in r.payload]
+        self.payload_bytes += [r.nbytes for r in replies]
+
+    # ----- the head -----------------------------------------------------------------------
+    def head_record(self) -> ArrayRecord:
+        if self.head is None:
+            return ArrayRecord()
+        return ArrayRecord({P.HEAD_WEIGHT: Array(self.head[0].astype(np.float32)), P.HEAD_BIAS: Array(self.head[1].astype(np.float32))})
+
+    def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
+        return self.head_record()  # chain: empty, clients score their own heads
+
+    def global_evaluation(self, arrays: ArrayRecord) -> dict[str, float]:
+        """The server's head on the whole test set, where the server holds the data."""
+        if self.head is None or not self.cfg["global-eval"]:
+            return {}
+        test = self.services.data.test_tensors()
+        if test is None:
+            return {}
+        f = features(self.cfg, self.cfg["dataset"], test[0])
+        s = score("classification", head_logits(f, *self.head), test[1])
+        return {f"global_{k}": v for k, v in s.items()}
+
+    def aggregate_evaluate(self, server_round: int, replies: list[Reply]) -> dict[str, float]:
+        out = super().aggregate_evaluate(server_round, replies)
+        if self.chain:  # each client's own head, by partition id (§5.4)
+            for r in replies:
+                if r.count:
+                    out[f"accuracy_p{r.partition_id}"] = r.metrics[P.CORRECT] / r.count
+                    out[f"accuracy_local_p{r.partition_id}"] = r.metrics.get("correct-local", float("nan")) / r.count
+        return out
+
+    def summary_extra(self) -> dict[str, Any]:
+        cfg = self.cfg
+        extra: dict[str, Any] = {
+            "extractor": cfg["fedpft-extractor"],
+            "resolution": cfg["fedpft-resolution"],
+            "feature_dim": self.dim,
+            "components": self.k,
+            "covariance": self.covariance,
+            "topology": cfg["fedpft-topology"],
+            "classes_received": len(self.received),
+            "payload_bytes_per_client": float(np.mean(self.payload_bytes)) if self.payload_bytes else None,
+            "head_seconds": self.head_seconds,
+        }
+        if cfg["fedpft-dp"] == "on":
+            counts = np.array([n for _, n in self.received]) if self.received else np.zeros(0)
+            sigmas = [dp_sigma(int(n), cfg["fedpft-epsilon"], dp_delta(int(n), cfg["fedpft-delta"])) for n in counts]
+            extra["dp"] = {
+                "epsilon": cfg["fedpft-epsilon"],
+                "delta": cfg["fedpft-delta"] or "1/n per class",
+                "sigma_min": float(np.min(sigmas)) if sigmas else None,
+                "sigma_median": float(np.median(sigmas)) if sigmas else None,
+                "sigma_max": float(np.max(sigmas)) if sigmas else None,
+                "noise": "OS entropy, added by each client before sending",
+                "features": "L2-normalized to the unit sphere",
+            }
+        return extra
