@@ -1,0 +1,334 @@
+"""FedPFT benchmarks (Beitollahi et al. 2024) on CIFAR-10 with EfficientNet-Lite0 features.
+
+    python -m benchmarks.fedpft table5 [--seeds 0 1 2] [--arms ...]   # §5.2 / Table 5 shape
+    python -m benchmarks.fedpft chain [--seeds 0 1 2]                  # §5.4: 5 clients in a line
+    python -m benchmarks.fedpft labelshift [--seeds 0 1 2]             # Table 2, disjoint label shift
+    python -m benchmarks.fedpft em-speed                               # our EM against scikit-learn
+    python -m benchmarks.fedpft report                                 # tables from what finished
+
+FedPFT arms and the chain run through the Flower simulation (their bytes are measured
+messages). The baselines (Centralized, Ensemble, AVG, FedAvg of the head, KD) are computed
+here, in one process, on the very same cached features of the same partition; their bytes
+are computed from what they would send (float32 heads, float16 raw features), not
+measured. Runs resume: a finished result is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.runner import ROOT, results_root, simulate
+from client.env import client_env
+from core.data import load_dataset, to_tensors
+from core.fedpft import (
+    ClassMixture,
+    encode,
+    features,
+    fit_class_mixtures,
+    head_logits,
+    synthesize,
+    train_head,
+)
+from simulation.runner import load_config
+
+CONFIG = "benchmarks/configs/fedpft-cifar10.toml"
+ARMS: dict[str, dict[str, Any]] = {
+    "fedpft-spherical-k1": {"fedpft-covariance": "spherical", "fedpft-components": 1},
+    "fedpft-spherical-k10": {"fedpft-covariance": "spherical", "fedpft-components": 10},
+    "fedpft-diag-k10": {"fedpft-covariance": "diag", "fedpft-components": 10},
+    "dp-fedpft-spherical-k1-eps1": {"fedpft-covariance": "spherical", "fedpft-components": 1, "fedpft-dp": "on", "fedpft-epsilon": 1.0},
+    "fedpft-full-k1": {"fedpft-covariance": "full", "fedpft-components": 1},
+}
+BASELINES = ("centralized", "ensemble", "avg", "fedavg-head")
+FEDAVG_HEAD_ROUNDS = 10
+FEDAVG_HEAD_EPOCHS = 1
+
+
+def config(seed: int, sets: list[str]) -> dict[str, Any]:
+    """The benchmark's run config for ``seed``, with ``--set`` overrides."""
+    return load_config(str(ROOT / CONFIG), [*sets, f"seed={seed}"])
+
+
+def head_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {"optimizer": cfg["fedpft-head-optimizer"], "lr": cfg["fedpft-head-lr"], "epochs": cfg["fedpft-head-epochs"], "batch_size": cfg["fedpft-head-batch-size"]}
+
+
+def client_features(cfg: dict[str, Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every client's (features, labels): the same rows and the same cache entries as the clients of a run."""
+    out = []
+    for pid in range(cfg["num-clients"]):
+        env = client_env(cfg, {"partition-id": pid})
+        out.append((features(cfg, env.data.name, env.x_train), env.y_train))
+    return out
+
+
+def test_features(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    ds = load_dataset(cfg["dataset"], cfg["data-dir"], cfg["seed"])
+    x, y = to_tensors(ds, ds.x_test, ds.y_test)
+    return features(cfg, ds.name, x), y
+
+
+def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
+    return float((logits.argmax(1) == y).float().mean())
+
+
+def head_bytes(classes: int, dim: int) -> int:
+    return 4 * classes * (dim + 1)
+
+
+def baselines(cfg: dict[str, Any], seed: int) -> dict[str, dict[str, float]]:
+    """Centralized (raw features), Ensemble and AVG of local heads, FedAvg of the head."""
+    clients = client_features(cfg)
+    ftest, ytest = test_features(cfg)
+    c, d = 10, ftest.shape[1]
+    hs = head_settings(cfg)
+    out: dict[str, dict[str, float]] = {}
+    t0 = time.perf_counter()
+    x = torch.cat([f for f, _ in clients])
+    y = torch.cat([t for _, t in clients])
+    w, b = train_head(x, y, c, seed=seed, **hs)
+    out["centralized"] = {"global_accuracy": accuracy(head_logits(ftest, w, b), ytest), "bytes": 2 * x.numel() + 4 * len(y) + head_bytes(c, d) * len(clients), "seconds": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    heads = [train_head(f, t, c, seed=seed + 1 + i, **hs) for i, (f, t) in enumerate(clients)]
+    probs = torch.stack([torch.softmax(head_logits(ftest, hw, hb), 1) for hw, hb in heads])
+    n = np.array([len(t) for _, t in clients], dtype=float)
+    up = head_bytes(c, d) * len(clients)
+    out["ensemble"] = {"global_accuracy": _ensemble(probs, ytest), "bytes": up, "seconds": time.perf_counter() - t0}
+    wa = sum(ni * hw for ni, (hw, _) in zip(n, heads)) / n.sum()
+    ba = sum(ni * hb for ni, (_, hb) in zip(n, heads)) / n.sum()
+    out["avg"] = {"global_accuracy": accuracy(head_logits(ftest, wa, ba), ytest), "bytes": up + head_bytes(c, d) * len(clients), "seconds": out["ensemble"]["seconds"]}
+    t0 = time.perf_counter()
+    gw, gb = train_head(clients[0][0][:1], clients[0][1][:1], c, epochs=0, seed=seed, **{k: v for k, v in hs.items() if k != "epochs"})
+    for rnd in range(FEDAVG_HEAD_ROUNDS):
+        local = [_train_from(f, t, c, gw, gb, hs, seed + 1000 * rnd + i) for i, (f, t) in enumerate(clients)]
+        gw = sum(ni * lw for ni, (lw, _) in zip(n, local)) / n.sum()
+        gb = sum(ni * lb for ni, (_, lb) in zip(n, local)) / n.sum()
+    out["fedavg-head"] = {"global_accuracy": accuracy(head_logits(ftest, gw, gb), ytest), "bytes": 2 * FEDAVG_HEAD_ROUNDS * head_bytes(c, d) * len(clients),
+                          "seconds": time.perf_counter() - t0, "rounds": FEDAVG_HEAD_ROUNDS, "local_epochs": FEDAVG_HEAD_EPOCHS}
+    return out
+
+
+def _ensemble(probs: torch.Tensor, y: torch.Tensor) -> float:
+    """The most confident client's class wins (highest probability over all heads)."""
+    k, n, c = probs.shape
+    flat = probs.permute(1, 0, 2).reshape(n, k * c)
+    return float(((flat.argmax(1) % c) == y).float().mean())
+
+
+def _train_from(x: torch.Tensor, y: torch.Tensor, c: int, w: np.ndarray, b: np.ndarray, hs: dict[str, Any], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """FedAvg's local step for a linear head: start from the global head, FEDAVG_HEAD_EPOCHS epochs."""
+    head = torch.nn.Linear(x.shape[1], c)
+    with torch.no_grad():
+        head.weight.copy_(torch.as_tensor(w))
+        head.bias.copy_(torch.as_tensor(b))
+    opt = (torch.optim.AdamW if hs["optimizer"] == "adamw" else torch.optim.Adam)(head.parameters(), lr=hs["lr"])
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(FEDAVG_HEAD_EPOCHS):
+        order = torch.randperm(len(y), generator=gen)
+        for i in range(0, len(y), hs["batch_size"]):
+            idx = order[i : i + hs["batch_size"]]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(head(x[idx]), y[idx]).backward()
+            opt.step()
+    return head.weight.detach().numpy(), head.bias.detach().numpy()
+
+
+def run_table5(args: argparse.Namespace) -> None:
+    root = results_root("fedpft-cifar10", args.tag)
+    for seed in args.seeds:
+        for arm in args.arms:
+            out = root / f"{arm}-s{seed}"
+            if arm in ARMS:
+                simulate(CONFIG, out, {**ARMS[arm], "seed": seed}, args.set)
+            elif arm in BASELINES:
+                path = root / f"baselines-s{seed}.json"
+                if path.is_file():
+                    continue
+                res = baselines(config(seed, args.set), seed)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(res, indent=1))
+                print("baselines", seed, res, flush=True)
+
+
+def run_chain(args: argparse.Namespace) -> None:
+    root = results_root("fedpft-chain", args.tag)
+    for seed in args.seeds:
+        simulate(CONFIG, root / f"chain-s{seed}", {"num-clients": 5, "partition": "iid", "train-fraction": 0.01, "fedpft-topology": "chain", "seed": seed}, args.set)
+
+
+def run_labelshift(args: argparse.Namespace) -> None:
+    """Table 2, disjoint label shift: the source holds classes 0–4, the destination 5–9
+    (each half of those classes' training rows of a 2-client iid split); the source sends
+    its mixtures once; the destination trains its head on its own features plus samples.
+    Computed in one process with the same core functions as a chain run of two hops."""
+    root = results_root("fedpft-labelshift", args.tag)
+    for seed in args.seeds:
+        path = root / f"labelshift-s{seed}.json"
+        if path.is_file():
+            continue
+        cfg = config(seed, [*args.set, "num-clients=1", "partition=iid"])
+        env = client_env(cfg, {"partition-id": 0})
+        f, y = features(cfg, env.data.name, env.x_train), env.y_train
+        src, dst = y < 5, y >= 5
+        ftest, ytest = test_features(cfg)
+        tsrc, tdst = ytest < 5, ytest >= 5
+        hs = head_settings(cfg)
+        res: dict[str, Any] = {}
+
+        def score(w: np.ndarray, b: np.ndarray) -> dict[str, float]:
+            lg = head_logits(ftest, w, b)
+            return {"source_test": accuracy(lg[tsrc], ytest[tsrc]), "destination_test": accuracy(lg[tdst], ytest[tdst]), "all_test": accuracy(lg, ytest)}
+
+        hsrc = train_head(f[src], y[src], 10, seed=seed, **hs)
+        hdst = train_head(f[dst], y[dst], 10, seed=seed + 1, **hs)
+        res["centralized"] = score(*train_head(f, y, 10, seed=seed, **hs))
+        res["local-destination"] = score(*hdst)
+        probs = torch.stack([torch.softmax(head_logits(ftest, *h), 1) for h in (hsrc, hdst)])
+        ens = _ensemble(probs, ytest)
+        res["ensemble"] = {"all_test": ens, "source_test": _ensemble(probs[:, tsrc], ytest[tsrc]), "destination_test": _ensemble(probs[:, tdst], ytest[tdst])}
+        res["avg"] = score((hsrc[0] + hdst[0]) / 2, (hsrc[1] + hdst[1]) / 2)
+        res["kd"] = score(*_distill(f[dst], y[dst], hsrc, hs, seed))
+        for cov, k in (("spherical", 1), ("diag", 10)):
+            mix, _ = fit_class_mixtures(f[src], y[src].numpy(), k, cov, 2, cfg["fedpft-reg-covar"], cfg["fedpft-em-tol"], cfg["fedpft-em-max-iter"], cfg["fedpft-em-init"], seed)
+            payload = encode(mix, f.shape[1], cov)
+            sent = [ClassMixture(m.label, m.count, m.weights.astype(np.float16).astype(np.float64), m.means.astype(np.float16).astype(np.float64), m.covariances.astype(np.float16).astype(np.float64), cov) for m in mix]
+            xs, ys = synthesize(sent, torch.Generator().manual_seed(seed))
+            r = score(*train_head(torch.cat([f[dst], xs]), torch.cat([y[dst], ys]), 10, seed=seed + 2, **hs))
+            r["bytes"] = int(sum(v.nbytes for v in payload.values()))
+            res[f"fedpft-{cov}-k{k}"] = r
+        res["kd"]["bytes"] = head_bytes(10, f.shape[1])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(res, indent=1))
+        print("labelshift", seed, json.dumps(res), flush=True)
+
+
+def _distill(x: torch.Tensor, y: torch.Tensor, teacher: tuple[np.ndarray, np.ndarray], hs: dict[str, Any], seed: int, temperature: float = 2.0) -> tuple[np.ndarray, np.ndarray]:
+    """KD baseline: the destination trains its head on its own labels plus the source head's
+    soft labels (temperature 2, equal weights) on the destination's features."""
+    soft = torch.softmax(head_logits(x, *teacher) / temperature, 1)
+    head = torch.nn.Linear(x.shape[1], 10)
+    opt = (torch.optim.AdamW if hs["optimizer"] == "adamw" else torch.optim.Adam)(head.parameters(), lr=hs["lr"])
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(hs["epochs"]):
+        order = torch.randperm(len(y), generator=gen)
+        for i in range(0, len(y), hs["batch_size"]):
+            idx = order[i : i + hs["batch_size"]]
+            out = head(x[idx])
+            kd = torch.nn.functional.kl_div(torch.log_softmax(out / temperature, 1), soft[idx], reduction="batchmean") * temperature**2
+            loss = torch.nn.functional.cross_entropy(out, y[idx]) + kd
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return head.weight.detach().numpy(), head.bias.detach().numpy()
+
+
+def run_em_speed(args: argparse.Namespace) -> None:
+    """Our batched EM against scikit-learn's GaussianMixture on the same CIFAR-10 features
+    (n = 5,000, d = 1280, K = 10, diag): seconds and final mean log-likelihood."""
+    from sklearn.mixture import GaussianMixture
+
+    from core.gmm import fit_gmm
+
+    root = results_root("fedpft-em-speed", args.tag)
+    root.mkdir(parents=True, exist_ok=True)
+    cfg = config(0, [*args.set, "num-clients=10", "partition=iid"])
+    env = client_env(cfg, {"partition-id": 0})
+    f = features(cfg, env.data.name, env.x_train)[:5000]
+    rows = []
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for cov in ("diag", "spherical"):
+        t0 = time.perf_counter()
+        g = GaussianMixture(10, covariance_type=cov, tol=1e-3, max_iter=100, random_state=0, reg_covar=1e-6).fit(f.numpy())
+        rows.append({"impl": "scikit-learn", "device": "cpu", "covariance": cov, "seconds": time.perf_counter() - t0, "log_likelihood": float(g.score(f.numpy())), "iterations": int(g.n_iter_)})
+        for dev in devices:
+            fit_gmm([f], 10, cov, tol=1e-3, max_iter=2, device=dev)  # warm-up (CUDA context, kernels)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            r = fit_gmm([f], 10, cov, tol=1e-3, max_iter=100, device=dev)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            rows.append({"impl": "headway", "device": dev, "covariance": cov, "seconds": time.perf_counter() - t0, "log_likelihood": float(r.log_likelihood[0]), "iterations": r.iterations})
+        print(json.dumps(rows[-len(devices) - 1 :]), flush=True)
+    (root / f"em-speed-{'gpu' if len(devices) > 1 else 'cpu'}.json").write_text(json.dumps(rows, indent=1))
+
+
+def report(args: argparse.Namespace) -> None:
+    """Tables (markdown) from every finished result."""
+    lines = []
+    root = results_root("fedpft-cifar10", args.tag)
+    if root.is_dir():
+        rows: dict[str, list[dict[str, float]]] = {}
+        for folder in sorted(root.glob("*-s*")):
+            if folder.is_dir() and (folder / "summary.json").is_file():
+                s = json.loads((folder / "summary.json").read_text())
+                if s.get("status") != "complete":
+                    continue
+                arm = folder.name.rsplit("-s", 1)[0]
+                rows.setdefault(arm, []).append({"global_accuracy": s.get("global_final"), "local_accuracy": s.get("final_accuracy"), "bytes": s.get("total_bytes"), "seconds": s.get("wall_seconds")})
+        for path in sorted(root.glob("baselines-s*.json")):
+            for arm, r in json.loads(path.read_text()).items():
+                rows.setdefault(arm, []).append(r)
+        lines += ["## Table 5 shape: CIFAR-10, 50 clients, Dirichlet β = 0.1, EfficientNet-Lite0 features", "",
+                  "| method | global test accuracy (mean ± sd) | seeds | bytes (MB) | seconds |", "|---|---|---|---|---|"]
+        order = [*BASELINES, *ARMS]
+        for arm in sorted(rows, key=lambda a: order.index(a) if a in order else 99):
+            acc = np.array([r["global_accuracy"] for r in rows[arm]], dtype=float)
+            mb = np.mean([r["bytes"] for r in rows[arm]]) / 1e6
+            sec = np.mean([r.get("seconds", float("nan")) for r in rows[arm]])
+            lines.append(f"| {arm} | {acc.mean() * 100:.2f} ± {acc.std() * 100:.2f} | {len(acc)} | {mb:.2f} | {sec:.0f} |")
+        lines.append("")
+    for name, title in (("fedpft-chain", "§5.4 chain: 5 clients, 100 iid examples each"), ("fedpft-labelshift", "Table 2: disjoint label shift (source 0–4, destination 5–9)"), ("fedpft-em-speed", "EM: headway against scikit-learn")):
+        r = results_root(name, args.tag)
+        if not r.is_dir():
+            continue
+        lines += [f"## {title}", ""]
+        if name == "fedpft-chain":
+            lines += ["| seed | client 1 | 2 | 3 | 4 | 5 | local-only heads (mean) | MB |", "|---|---|---|---|---|---|---|---|"]
+            for folder in sorted(r.glob("chain-s*")):
+                rec = [json.loads(x) for x in (folder / "rounds.jsonl").read_text().splitlines()] if (folder / "rounds.jsonl").is_file() else []
+                if not rec:
+                    continue
+                last = rec[-1]
+                accs = [last.get(f"accuracy_p{i}") for i in range(5)]
+                lines.append(f"| {folder.name[-1]} | " + " | ".join(f"{a * 100:.1f}" if a is not None else "–" for a in accs) + f" | {last.get('accuracy_local', float('nan')) * 100:.1f} | {(last['bytes_down'] + last['bytes_up']) / 1e6:.2f} |")
+        elif name == "fedpft-labelshift":
+            res = [json.loads(p.read_text()) for p in sorted(r.glob("labelshift-s*.json"))]
+            if res:
+                lines += ["| method | source test | destination test | all | bytes |", "|---|---|---|---|---|"]
+                for arm in res[0]:
+                    src = np.mean([x[arm]["source_test"] for x in res]) * 100
+                    dst = np.mean([x[arm]["destination_test"] for x in res]) * 100
+                    al = np.mean([x[arm]["all_test"] for x in res]) * 100
+                    lines.append(f"| {arm} | {src:.2f} | {dst:.2f} | {al:.2f} | {res[0][arm].get('bytes', '')} |")
+        else:
+            for p in sorted(r.glob("*.json")):
+                lines += ["| implementation | device | covariance | seconds | mean log-likelihood | iterations |", "|---|---|---|---|---|---|"]
+                for row in json.loads(p.read_text()):
+                    lines.append(f"| {row['impl']} | {row['device']} | {row['covariance']} | {row['seconds']:.2f} | {row['log_likelihood']:.2f} | {row['iterations']} |")
+        lines.append("")
+    text = "\n".join(lines)
+    out = results_root("fedpft-cifar10", args.tag).parent / "fedpft-tables.md"
+    out.write_text(text)
+    print(text)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=("table5", "chain", "labelshift", "em-speed", "report"))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--arms", nargs="+", default=[*BASELINES, *ARMS], choices=[*BASELINES, *ARMS])
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--tag", default="")
+    args = p.parse_args()
+    {"table5": run_table5, "chain": run_chain, "labelshift": run_labelshift, "em-speed": run_em_speed, "report": report}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()
