@@ -260,7 +260,11 @@ def sample(mixture: Mixture, counts: list[int], generator: torch.Generator) -> l
         cov = mixture.covariances[b]
         if mixture.covariance == "full":
             chol = torch.linalg.cholesky(cov.double()).to(mu.dtype)  # (K,d,d)
-            out.append(mu + (chol[comp] @ z[..., None]).squeeze(-1))
+            x = mu.clone()
+            for j in torch.unique(comp).tolist():  # one factor per component, never one per point
+                rows = comp == j
+                x[rows] += z[rows] @ chol[j].T
+            out.append(x)
         elif mixture.covariance == "diag":
             out.append(mu + z * cov[comp].sqrt())
         else:

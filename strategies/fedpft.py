@@ -19,7 +19,16 @@ from core import protocol as P
 from core.config import ConfigError
 from core.data import DatasetSpec
 from core.extractors import feature_dim
-from core.fedpft import PayloadCheck, dp_delta, dp_sigma, features, head_logits, synthesize, train_head
+from core.fedpft import (
+    PayloadCheck,
+    dp_delta,
+    dp_sigma,
+    features,
+    head_logits,
+    synthesize,
+    train_head,
+)
+from core.models import resolve_device
 from core.training import score
 from strategies.base import HeadwayStrategy, Step
 from strategies.engine import Engine
@@ -138,7 +147,7 @@ class FedPFT(HeadwayStrategy):
         test = self.services.data.test_tensors()
         if test is None:
             return {}
-        f = features(self.cfg, self.cfg["dataset"], test[0])
+        f = features(self.cfg, self.cfg["dataset"], test[0], resolve_device(self.cfg["device"]))
         s = score("classification", head_logits(f, *self.head), test[1])
         return {f"global_{k}": v for k, v in s.items()}
 

@@ -308,3 +308,21 @@ def test_chain_relays_mixtures_client_to_client(tmp_path, data_dir):
     assert all(0 <= r[f"accuracy_p{i}"] <= 1 for i in range(3))
     # the last client's head saw its own data plus two clients' samples: not worse than its local-only head by much
     assert r["accuracy_p2"] >= r["accuracy_local_p2"] - 0.05
+
+
+@pytest.mark.parametrize("covariance", ["full", "diag", "spherical"])
+def test_samples_follow_the_mixture(covariance):
+    from core.gmm import Mixture, sample
+
+    d = 4
+    a = torch.randn(2, d, d, generator=torch.Generator().manual_seed(0))
+    full = a @ a.transpose(1, 2) + torch.eye(d)
+    cov = {"full": full, "diag": torch.diagonal(full, dim1=1, dim2=2), "spherical": full.diagonal(dim1=1, dim2=2).mean(1)}[covariance]
+    means = torch.stack([torch.zeros(d), torch.full((d,), 50.0)])
+    mix = Mixture(torch.tensor([[0.25, 0.75]]), means[None], cov[None], covariance)
+    x = sample(mix, [100_000], torch.Generator().manual_seed(1))[0].double()
+    second = x[:, 0] > 25  # the components are far apart: each point's component is plain
+    assert second.double().mean().item() == pytest.approx(0.75, abs=0.01)
+    want = {"full": full[1], "diag": torch.diag(cov[1]), "spherical": cov[1] * torch.eye(d)}[covariance].double()
+    assert torch.allclose(torch.cov(x[second].T), want, atol=0.15 * want.abs().max().item())
+    assert torch.allclose(x[second].mean(0), means[1].double(), atol=0.05)
