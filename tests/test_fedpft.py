@@ -323,6 +323,7 @@ def test_samples_follow_the_mixture(covariance):
     x = sample(mix, [100_000], torch.Generator().manual_seed(1))[0].double()
     second = x[:, 0] > 25  # the components are far apart: each point's component is plain
     assert second.double().mean().item() == pytest.approx(0.75, abs=0.01)
-    want = {"full": full[1], "diag": torch.diag(cov[1]), "spherical": cov[1] * torch.eye(d)}[covariance].double()
+    want = full[1] if covariance == "full" else torch.diag(cov[1]) if covariance == "diag" else cov[1] * torch.eye(d)
+    want = want.double()
     assert torch.allclose(torch.cov(x[second].T), want, atol=0.15 * want.abs().max().item())
     assert torch.allclose(x[second].mean(0), means[1].double(), atol=0.05)
