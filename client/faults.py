@@ -28,13 +28,19 @@ TRAIN_MODES = ("nan", "wrong-shape", "negative-count", "huge-count", "zero-model
 
 
 def _damage(a: np.ndarray, mode: str) -> np.ndarray:
-    a = a.astype(np.float32, copy=True)
+    """``a`` damaged by ``mode``, in its own dtype (float16 stays float16); integer arrays
+    (e.g. FedPFT's class table) are only cut short."""
+    if not np.issubdtype(a.dtype, np.floating):
+        if mode == "wrong-shape":
+            return a.reshape(-1)[:-1] if a.size > 1 else np.zeros(2, a.dtype)
+        return a.copy()
+    a = a.copy()
     if mode == "nan":
         a.flat[0] = np.nan
     elif mode == "wrong-shape":
-        a = a.reshape(-1)[:-1] if a.size > 1 else np.zeros(2, np.float32)
+        a = a.reshape(-1)[:-1] if a.size > 1 else np.zeros(2, a.dtype)
     elif mode == "scaled":
-        a = a * 1e6
+        a = a * a.dtype.type(1e6)
     elif mode == "huge-values":
         a = np.full_like(a, 1e30)
     elif mode == "zero-model":

@@ -8,6 +8,7 @@ import pytest
 from flwr.app import MetricRecord, RecordDict
 
 from client.faults import TRAIN_MODES, corrupt
+from core.fedpft import ClassMixture, encode
 from core.methods import ALGORITHMS
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
@@ -17,14 +18,21 @@ EXPECTED_REASON = {
     "negative-count": "whole number >= 0",
     "huge-count": "above the",
     "zero-model": "above the",
-    "int-arrays": "int32, expected float32",
+    "int-arrays": "int32, expected float",
     "extra-array": "over this phase's cap",
     "list-metric": "is a list",
 }
 
 
+# keys a method needs before its strategy can be built on MNIST's spec
+SETUP = {"fedpft": {"num-server-rounds": 1, "fedpft-extractor": "identity", "fedpft-covariance": "diag"}}
+
+
 def honest(algorithm: str, pid: int, msg) -> RecordDict:
     """What an honest client of ``algorithm`` might answer (10 examples of class ``pid``)."""
+    if algorithm == "fedpft":  # one diag Gaussian of 784 raw pixels for its class
+        mix = ClassMixture(pid, 10, np.ones(1), np.full((1, 784), 0.1 * pid), np.full((1, 784), 0.5), "diag")
+        return reply(encode([mix], 784, "diag"), 10, pid)
     if algorithm == "fedlog":
         stats = np.zeros((10, 51), np.float32)
         stats[pid] = [10.0] + [2.0 + pid] * 50
@@ -42,7 +50,7 @@ def honest(algorithm: str, pid: int, msg) -> RecordDict:
 @pytest.mark.parametrize("mode", TRAIN_MODES + ("scaled", "huge-values"))
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_a_bad_training_reply_is_rejected_and_the_round_goes_on(task_identity, data_dir, algorithm, mode):
-    s = make_strategy(algorithm, **{"data-dir": data_dir})
+    s = make_strategy(algorithm, **{"data-dir": data_dir, **SETUP.get(algorithm, {})})
 
     def answer(pid, msg):
         content = honest(algorithm, pid, msg)
@@ -62,7 +70,7 @@ def test_a_bad_training_reply_is_rejected_and_the_round_goes_on(task_identity, d
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_an_evaluation_reply_claiming_impossible_scores_is_rejected(task_identity, data_dir, algorithm):
-    s = make_strategy(algorithm, **{"data-dir": data_dir})
+    s = make_strategy(algorithm, **{"data-dir": data_dir, **SETUP.get(algorithm, {})})
 
     def answer(pid, msg):
         met = MetricRecord({"partition-id": pid, "num-examples": 100, "correct": 80, "loss": 0.3})
