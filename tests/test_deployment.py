@@ -142,3 +142,19 @@ def test_metered_bytes_are_the_bytes_the_supernodes_move(tmp_path, data_dir):
     for way in ("down", "up"):  # a few bytes a message: ids and task ids the SuperLink fills in
         assert abs(metered[way] - moved[way]) <= 4 * messages, (way, metered, moved)
     assert rounds[0]["stats_bytes_down"] > 0 and rounds[0]["bytes_down"] > rounds[0]["stats_bytes_down"]
+
+
+def test_fedpft_chain_over_grpc_keeps_each_clients_head_between_messages(tmp_path, data_dir):
+    """FedPFT's decentralized chain across two SuperNodes: the SuperLink relays node 0's
+    mixtures to node 1; each node trains its head in the chain message and scores it in the
+    evaluation message, a fresh ClientApp process, from its node state."""
+    pytest.importorskip("efficientnet_lite_pytorch")
+    run_config = ("algorithm='fedpft' dataset='mnist' num-clients=2 num-server-rounds=1 train-fraction=0.01 partition='iid' "
+                  f"fedpft-topology='chain' fedpft-resolution=32 fedpft-head-epochs=20 fedpft-head-lr=0.001 fedpft-cache-dir='{tmp_path / 'cache'}' "
+                  "sample-timeout=60.0 round-timeout=300.0")
+    folder, _ = deploy(tmp_path, data_dir, run_config)
+    summary = json.loads((folder / "summary.json").read_text())
+    r = read_rounds(folder)[0]
+    assert summary["status"] == "complete" and summary["failures"] == 0, summary
+    assert r["chain_order"] == [0, 1] and r["chain_bytes_up"] > 0 and r["chain_bytes_down"] > 0
+    assert r["eval_clients"] == 2 and r["accuracy_p0"] > 0.3 and r["accuracy_p1"] > 0.3  # chance is 0.1
