@@ -46,7 +46,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "fedpft-full-k1": {"fedpft-covariance": "full", "fedpft-components": 1},
 }
 BASELINES = ("centralized", "ensemble", "avg", "fedavg-head")
-FEDAVG_HEAD_ROUNDS = 10
+FEDAVG_HEAD_ROUNDS = 50  # one local epoch a round: as many passes over the data as the one-shot heads get
 FEDAVG_HEAD_EPOCHS = 1
 
 
