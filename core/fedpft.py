@@ -24,7 +24,16 @@ import torch
 
 from core import protocol as P
 from core.extractors import cache_dir, cached_extract
-from core.gmm import Mixture, fit_gmm, pack_symmetric, packed_dim, parameter_count, project_psd, sample, unpack_symmetric
+from core.gmm import (
+    Mixture,
+    fit_gmm,
+    pack_symmetric,
+    packed_dim,
+    parameter_count,
+    project_psd,
+    sample,
+    unpack_symmetric,
+)
 
 FLOAT16_TINY = float(np.finfo(np.float16).tiny)  # 2^-14: smallest normal float16; variances are floored here before sending
 WEIGHT_SUM_TOLERANCE = 1e-2  # float16 weights of a class must sum to 1 within this
@@ -136,11 +145,35 @@ def payload_values(counts: list[int], dim: int, k: int, covariance: str) -> int:
 class PayloadCheck:
     """The server's checks of one decoded GMM payload (every reply is untrusted)."""
 
-    def __init__(self, num_classes: int, dim: int, k: int, covariance: str, max_value: float):
+    def __init__(self, num_classes: int, dim: int, k: int, covariance: str, max_value: float, min_examples: int = 1):
         self.num_classes, self.dim, self.k, self.covariance, self.max_value = num_classes, dim, k, covariance, max_value
+        self.min_examples = min_examples
+
+    def structure(self, arrays: dict[str, np.ndarray]) -> str | None:
+        """Names, dtypes, shapes and finiteness (what the server's reply decoding already
+        ensures; a client re-checking relayed mixtures needs it here)."""
+        missing = [k for k in (P.GMM_CLASSES, P.GMM_WEIGHTS, P.GMM_MEANS, P.GMM_COVARIANCES) if k not in arrays]
+        if missing:
+            return f"missing arrays {missing}"
+        table, w, mu, cov = (arrays[k] for k in (P.GMM_CLASSES, P.GMM_WEIGHTS, P.GMM_MEANS, P.GMM_COVARIANCES))
+        if not np.issubdtype(table.dtype, np.integer) or table.ndim != 2 or table.shape[1] != 3 or len(table) > self.num_classes:
+            return f"class table of shape {table.shape} and dtype {table.dtype}, expected integers (m <= {self.num_classes}, 3)"
+        r = len(w)
+        want = {P.GMM_WEIGHTS: (r,), P.GMM_MEANS: (r, self.dim), P.GMM_COVARIANCES: (r, *covariance_shape(self.dim, self.covariance, packed=True))}
+        for name, shape in want.items():
+            a = arrays[name]
+            if a.shape != shape or not np.issubdtype(a.dtype, np.floating):
+                return f"array {name!r} is {a.dtype} {a.shape}, expected floats {shape}"
+            if not np.all(np.isfinite(a)):
+                return f"array {name!r} contains NaN or Inf"
+        if r > self.num_classes * self.k:
+            return f"{r} components, more than {self.num_classes} classes × K={self.k}"
+        return None
 
     def decode(self, arrays: dict[str, np.ndarray], max_examples: int | None) -> tuple[list[ClassMixture] | None, str | None]:
         """(mixtures, None) when the payload is sound, else (None, the reason)."""
+        if problem := self.structure(arrays):
+            return None, problem
         table = arrays[P.GMM_CLASSES].astype(np.int64)
         weights = arrays[P.GMM_WEIGHTS].astype(np.float64)
         means = arrays[P.GMM_MEANS].astype(np.float64)
@@ -154,8 +187,10 @@ class PayloadCheck:
             return None, "a class count below 1"
         if max_examples is not None and int(counts.sum()) > max_examples:
             return None, f"class counts sum to {int(counts.sum())}, more than the {max_examples} examples this client holds"
-        if np.any((ks < 1) | (ks > self.k)):
-            return None, f"components per class must be in 1..{self.k}"
+        if np.any(counts < self.min_examples):
+            return None, f"a class of {int(counts.min())} examples, fewer than fedpft-min-class-examples={self.min_examples}"
+        if np.any((ks < 1) | (ks > [components_for(int(n), self.k) for n in counts])):
+            return None, f"components per class must be in 1..min(K={self.k}, examples // 2)"
         if int(ks.sum()) != len(weights):
             return None, f"the class table names {int(ks.sum())} components, the arrays hold {len(weights)}"
         if np.any(weights < 0) or np.any(weights > 1):
@@ -198,16 +233,34 @@ class PayloadCheck:
         vals = np.linalg.eigvalsh(cov)
         if np.any(vals[..., 0] < -PSD_TOLERANCE * vals[..., -1]):
             return cov, f"a covariance is not PSD (eigenvalue {vals[..., 0].min():.3g} against largest {vals[..., -1].max():.3g})"
-        return project_psd(cov, FLOAT16_TINY), None
+        floor = max(FLOAT16_TINY, 1e-6 * float(vals[..., -1].max()))  # relative: a floor far below float64's reach of λmax is no floor
+        cov = project_psd(cov, floor)
+        try:
+            np.linalg.cholesky(cov)  # exactly the factorization sampling will make
+        except np.linalg.LinAlgError:
+            return cov, "a covariance that stays singular after projection onto the PSD cone"
+        return cov, None
 
 
 # ----- synthetic features and the head ------------------------------------------------
+def capped_counts(mixtures: list[ClassMixture], cap: int) -> list[int]:
+    """How many synthetic features to draw per mixture: |F_{i,c}|, all scaled down
+    proportionally (at least one each) when their sum exceeds ``cap``, so that claimed
+    counts cannot make a server or a chain client draw and train on unbounded data."""
+    counts = [m.count for m in mixtures]
+    total = sum(counts)
+    if total <= cap:
+        return counts
+    return [max(1, int(c * cap / total)) for c in counts]
+
+
 def synthesize(mixtures: list[ClassMixture], generator: torch.Generator, counts: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """|F_{i,c}| synthetic features from every class mixture (Alg. 1 line 14), with labels."""
+    """|F_{i,c}| (or ``counts``) synthetic features from every class mixture (Alg. 1 line
+    14), with labels. Mixtures are sampled in float64, as :class:`PayloadCheck` factorized them."""
     xs, ys = [], []
     for j, m in enumerate(mixtures):
         n = m.count if counts is None else counts[j]
-        xs.append(sample(m.as_mixture(), [n], generator)[0])
+        xs.append(sample(m.as_mixture(torch.float64), [n], generator)[0].float())  # float64: the factorization the check made
         ys.append(torch.full((n,), m.label, dtype=torch.long))
     if not xs:
         return torch.zeros((0, 0)), torch.zeros(0, dtype=torch.long)

@@ -114,6 +114,7 @@ METHODS: dict[str, Method] = {
                    "fedpft-dp": Key("off", "FedPFT: DP-FedPFT (Theorem 4.1; K = 1, features scaled to the unit sphere)", choices=("off", "on")),
                    "fedpft-epsilon": positive("FedPFT: DP epsilon per class", 1.0),
                    "fedpft-delta": Key(0.0, "FedPFT: DP delta per class; 0: 1/n of each class", check=lambda v: 0 <= v < 1, rule="in [0, 1)"),
+                   "fedpft-max-synthetic": positive("FedPFT: most synthetic features drawn at once (server, or a chain client); larger claimed counts are scaled down proportionally", 500_000),
                    "fedpft-head-optimizer": Key("adamw", "FedPFT: optimizer of the head (adamw: the authors' Flower baseline; adam: the paper)", choices=("adamw", "adam")),
                    "fedpft-head-lr": positive("FedPFT: learning rate of the head", 1e-4),
                    "fedpft-head-epochs": positive("FedPFT: epochs of head training", 50),

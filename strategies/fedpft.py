@@ -21,6 +21,7 @@ from core.data import DatasetSpec
 from core.extractors import feature_dim
 from core.fedpft import (
     PayloadCheck,
+    capped_counts,
     dp_delta,
     dp_sigma,
     features,
@@ -64,7 +65,7 @@ class FedPFT(HeadwayStrategy):
         self.dim = feature_dim(cfg["fedpft-extractor"], spec.input_shape)
         self.k = cfg["fedpft-components"]
         self.covariance = cfg["fedpft-covariance"]
-        self.checker = PayloadCheck(self.classes, self.dim, self.k, self.covariance, cfg["max-feature-value"])
+        self.checker = PayloadCheck(self.classes, self.dim, self.k, self.covariance, cfg["max-feature-value"], cfg["fedpft-min-class-examples"])
         self.head: tuple[np.ndarray, np.ndarray] | None = None
         self.received: list[tuple[int, int]] = []  # (class, count) of every mixture received
         self.payload_bytes: list[int] = []  # wire bytes of each valid reply
@@ -104,9 +105,9 @@ class FedPFT(HeadwayStrategy):
         mixtures = [m for r in replies for m in r.payload]
         self._note(replies)
         gen = torch.Generator().manual_seed(int(self.cfg["seed"]))  # synthetic draws protect nothing: seeded, reproducible
-        x, y = synthesize(mixtures, gen)
-        if len(y) == 0:
-            return Step(None, 0, {"synthetic_examples": 0.0})
+        x, y = synthesize(mixtures, gen, capped_counts(mixtures, self.cfg["fedpft-max-synthetic"]))
+        if len(y) == 0:  # valid replies, but no class anyone could send: no head this round
+            return Step(None, len(replies), {"synthetic_examples": 0.0})
         cfg = self.cfg
         t0 = time.perf_counter()
         self.head = train_head(x, y, self.classes, cfg["fedpft-head-optimizer"], cfg["fedpft-head-lr"], cfg["fedpft-head-epochs"],

@@ -327,3 +327,50 @@ def test_samples_follow_the_mixture(covariance):
     want = want.double()
     assert torch.allclose(torch.cov(x[second].T), want, atol=0.15 * want.abs().max().item())
     assert torch.allclose(x[second].mean(0), means[1].double(), atol=0.05)
+
+
+def test_a_singular_full_covariance_never_crashes_the_sampler():
+    """A hostile 'covariance' with a huge, exactly singular block (found by review): either
+    rejected, or lifted so that the factorization sampling makes succeeds."""
+    from core.fedpft import synthesize
+
+    d = 6
+    cov = np.eye(d) * 0.5
+    cov[:2, :2] = 3e4
+    payload = encode([ClassMixture(1, 30, np.ones(1), np.zeros((1, d)), cov[None], "full")], d, "full")
+    mixtures, problem = PayloadCheck(10, d, 1, "full", 1e4).decode(payload, 30)
+    if problem is None:
+        x, y = synthesize(mixtures, torch.Generator().manual_seed(0))
+        assert x.shape == (30, d) and torch.isfinite(x).all()
+
+
+def test_full_covariance_em_survives_fewer_points_than_dimensions():
+    """40 points in 256 dimensions: the sample covariance is singular; the default
+    reg_covar must still give factorizable covariances (float32 accumulation did not)."""
+    x = torch.randn(40, 256, generator=torch.Generator().manual_seed(0)) * 5 + 3
+    fit = fit_gmm([x], 1, "full")
+    assert np.isfinite(fit.log_likelihood).all()
+    torch.linalg.cholesky(fit.mixture.covariances[0].double())
+
+
+def test_claimed_counts_are_capped_before_sampling():
+    from core.fedpft import capped_counts
+
+    mixtures = [ClassMixture(c, n, np.ones(1), np.zeros((1, 3)), np.ones(1), "spherical") for c, n in ((0, 10**6), (1, 10**5), (2, 3))]
+    counts = capped_counts(mixtures, 1000)
+    assert sum(counts) <= 1000 + len(counts) and counts[0] / counts[1] == pytest.approx(10, rel=0.02) and counts[2] == 1
+    assert capped_counts(mixtures[2:], 1000) == [3]  # under the cap: unchanged
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    (lambda p: p.__setitem__(P.GMM_MEANS, np.full_like(p[P.GMM_MEANS], np.nan)), "NaN"),
+    (lambda p: p.__setitem__(P.GMM_MEANS, np.zeros((3, 7), np.float16)), "expected floats (3, 5)"),
+    (lambda p: p.__setitem__(P.GMM_CLASSES, p[P.GMM_CLASSES].reshape(-1)), "class table of shape"),
+    (lambda p: p[P.GMM_CLASSES].__setitem__((1, 1), 1), "fewer than fedpft-min-class-examples"),
+    (lambda p: p[P.GMM_CLASSES].__setitem__((0, 1), 3), "examples // 2"),
+])
+def test_relayed_payloads_are_checked_without_the_servers_decoding(change, reason):
+    """A chain client re-checks what it is relayed with PayloadCheck alone: structure and
+    finiteness too, not only the bounds."""
+    problem = PayloadCheck(10, 5, 2, "diag", 1e4, min_examples=2).decode(_bad("diag", change), None)[1]
+    assert problem is not None and reason in problem, problem

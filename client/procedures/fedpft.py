@@ -22,7 +22,19 @@ from client.env import ClientEnv
 from client.procedures.base import outputs_metrics, train_metrics
 from core import protocol as P
 from core.extractors import feature_dim
-from core.fedpft import ClassMixture, PayloadCheck, encode, features, fit_class_mixtures, head_logits, normalize, privatize, synthesize, train_head
+from core.fedpft import (
+    ClassMixture,
+    PayloadCheck,
+    capped_counts,
+    encode,
+    features,
+    fit_class_mixtures,
+    head_logits,
+    normalize,
+    privatize,
+    synthesize,
+    train_head,
+)
 
 HEAD_STATE = "fedpft-head"
 LOCAL_HEAD_STATE = "fedpft-local-head"
@@ -60,7 +72,8 @@ class FedPFTClient:
             received = self._received(env, content, dim)
             local = self._head(env, f, env.y_train, 1)
             if received:
-                xs, ys = synthesize(received, torch.Generator().manual_seed(env.seed_for(0, 2)))
+                counts = capped_counts(received, cfg["fedpft-max-synthetic"])
+                xs, ys = synthesize(received, torch.Generator().manual_seed(env.seed_for(0, 2)), counts)
                 if cfg["fedpft-dp"] == "on":
                     xs = normalize(xs)  # the union must stay in the unit ball for Theorem 4.1
                 f, y = torch.cat([f, xs.to(f.dtype)]), np.concatenate([y, ys.numpy()])
@@ -78,8 +91,8 @@ class FedPFTClient:
         if arrays is None or P.GMM_CLASSES not in arrays:
             return []
         cfg = env.cfg
-        check = PayloadCheck(env.outputs, dim, cfg["fedpft-components"], cfg["fedpft-covariance"], cfg["max-feature-value"])
-        decoded = {k: arrays[k].numpy() for k in (P.GMM_CLASSES, P.GMM_WEIGHTS, P.GMM_MEANS, P.GMM_COVARIANCES)}
+        check = PayloadCheck(env.outputs, dim, cfg["fedpft-components"], cfg["fedpft-covariance"], cfg["max-feature-value"], cfg["fedpft-min-class-examples"])
+        decoded = {k: arrays[k].numpy() for k in arrays.keys()}
         mixtures, problem = check.decode(decoded, None)
         if problem:
             raise ValueError(f"relayed mixtures rejected: {problem}")
