@@ -158,8 +158,16 @@ def run_table5(args: argparse.Namespace) -> None:
 
 def run_chain(args: argparse.Namespace) -> None:
     root = results_root("fedpft-chain", args.tag)
+    setup = {"num-clients": 5, "partition": "iid", "train-fraction": 0.01, "fedpft-topology": "chain"}
     for seed in args.seeds:
-        simulate(CONFIG, root / f"chain-s{seed}", {"num-clients": 5, "partition": "iid", "train-fraction": 0.01, "fedpft-topology": "chain", "seed": seed}, args.set)
+        simulate(CONFIG, root / f"chain-s{seed}", {**setup, "seed": seed}, args.set)
+        path = root / f"centralized-s{seed}.json"
+        if not path.is_file():  # the reference: one head on all five clients' real features, same settings
+            cfg = config(seed, [*args.set, *(f"{k}={v}" for k, v in setup.items())])
+            clients = client_features(cfg)
+            ftest, ytest = test_features(cfg)
+            w, b = train_head(torch.cat([f for f, _ in clients]), torch.cat([t for _, t in clients]), 10, seed=seed, **head_settings(cfg))
+            path.write_text(json.dumps({"global_accuracy": accuracy(head_logits(ftest, w, b), ytest)}))
 
 
 def run_labelshift(args: argparse.Namespace) -> None:
@@ -290,14 +298,17 @@ def report(args: argparse.Namespace) -> None:
             continue
         lines += [f"## {title}", ""]
         if name == "fedpft-chain":
-            lines += ["| seed | client 1 | 2 | 3 | 4 | 5 | local-only heads (mean) | MB |", "|---|---|---|---|---|---|---|---|"]
+            lines += ["| seed | client 1 | 2 | 3 | 4 | 5 | local-only heads (mean) | centralized (500 real) | MB |", "|---|---|---|---|---|---|---|---|---|"]
             for folder in sorted(r.glob("chain-s*")):
                 rec = [json.loads(x) for x in (folder / "rounds.jsonl").read_text().splitlines()] if (folder / "rounds.jsonl").is_file() else []
                 if not rec:
                     continue
                 last = rec[-1]
                 accs = [last.get(f"accuracy_p{i}") for i in range(5)]
-                lines.append(f"| {folder.name[-1]} | " + " | ".join(f"{a * 100:.1f}" if a is not None else "–" for a in accs) + f" | {last.get('accuracy_local', float('nan')) * 100:.1f} | {(last['bytes_down'] + last['bytes_up']) / 1e6:.2f} |")
+                ref = r / f"centralized-s{folder.name[-1]}.json"
+                central = json.loads(ref.read_text())["global_accuracy"] * 100 if ref.is_file() else float("nan")
+                lines.append(f"| {folder.name[-1]} | " + " | ".join(f"{a * 100:.1f}" if a is not None else "–" for a in accs)
+                             + f" | {last.get('accuracy_local', float('nan')) * 100:.1f} | {central:.1f} | {(last['bytes_down'] + last['bytes_up']) / 1e6:.2f} |")
         elif name == "fedpft-labelshift":
             res = [json.loads(p.read_text()) for p in sorted(r.glob("labelshift-s*.json"))]
             if res:
