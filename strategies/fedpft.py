@@ -111,7 +111,7 @@ class FedPFT(HeadwayStrategy):
         cfg = self.cfg
         t0 = time.perf_counter()
         self.head = train_head(x, y, self.classes, cfg["fedpft-head-optimizer"], cfg["fedpft-head-lr"], cfg["fedpft-head-epochs"],
-                               cfg["fedpft-head-batch-size"], cfg["seed"])
+                               cfg["fedpft-head-batch-size"], cfg["seed"], resolve_device(cfg["device"]))
         self.head_seconds = time.perf_counter() - t0
         return Step(self.head_record(), len(replies), {"synthetic_examples": float(len(y)), "classes_received": float(len(mixtures)), "head_seconds": self.head_seconds})
 
