@@ -85,24 +85,33 @@ def _kmeans_pp(x: torch.Tensor, mask: torch.Tensor, k: int, gen: torch.Generator
     rows = torch.arange(b, device=x.device)
     w = mask.to(x.dtype)
     trials = 2 + int(math.log(k))
+    x_sq = (x * x).sum(-1)
     idx = torch.multinomial(w, 1, generator=gen).squeeze(1)
     seeds = [x[rows, idx]]
-    nearest = ((x - seeds[0][:, None]) ** 2).sum(-1) * w
+    nearest = _sqdist(x, seeds[0][:, None, :], x_sq)[..., 0] * w
     for _ in range(1, k):
         p = nearest.clamp_min(0)
         empty = p.sum(1) <= 0  # all points identical: pick uniformly
         p = torch.where(empty[:, None], w, p)
         cand = torch.multinomial(p, trials, replacement=True, generator=gen)  # (B,T)
         pts = x[rows[:, None], cand]  # (B,T,d)
-        dist = torch.minimum(nearest[:, None, :], torch.cdist(pts, x) ** 2 * w[:, None, :])  # (B,T,N)
+        dist = torch.minimum(nearest[:, None, :], _sqdist(pts, x, b_sq=x_sq) * w[:, None, :])  # (B,T,N)
         best = dist.sum(-1).argmin(1)
         seeds.append(pts[rows, best])
         nearest = dist[rows, best]
     return torch.stack(seeds, 1)
 
 
-def _nearest(x: torch.Tensor, centres: torch.Tensor, cmask: torch.Tensor) -> torch.Tensor:
-    dist = torch.cdist(x, centres) ** 2  # (B,N,K)
+def _sqdist(a: torch.Tensor, b: torch.Tensor, a_sq: torch.Tensor | None = None, b_sq: torch.Tensor | None = None) -> torch.Tensor:
+    """Squared distances (B,n,m) as ‖a‖² − 2ab + ‖b‖², one batched product (torch.cdist
+    is several times slower here); ``a_sq``/``b_sq``: the norms when the caller has them."""
+    a_sq = (a * a).sum(-1) if a_sq is None else a_sq
+    b_sq = (b * b).sum(-1) if b_sq is None else b_sq
+    return (a_sq[..., :, None] - 2.0 * a @ b.transpose(-1, -2) + b_sq[..., None, :]).clamp_min(0)
+
+
+def _nearest(x: torch.Tensor, centres: torch.Tensor, cmask: torch.Tensor, x_sq: torch.Tensor | None = None) -> torch.Tensor:
+    dist = _sqdist(x, centres, x_sq)  # (B,N,K)
     return dist.masked_fill(~cmask[:, None, :], float("inf")).argmin(-1)
 
 
@@ -113,13 +122,14 @@ def _initial_resp(x: torch.Tensor, mask: torch.Tensor, cmask: torch.Tensor, init
         resp = torch.rand((b, n, k), generator=gen, device=x.device, dtype=x.dtype)
     elif init in ("kmeans", "k-means++"):
         centres = _kmeans_pp(x, mask, k, gen)
-        label = _nearest(x, centres, cmask)
+        x_sq = (x * x).sum(-1)
+        label = _nearest(x, centres, cmask, x_sq)
         for _ in range(KMEANS_ITERATIONS if init == "kmeans" else 0):  # Lloyd's steps
             onehot = torch.nn.functional.one_hot(label, k).to(x.dtype) * mask[..., None].to(x.dtype)
             size = onehot.sum(1)  # (B,K)
             moved = onehot.transpose(1, 2) @ x / size.clamp_min(1)[..., None]
             centres = torch.where((size > 0)[..., None], moved, centres)  # an emptied centre stays put
-            new = _nearest(x, centres, cmask)
+            new = _nearest(x, centres, cmask, x_sq)
             if bool((new == label).all()):
                 break
             label = new
@@ -131,7 +141,7 @@ def _initial_resp(x: torch.Tensor, mask: torch.Tensor, cmask: torch.Tensor, init
     return resp * mask[..., None].to(x.dtype)
 
 
-def _m_step(x: torch.Tensor, resp: torch.Tensor, n_points: torch.Tensor, cmask: torch.Tensor, covariance: str, reg: float) -> Mixture:
+def _m_step(x: torch.Tensor, resp: torch.Tensor, n_points: torch.Tensor, cmask: torch.Tensor, covariance: str, reg: float, x2: torch.Tensor | None = None) -> Mixture:
     nk = resp.sum(1) + 10 * torch.finfo(resp.dtype).eps  # (B,K)
     means = resp.transpose(1, 2) @ x / nk[..., None]  # (B,K,d)
     if covariance == "full":
@@ -141,7 +151,7 @@ def _m_step(x: torch.Tensor, resp: torch.Tensor, n_points: torch.Tensor, cmask: 
             covs.append((diff * resp[..., j, None]).transpose(1, 2) @ diff / nk[:, j, None, None])
         cov = torch.stack(covs, 1) + reg * torch.eye(x.shape[-1], device=x.device, dtype=x.dtype)
     else:
-        avg_x2 = resp.transpose(1, 2) @ (x * x) / nk[..., None]
+        avg_x2 = resp.transpose(1, 2) @ (x * x if x2 is None else x2) / nk[..., None]
         cov = (avg_x2 - means**2).clamp_min(0) + reg  # (B,K,d)
         if covariance == "spherical":
             cov = cov.mean(-1)
@@ -151,7 +161,7 @@ def _m_step(x: torch.Tensor, resp: torch.Tensor, n_points: torch.Tensor, cmask: 
     return Mixture(weights, means, cov, covariance)
 
 
-def _log_gauss(x: torch.Tensor, m: Mixture) -> torch.Tensor:
+def _log_gauss(x: torch.Tensor, m: Mixture, x2: torch.Tensor | None = None) -> torch.Tensor:
     """log N(x_n | μ_k, Σ_k) for every point and component: (B,N,K), float64."""
     d = x.shape[-1]
     if m.covariance == "full":
@@ -165,15 +175,15 @@ def _log_gauss(x: torch.Tensor, m: Mixture) -> torch.Tensor:
     var = m.covariances if m.covariance == "diag" else m.covariances[..., None].expand_as(m.means)
     prec = 1.0 / var  # (B,K,d)
     # Σ (x−μ)²/σ² = Σ x²/σ² − 2 Σ x μ/σ² + Σ μ²/σ², as batched products
-    maha = (x * x) @ prec.transpose(1, 2) - 2.0 * x @ (m.means * prec).transpose(1, 2) + (m.means**2 * prec).sum(-1)[:, None, :]
+    maha = (x * x if x2 is None else x2) @ prec.transpose(1, 2) - 2.0 * x @ (m.means * prec).transpose(1, 2) + (m.means**2 * prec).sum(-1)[:, None, :]
     logdet = torch.log(var.double()).sum(-1)
     return -0.5 * (d * LOG_2PI + logdet[:, None, :] + maha.double().clamp_min(0))
 
 
-def _e_step(x: torch.Tensor, mask: torch.Tensor, m: Mixture) -> tuple[torch.Tensor, torch.Tensor]:
+def _e_step(x: torch.Tensor, mask: torch.Tensor, m: Mixture, x2: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Responsibilities (B,N,K) and each group's mean log-likelihood (B,), log-sum-exp."""
     logw = torch.log(m.weights.double().clamp_min(0))  # -inf for unused components
-    joint = _log_gauss(x, m) + logw[:, None, :]
+    joint = _log_gauss(x, m, x2) + logw[:, None, :]
     norm = torch.logsumexp(joint, dim=-1)  # (B,N)
     fmask = mask.double()
     ll = (norm * fmask).sum(1) / fmask.sum(1)
@@ -219,17 +229,18 @@ def fit_gmm(
     cmask = _component_mask(ks, k)
     gen = torch.Generator(device=device).manual_seed(int(seed))
     resp = _initial_resp(x, mask, cmask, init, gen)
-    mix = _m_step(x, resp, n_points, cmask, covariance, reg_covar)
+    x2 = None if covariance == "full" else x * x  # once: every E- and M-step uses it
+    mix = _m_step(x, resp, n_points, cmask, covariance, reg_covar, x2)
     prev = torch.full((len(groups),), -math.inf, dtype=torch.float64, device=device)
     done = torch.zeros(len(groups), dtype=torch.bool, device=device)
     it = 0
     for it in range(1, max_iter + 1):
-        resp, ll = _e_step(x, mask, mix)
+        resp, ll = _e_step(x, mask, mix, x2)
         done = done | ((ll - prev).abs() < tol)
         prev = torch.where(done, prev, ll)
         if bool(done.all()):
             break
-        new = _m_step(x, resp, n_points, cmask, covariance, reg_covar)
+        new = _m_step(x, resp, n_points, cmask, covariance, reg_covar, x2)
         keep = done.view(-1, *([1] * (new.means.dim() - 1)))
         mix = Mixture(
             torch.where(done[:, None], mix.weights, new.weights),
@@ -237,7 +248,7 @@ def fit_gmm(
             torch.where(done.view(-1, *([1] * (new.covariances.dim() - 1))), mix.covariances, new.covariances),
             covariance,
         )
-    _, ll = _e_step(x, mask, mix)
+    _, ll = _e_step(x, mask, mix, x2)
     out = Mixture(mix.weights, mix.means + centre[:, None, :], mix.covariances, covariance)
     return FitResult(out, ll.cpu().numpy(), it, done.cpu().numpy())
 
