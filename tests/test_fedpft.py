@@ -374,3 +374,18 @@ def test_relayed_payloads_are_checked_without_the_servers_decoding(change, reaso
     finiteness too, not only the bounds."""
     problem = PayloadCheck(10, 5, 2, "diag", 1e4, min_examples=2).decode(_bad("diag", change), None)[1]
     assert problem is not None and reason in problem, problem
+
+
+def test_a_torchvision_extractor_loads_weights_from_a_local_file(tmp_path, data_dir):
+    """fedpft-extractor-weights=PATH: a saved state dict stands in for the download; the
+    classifier is cut off, so features are the pooled 512 of resnet18."""
+    import torchvision
+
+    from core.data import load_dataset, to_tensors
+
+    path = tmp_path / "resnet18.pth"
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), path)
+    ds = load_dataset("cifar10", data_dir, 0)
+    x, _ = to_tensors(ds, ds.x_test[:2], ds.y_test[:2])
+    f = extract(x, "cifar10", "resnet18", str(path), resolution=64)
+    assert f.shape == (2, 512) and torch.isfinite(f).all()
