@@ -32,6 +32,7 @@ from core.fedpft import (
     features,
     fit_class_mixtures,
     head_logits,
+    initial_head,
     synthesize,
     train_head,
 )
@@ -104,9 +105,10 @@ def baselines(cfg: dict[str, Any], seed: int) -> dict[str, dict[str, float]]:
     ba = sum(ni * hb for ni, (_, hb) in zip(n, heads)) / n.sum()
     out["avg"] = {"global_accuracy": accuracy(head_logits(ftest, wa, ba), ytest), "bytes": up + head_bytes(c, d) * len(clients), "seconds": out["ensemble"]["seconds"]}
     t0 = time.perf_counter()
-    gw, gb = train_head(clients[0][0][:1], clients[0][1][:1], c, epochs=0, seed=seed, **{k: v for k, v in hs.items() if k != "epochs"})
+    gw, gb = initial_head(d, c, torch.Generator().manual_seed(seed))
     for rnd in range(FEDAVG_HEAD_ROUNDS):
-        local = [_train_from(f, t, c, gw, gb, hs, seed + 1000 * rnd + i) for i, (f, t) in enumerate(clients)]
+        local_hs = {**hs, "epochs": FEDAVG_HEAD_EPOCHS}  # FedAvg's local step: from the global head
+        local = [train_head(f, t, c, seed=seed + 1000 * rnd + i, init=(gw, gb), **local_hs) for i, (f, t) in enumerate(clients)]
         gw = sum(ni * lw for ni, (lw, _) in zip(n, local)) / n.sum()
         gb = sum(ni * lb for ni, (_, lb) in zip(n, local)) / n.sum()
     out["fedavg-head"] = {"global_accuracy": accuracy(head_logits(ftest, gw, gb), ytest), "bytes": 2 * FEDAVG_HEAD_ROUNDS * head_bytes(c, d) * len(clients),
@@ -119,24 +121,6 @@ def _ensemble(probs: torch.Tensor, y: torch.Tensor) -> float:
     k, n, c = probs.shape
     flat = probs.permute(1, 0, 2).reshape(n, k * c)
     return float(((flat.argmax(1) % c) == y).float().mean())
-
-
-def _train_from(x: torch.Tensor, y: torch.Tensor, c: int, w: np.ndarray, b: np.ndarray, hs: dict[str, Any], seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """FedAvg's local step for a linear head: start from the global head, FEDAVG_HEAD_EPOCHS epochs."""
-    head = torch.nn.Linear(x.shape[1], c)
-    with torch.no_grad():
-        head.weight.copy_(torch.as_tensor(w))
-        head.bias.copy_(torch.as_tensor(b))
-    opt = (torch.optim.AdamW if hs["optimizer"] == "adamw" else torch.optim.Adam)(head.parameters(), lr=hs["lr"])
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(FEDAVG_HEAD_EPOCHS):
-        order = torch.randperm(len(y), generator=gen)
-        for i in range(0, len(y), hs["batch_size"]):
-            idx = order[i : i + hs["batch_size"]]
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(head(x[idx]), y[idx]).backward()
-            opt.step()
-    return head.weight.detach().numpy(), head.bias.detach().numpy()
 
 
 def run_table5(args: argparse.Namespace) -> None:
@@ -220,20 +204,11 @@ def _distill(x: torch.Tensor, y: torch.Tensor, teacher: tuple[np.ndarray, np.nda
     """KD baseline: the destination trains its head on its own labels plus the source head's
     soft labels (temperature 2, equal weights) on the destination's features."""
     soft = torch.softmax(head_logits(x, *teacher) / temperature, 1)
-    head = torch.nn.Linear(x.shape[1], 10)
-    opt = (torch.optim.AdamW if hs["optimizer"] == "adamw" else torch.optim.Adam)(head.parameters(), lr=hs["lr"])
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(hs["epochs"]):
-        order = torch.randperm(len(y), generator=gen)
-        for i in range(0, len(y), hs["batch_size"]):
-            idx = order[i : i + hs["batch_size"]]
-            out = head(x[idx])
-            kd = torch.nn.functional.kl_div(torch.log_softmax(out / temperature, 1), soft[idx], reduction="batchmean") * temperature**2
-            loss = torch.nn.functional.cross_entropy(out, y[idx]) + kd
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    return head.weight.detach().numpy(), head.bias.detach().numpy()
+
+    def kd(logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.kl_div(torch.log_softmax(logits / temperature, 1), soft[idx], reduction="batchmean") * temperature**2
+
+    return train_head(x, y, 10, seed=seed, extra_loss=kd, **hs)
 
 
 def run_em_speed(args: argparse.Namespace) -> None:

@@ -17,6 +17,7 @@ K), and the class table adds 12 bytes a class.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -267,6 +268,12 @@ def synthesize(mixtures: list[ClassMixture], generator: torch.Generator, counts:
     return torch.cat(xs), torch.cat(ys)
 
 
+def initial_head(dim: int, num_classes: int, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded linear head: weights uniform in ±1/sqrt(d) (torch's default range), bias 0."""
+    bound = 1.0 / math.sqrt(dim)
+    return torch.empty(num_classes, dim).uniform_(-bound, bound, generator=generator).numpy(), np.zeros(num_classes, np.float32)
+
+
 def train_head(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -277,16 +284,21 @@ def train_head(
     batch_size: int = 32,
     seed: int = 0,
     device: torch.device | str = "cpu",
+    init: tuple[np.ndarray, np.ndarray] | None = None,
+    extra_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A linear head (weight (C, d), bias (C,)) trained by cross-entropy on (x, y)
     (Alg. 1 line 17; the paper: Adam 1e-4; the authors' Flower baseline: AdamW 1e-4,
-    50 epochs, batch 32)."""
+    50 epochs, batch 32). ``init``: start from this head instead of :func:`initial_head`
+    (FedAvg's local step); ``extra_loss(logits, batch indices)`` is added to the loss
+    (a distillation term)."""
     gen = torch.Generator().manual_seed(int(seed))
     head = torch.nn.Linear(x.shape[1], num_classes)
-    with torch.no_grad():  # a seeded initialization, independent of torch's global state
-        bound = 1.0 / math.sqrt(x.shape[1])
-        head.weight.copy_(torch.empty_like(head.weight).uniform_(-bound, bound, generator=gen))
-        head.bias.zero_()
+    if init is None:  # drawn from ``gen`` itself, before the batch orders
+        init = initial_head(x.shape[1], num_classes, gen)
+    with torch.no_grad():
+        head.weight.copy_(torch.as_tensor(init[0]))
+        head.bias.copy_(torch.as_tensor(init[1]))
     head = head.to(device)
     opt = (torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam)(head.parameters(), lr=lr)
     x, y = x.to(device, torch.float32), y.to(device)
@@ -296,7 +308,11 @@ def train_head(
         for i in range(0, n, batch_size):
             idx = order[i : i + batch_size]
             opt.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(head(x[idx]), y[idx]).backward()
+            logits = head(x[idx])
+            loss = torch.nn.functional.cross_entropy(logits, y[idx])
+            if extra_loss is not None:
+                loss = loss + extra_loss(logits, idx)
+            loss.backward()
             opt.step()
     return head.weight.detach().cpu().numpy(), head.bias.detach().cpu().numpy()
 

@@ -42,10 +42,6 @@ class Mixture:
     def dim(self) -> int:
         return int(self.means.shape[-1])
 
-    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "Mixture":
-        conv = (lambda t: t.to(device=device, dtype=dtype)) if dtype is not None else (lambda t: t.to(device))
-        return Mixture(conv(self.weights), conv(self.means), conv(self.covariances), self.covariance)
-
 
 @dataclass
 class FitResult:
@@ -251,13 +247,6 @@ def fit_gmm(
     _, ll = _e_step(x, mask, mix, x2)
     out = Mixture(mix.weights, mix.means + centre[:, None, :], mix.covariances, covariance)
     return FitResult(out, ll.cpu().numpy(), it, done.cpu().numpy())
-
-
-def log_likelihood(x: torch.Tensor, mixture: Mixture) -> torch.Tensor:
-    """Mean log-likelihood per point of one mixture (B=1) on points (n, d), float64."""
-    x = torch.as_tensor(x, dtype=torch.float32, device=mixture.means.device)[None]
-    mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-    return _e_step(x, mask, mixture)[1][0]
 
 
 def sample(mixture: Mixture, counts: list[int], generator: torch.Generator) -> list[torch.Tensor]:

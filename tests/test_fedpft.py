@@ -10,13 +10,33 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.app import MetricRecord, RecordDict
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from core import protocol as P
 from core.config import ConfigError, resolve
-from core.extractors import ExtractorUnavailable, cached_extract, extract, load_extractor
-from core.fedpft import ClassMixture, PayloadCheck, components_for, dp_sigma, encode, fit_class_mixtures, payload_values, privatize
-from core.gmm import fit_gmm, pack_symmetric, parameter_count, project_psd, unpack_symmetric
+from core.extractors import (
+    ExtractorUnavailable,
+    cached_extract,
+    extract,
+    load_extractor,
+)
+from core.fedpft import (
+    ClassMixture,
+    PayloadCheck,
+    components_for,
+    dp_sigma,
+    encode,
+    fit_class_mixtures,
+    payload_values,
+    privatize,
+)
+from core.gmm import (
+    fit_gmm,
+    pack_symmetric,
+    parameter_count,
+    project_psd,
+    unpack_symmetric,
+)
 from tests.fakes import FakeGrid, make_strategy, reply
 
 sklearn = pytest.importorskip("sklearn.mixture")
@@ -172,7 +192,7 @@ def test_client_dp_noise_comes_from_os_entropy(data_dir):
     cfg = resolve({"algorithm": "fedpft", "num-server-rounds": 1, "fedpft-extractor": "identity", "fedpft-dp": "on", "num-clients": 20,
                    "train-fraction": 0.02, "data-dir": data_dir, "partition": "iid"})
     env = client_env(cfg, {"partition-id": 0})
-    msg = RecordDict({P.CONFIG: __import__("flwr.app", fromlist=["ConfigRecord"]).ConfigRecord({P.ROUND: 1, P.PHASE: P.PHASE_TRAIN})})
+    msg = RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1, P.PHASE: P.PHASE_TRAIN})})
     a = FedPFTClient().train(env, msg, RecordDict())[P.ARRAYS][P.GMM_MEANS].numpy()
     b = FedPFTClient().train(env, msg, RecordDict())[P.ARRAYS][P.GMM_MEANS].numpy()
     assert a.shape == b.shape and not np.array_equal(a, b)
@@ -272,9 +292,10 @@ def _run(tmp_path, data_dir, **overrides):
 
 def _expected_reply_bytes(cfg, pid: int) -> int:
     """Wire bytes of the reply partition ``pid`` sends, recomputed here (same features, same seeded EM)."""
+    from flwr.app import ConfigRecord
+
     from client.env import client_env
     from client.procedures.fedpft import FedPFTClient
-    from flwr.app import ConfigRecord
     from tests.test_simulation import reply_bytes
 
     env = client_env(cfg, {"partition-id": pid})
