@@ -1,5 +1,6 @@
 """The headway ClientApp: finds this node's partition and body, then hands each message
-to the method's local procedure. Local state (bodies, heads) lives in ``context.state``.
+to the method's local procedure. Local state (bodies, heads) lives in ``context.state``,
+and on the node's disk too where the SuperNode names a ``state-dir`` (:mod:`client.state_store`).
 
 A procedure that fails answers with an error reply carrying its own message (not a
 remote traceback), so the server can count it with a readable reason.
@@ -16,6 +17,7 @@ from flwr.clientapp import ClientApp
 from client.env import ClientEnv, client_env
 from client.faults import corrupt
 from client.registry import PROCEDURES
+from client.state_store import restore_state, save_state, state_path
 from core import protocol as P
 from core.config import fault_ids
 
@@ -33,13 +35,18 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
     except Exception as exc:  # a node that cannot find its data or partition says so
         return Message(Error(code=P.ERROR_BAD_INPUT, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
     faulty = env.partition_id in fault_ids(env.cfg)
+    store = state_path(context.node_config, context.run_id, env.partition_id)
     try:
+        if store is not None:
+            restore_state(context.state, store)
         if kind == "query":
             content = registration(env)
         else:
             procedure = PROCEDURES[env.cfg["algorithm"]]
             handler = procedure.train if kind == "train" else procedure.evaluate
             content = handler(env, msg.content, context.state)
+            if store is not None:
+                save_state(context.state, store)
         if faulty:
             content = corrupt(content, env.cfg["fault-mode"], kind, timeout=env.cfg["round-timeout"] + 5.0)
     except Exception as exc:

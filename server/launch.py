@@ -1,27 +1,36 @@
 """Start the processes of a real deployment: a SuperLink (server machine), SuperNodes
-(client machines), the `flwr` connection to submit runs, and TLS certificates.
+(client machines), the `flwr` connection to submit runs, TLS certificates and SuperNode keys.
 
-    python -m server.launch certs DIR --host SERVER_HOST        # CA + server cert/key
-    python -m server.launch superlink [--certs DIR | --insecure]
-    python -m server.launch supernode --superlink HOST:9092 --partition-id 0 --num-partitions 2 [--body mlp] [--root-cert DIR/ca.crt | --insecure]
-    python -m server.launch connect NAME --address HOST:8000 [--root-cert DIR/ca.crt | --insecure]
-    python -m server.launch connect NAME --simulation --num-supernodes 50 [--client-gpus 0.25]
-    flwr run . NAME --stream --run-config "algorithm='fedavg' num-clients=2"
+Server machine (TLS and SuperNode authentication are the defaults):
+    python -m server.launch certs certs --host SERVER_HOST              # CA + SuperLink certificate
+    python -m server.launch superlink --certs certs                       # Fleet API :9092, Control API 127.0.0.1:8000
+    python -m server.launch connect lab --address 127.0.0.1:8000 --root-cert certs/ca.crt
+    python -m server.launch register node0.pub lab                        # once per SuperNode key
+    flwr run . lab --stream --run-config "algorithm='fedlog' num-clients=2"
+Client machine:
+    python -m server.launch keys keys --name node0                        # send keys/node0.pub to the server
+    python -m server.launch supernode --superlink SERVER_HOST:9092 --root-cert ca.crt --auth-key keys/node0 \
+        --partition-id 0 --num-partitions 2 [--body mlp] [--state-dir state]
+On a trusted network, `--insecure` on both sides drops TLS and authentication.
 
-Each subcommand execs Flower's own command (flower-superlink, flower-supernode), so the
-process that runs is Flower's, with the flags shown by --dry-run.
+`superlink` and `supernode` run Flower's own command (flower-superlink, flower-supernode;
+see --dry-run) under a supervisor that stops it and every process it spawned on SIGTERM,
+SIGINT or `python -m server.launch stop --pid-file F` (see :mod:`server.processes`).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import ipaddress
 import os
 import shutil
+import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
+
+from server.credentials import make_certs, make_node_key
+from server.processes import stop_pid, supervise
 
 FLEET_PORT = 9092  # SuperLink Fleet API (gRPC), where SuperNodes connect
 CONTROL_PORT = 8000  # SuperLink Control API, where `flwr run` submits runs
@@ -32,27 +41,57 @@ def flwr_home() -> Path:
 
 
 def superlink_command(args: argparse.Namespace) -> list[str]:
-    cmd = ["flower-superlink", "--fleet-api-address", f"{args.bind}:{args.fleet_port}", "--host", args.bind, "--port", str(args.control_port),
-           "--disable-runtime-dependency-installation"]
+    """flower-superlink with the Fleet API on ``--bind`` (where SuperNodes dial in) and the
+    Control API on ``--control-bind`` (127.0.0.1 unless asked: it accepts code to run)."""
+    cmd = ["flower-superlink", "--fleet-api-address", f"{args.bind}:{args.fleet_port}", "--host", args.control_bind, "--port", str(args.control_port),
+           "--isolation", "subprocess", "--disable-runtime-dependency-installation"]
     if args.insecure:
         cmd.append("--insecure")
     else:
         d = Path(args.certs)
         cmd += ["--ssl-ca-certfile", str(d / "ca.crt"), "--ssl-certfile", str(d / "server.crt"), "--ssl-keyfile", str(d / "server.key")]
+        if not args.no_supernode_auth:
+            cmd.append("--enable-supernode-auth")
     if args.database:
         cmd += ["--database", args.database]
     return cmd
 
 
 def supernode_command(args: argparse.Namespace) -> list[str]:
+    """flower-supernode with this machine's partition, body, data and state folders."""
     node_config = f"partition-id={args.partition_id} num-partitions={args.num_partitions}"
-    if args.body:
-        node_config += f" body='{args.body}'"
-    if args.data_dir:
-        node_config += f" data-dir='{args.data_dir}'"
-    cmd = ["flower-supernode", "--superlink", args.superlink, "--host", "127.0.0.1", "--port", str(args.port), "--node-config", node_config]
+    for key, value in (("body", args.body), ("data-dir", args.data_dir), ("state-dir", args.state_dir)):
+        if value:
+            if "'" in value or '"' in value:
+                raise SystemExit(f"error: --{key} must not contain quotes: {value!r}")
+            node_config += f" {key}='{value}'"
+    cmd = ["flower-supernode", "--superlink", args.superlink, "--host", "127.0.0.1", "--port", str(args.port), "--node-config", node_config,
+           "--isolation", "subprocess"]
     cmd += ["--insecure"] if args.insecure else ["--root-certificates", args.root_cert]
+    if args.auth_key:
+        cmd += ["--auth-supernode-private-key", args.auth_key]
+    if args.max_retries is not None:
+        cmd += ["--max-retries", str(args.max_retries)]
+    if args.max_wait_time > 0:
+        cmd += ["--max-wait-time", str(args.max_wait_time)]
     return cmd
+
+
+def check_files(args: argparse.Namespace) -> str | None:
+    """What is missing for the TLS or authentication files named on the command line."""
+    if args.cmd == "superlink" and not args.insecure:
+        missing = [n for n in ("ca.crt", "server.crt", "server.key") if not (Path(args.certs) / n).is_file()]
+        if missing:
+            return (f"TLS is on but {args.certs} lacks {', '.join(missing)}: make them with `python -m server.launch certs {args.certs} "
+                    "--host THIS_HOST`, or pass --insecure on a trusted network")
+    if args.cmd == "supernode":
+        if not args.insecure and not Path(args.root_cert).is_file():
+            return f"--root-cert {args.root_cert} is not a file: copy ca.crt from the server machine, or pass --insecure on a trusted network"
+        if args.auth_key and not Path(args.auth_key).is_file():
+            return f"--auth-key {args.auth_key} is not a file: make one with `python -m server.launch keys DIR`"
+        if args.auth_key and args.insecure:
+            return "--auth-key needs TLS (the SuperLink only authenticates SuperNodes over TLS): pass --root-cert instead of --insecure"
+    return None
 
 
 def write_connection(name: str, address: str, insecure: bool, root_cert: str | None, simulation: dict | None = None) -> Path:
@@ -80,66 +119,37 @@ def write_connection(name: str, address: str, insecure: bool, root_cert: str | N
     return path
 
 
-def make_certs(out: Path, host: str, days: int = 365) -> None:
-    """A CA and a server certificate for ``host`` (name or IP), with the `cryptography` package."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-    from cryptography.x509.oid import NameOID
-
-    out.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc)
-
-    def key():
-        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
-
-    def pem(k):
-        return k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption())
-
-    ca_key = key()
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "headway CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + dt.timedelta(days=days))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256()))
-    srv_key = key()
-    try:
-        alt = [x509.IPAddress(ipaddress.ip_address(host))]
-    except ValueError:
-        alt = [x509.DNSName(host)]
-    alt += [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    srv = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])).issuer_name(ca_name)
-           .public_key(srv_key.public_key()).serial_number(x509.random_serial_number()).not_valid_before(now)
-           .not_valid_after(now + dt.timedelta(days=days)).add_extension(x509.SubjectAlternativeName(alt), critical=False)
-           .sign(ca_key, hashes.SHA256()))
-    (out / "ca.key").write_bytes(pem(ca_key))
-    (out / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (out / "server.key").write_bytes(pem(srv_key))
-    (out / "server.crt").write_bytes(srv.public_bytes(serialization.Encoding.PEM))
-    for name in ("ca.key", "server.key"):
-        os.chmod(out / name, 0o600)
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m server.launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     link = sub.add_parser("superlink", help="start the SuperLink (server machine)")
-    tls = link.add_mutually_exclusive_group(required=True)
-    tls.add_argument("--insecure", action="store_true", help="no TLS (trusted networks only)")
-    tls.add_argument("--certs", help="folder with ca.crt, server.crt, server.key (see `certs`)")
-    link.add_argument("--bind", default="0.0.0.0", help="address to listen on")
+    tls = link.add_mutually_exclusive_group()
+    tls.add_argument("--insecure", action="store_true", help="no TLS and no SuperNode authentication (trusted networks only)")
+    tls.add_argument("--certs", default="certs", help="folder with ca.crt, server.crt, server.key (see `certs`; default ./certs)")
+    link.add_argument("--no-supernode-auth", action="store_true", help="with TLS, accept any SuperNode (default: only registered keys)")
+    link.add_argument("--bind", default="0.0.0.0", help="address of the Fleet API, where SuperNodes connect (default all interfaces)")
+    link.add_argument("--control-bind", default="127.0.0.1", help="address of the Control API, where `flwr run` submits code (default 127.0.0.1)")
     link.add_argument("--fleet-port", type=int, default=FLEET_PORT)
     link.add_argument("--control-port", type=int, default=CONTROL_PORT)
-    link.add_argument("--database", default="", help="state file (default: in memory)")
+    link.add_argument("--database", default="", help="SQLite state file (default: in memory)")
     node = sub.add_parser("supernode", help="start a SuperNode (client machine)")
     node.add_argument("--superlink", required=True, help="HOST:PORT of the SuperLink's Fleet API")
     node.add_argument("--partition-id", type=int, required=True)
     node.add_argument("--num-partitions", type=int, required=True)
     node.add_argument("--body", default="", help="this client's body architecture (overrides the run config)")
     node.add_argument("--data-dir", default="", help="this machine's data directory")
+    node.add_argument("--state-dir", default="", help="keep the client's local state (bodies, heads) here, so it survives a restart")
     node.add_argument("--port", type=int, default=9094, help="local port of the SuperNode's ClientApp API")
+    node.add_argument("--auth-key", default="", help="this SuperNode's private key (see `keys`), when the SuperLink authenticates nodes")
+    node.add_argument("--max-retries", type=int, default=None, help="give up after this many failed tries to reach the SuperLink")
+    node.add_argument("--max-wait-time", type=float, default=600.0, help="give up after this many seconds without the SuperLink (0: never)")
     ntls = node.add_mutually_exclusive_group(required=True)
-    ntls.add_argument("--insecure", action="store_true")
+    ntls.add_argument("--insecure", action="store_true", help="no TLS (trusted networks only)")
     ntls.add_argument("--root-cert", help="the CA certificate (ca.crt) that signed the SuperLink's")
+    for sp in (link, node):
+        sp.add_argument("--pid-file", default="", help="write this launcher's PID here (for `stop`)")
+        sp.add_argument("--grace", type=float, default=10.0, help="seconds Flower's processes get to exit on stop before SIGKILL")
+        sp.add_argument("--dry-run", action="store_true", help="print Flower's command instead of running it")
     conn = sub.add_parser("connect", help="register a SuperLink for `flwr run . NAME`")
     conn.add_argument("name")
     ctls = conn.add_mutually_exclusive_group(required=True)
@@ -150,20 +160,59 @@ def parser() -> argparse.ArgumentParser:
     conn.add_argument("--num-supernodes", type=int, default=50, help="virtual clients (simulation); match num-clients")
     conn.add_argument("--client-cpus", type=float, default=1.0, help="CPUs per virtual client (simulation)")
     conn.add_argument("--client-gpus", type=float, default=0.0, help="GPU share per virtual client (simulation), e.g. 0.25")
-    certs = sub.add_parser("certs", help="make a CA and a server certificate")
-    certs.add_argument("out", help="folder to write ca.crt, server.crt, server.key")
-    certs.add_argument("--host", required=True, help="the SuperLink's host name or IP as clients dial it")
-    for sp in (link, node):
-        sp.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    certs = sub.add_parser("certs", help="make a CA and a SuperLink certificate (TLS)")
+    certs.add_argument("out", help="folder to write ca.crt, ca.key, server.crt, server.key")
+    certs.add_argument("--host", required=True, action="append", help="the SuperLink's host name or IP as clients dial it (repeat for several)")
+    keys = sub.add_parser("keys", help="make a SuperNode's key pair (SuperNode authentication)")
+    keys.add_argument("out", help="folder to write NAME (private key) and NAME.pub")
+    keys.add_argument("--name", default="supernode", help="file name of the key (default supernode)")
+    reg = sub.add_parser("register", help="allow a SuperNode's public key on a SuperLink (run where `flwr run` runs)")
+    reg.add_argument("public_key", help="the SuperNode's NAME.pub")
+    reg.add_argument("connection", help="the connection name given to `connect`")
+    stop = sub.add_parser("stop", help="stop a launched SuperLink or SuperNode and all its processes")
+    stop.add_argument("--pid-file", required=True)
+    stop.add_argument("--timeout", type=float, default=30.0)
     return p
+
+
+def _flwr(args: list[str]) -> int:
+    """Run the `flwr` command line next to this Python; its exit code."""
+    exe = shutil.which("flwr", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if exe is None:
+        print("error: flwr not found: install headway (pip install -e .) in this environment", file=sys.stderr)
+        return 2
+    return subprocess.run([exe, *args]).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.cmd == "certs":
         make_certs(Path(args.out), args.host)
-        print(f"wrote ca.crt, server.crt, server.key to {args.out}; copy ca.crt to every client machine")
+        print(f"wrote ca.crt, server.crt, server.key to {args.out} (for {', '.join(args.host)}); copy ca.crt to every client machine, "
+              "keep ca.key offline")
         return 0
+    if args.cmd == "keys":
+        try:
+            private, public = make_node_key(Path(args.out), args.name)
+        except FileExistsError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {private} (stays on this SuperNode: --auth-key {private}) and {public} "
+              f"(register it: python -m server.launch register {public} CONNECTION)")
+        return 0
+    if args.cmd == "register":
+        return _flwr(["supernode", "register", args.public_key, args.connection])
+    if args.cmd == "stop":
+        try:
+            pid = int(Path(args.pid_file).read_text().strip())
+        except (OSError, ValueError) as exc:
+            print(f"error: cannot read a PID from {args.pid_file}: {exc}", file=sys.stderr)
+            return 2
+        if stop_pid(pid, args.timeout):
+            print(f"stopped {pid}")
+            return 0
+        print(f"error: {pid} still runs after {args.timeout:.0f} s", file=sys.stderr)
+        return 1
     if args.cmd == "connect":
         if args.address and not (args.insecure or args.root_cert):
             print("error: a remote connection needs --insecure or --root-cert", file=sys.stderr)
@@ -176,12 +225,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(" ".join(cmd))
         return 0
-    exe = shutil.which(cmd[0])
+    problem = check_files(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    exe = shutil.which(cmd[0], path=os.pathsep.join([os.environ.get("PATH", ""), str(Path(sys.executable).parent)]))
     if exe is None:
         print(f"error: {cmd[0]} not found on PATH: install headway (pip install -e .) in this environment", file=sys.stderr)
         return 2
-    os.execv(exe, cmd)
-    return 0  # not reached
+    if args.cmd == "superlink" and args.control_bind not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: the Control API listens on {args.control_bind}: whoever reaches port {args.control_port} can submit code "
+              "that runs on this machine and every SuperNode" + (" (and TLS is off)" if args.insecure else ""), file=sys.stderr)
+    return supervise([exe, *cmd[1:]], grace=args.grace, pid_file=args.pid_file)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
-import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
@@ -60,19 +59,37 @@ class ClientRegistry:
         self.num_partitions = num_partitions
         self.clients: dict[int, ClientInfo] = {}
         self.refused: dict[int, str] = {}  # node id -> why it takes no part
+        self.conflicts: dict[int, int] = {}  # refused node id -> the connected node holding its partition id
 
-    def claim(self, node_id: int, partition_id: Any, body: Any) -> str | None:
-        """Register ``node_id`` as ``partition_id``; the reason it cannot be, or None."""
+    def claim(self, node_id: int, partition_id: Any, body: Any, connected: Collection[int] = ()) -> str | None:
+        """Register ``node_id`` as ``partition_id``; the reason it cannot be, or None.
+
+        A partition held by a node that is no longer ``connected`` moves to the new node
+        with the server's state of that client (a restarted SuperNode comes back under a
+        new node id); one held by a connected node is refused until that node leaves."""
         if isinstance(partition_id, bool) or not isinstance(partition_id, (int, float)) or partition_id != int(partition_id):
             return f"registration gives partition id {partition_id!r}, expected a whole number"
         pid = int(partition_id)
         if not 0 <= pid < self.num_partitions:
             return f"registration gives partition id {pid}, outside 0..{self.num_partitions - 1}"
         holder = self.by_partition(pid)
+        state: dict[str, Any] = {}
         if holder is not None and holder != node_id:
-            return f"partition id {pid} is already held by node {holder}; a second node cannot claim it"
-        self.clients[node_id] = ClientInfo(node_id, pid, str(body), last_seen=time.monotonic())
+            if holder in connected:
+                self.conflicts[node_id] = holder
+                return (f"partition id {pid} is already held by node {holder}, which is still connected: two SuperNodes were started "
+                        f"with the same --partition-id (this one is asked again if node {holder} leaves)")
+            state = self.clients.pop(holder).state
+            log.warning("partition %d moves from node %d (gone) to node %d, keeping the server's state of that client", pid, holder, node_id)
+        self.clients[node_id] = ClientInfo(node_id, pid, str(body), last_seen=time.monotonic(), state=state)
         return None
+
+    def release_conflicts(self, connected: Collection[int]) -> None:
+        """Forget the refusal of nodes whose partition's holder has left, so they register again."""
+        for node, holder in list(self.conflicts.items()):
+            if holder not in connected or holder not in self.clients:
+                del self.conflicts[node]
+                self.refused.pop(node, None)
 
     def refuse(self, node_id: int, reason: str) -> None:
         self.refused[node_id] = reason
@@ -156,6 +173,7 @@ class Engine:
         self.wire.clear()
         connected = set(self.grid.get_node_ids())
         self.meter.absent = sorted(c.partition_id for n, c in self.registry.clients.items() if n not in connected)
+        self.registry.release_conflicts(connected)
         new = [n for n in sorted(connected) if n not in self.registry.clients and n not in self.registry.refused]
         if new:
             self.register(new)
@@ -182,6 +200,7 @@ class Engine:
     def register(self, nodes: list[int]) -> None:
         """Ask ``nodes`` for their partition id and body (one query, within one deadline)."""
         content = RecordDict({P.CONFIG: ConfigRecord({P.ROUND: self.round, P.PHASE: P.PHASE_REGISTER})})
+        connected = set(self.grid.get_node_ids())
         for reply in self._send(P.PHASE_REGISTER, {n: content for n in nodes}, MessageType.QUERY):
             node = reply.metadata.src_node_id
             self.meter.add(P.PHASE_REGISTER, up=self.wire.message(reply))
@@ -191,7 +210,7 @@ class Engine:
                 continue
             met = reply.content.metric_records.get(P.METRICS, {})
             cfg = reply.content.config_records.get(P.CONFIG, {})
-            problem = self.registry.claim(node, met.get(P.PARTITION_ID), cfg.get(P.BODY, ""))
+            problem = self.registry.claim(node, met.get(P.PARTITION_ID), cfg.get(P.BODY, ""), connected)
             if problem:
                 self.registry.refuse(node, problem)
                 self.meter.fail(f"node {node}: {problem}")

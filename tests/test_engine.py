@@ -207,3 +207,35 @@ def test_wire_meter_counts_reply_ids_in_their_deployed_form(task_identity):
     assert len(simulated.metadata.reply_to_message_id) == 35 and len(deployed.metadata.reply_to_message_id) == 64
     assert wire_bytes(simulated) == wire_bytes(deployed)
     assert len(simulated.deflate()) + 29 == len(deployed.deflate())  # the id sits in the message object (and the header)
+
+
+def test_a_restarted_node_takes_over_its_partition_once_the_old_node_is_gone(task_identity):
+    """Two nodes claiming one partition: the second is refused while the first is connected,
+    registered again when it leaves, and inherits the server's state of that client."""
+    s = make_strategy("fedavg")
+    grid = FakeGrid(3)
+    engine = engine_for(s, grid)
+    engine.registry.clients[102].state["score"] = 0.25
+    engine.end_round()
+    restarted = 104
+    grid.nodes = [101, 102, 103, restarted]
+    answer = grid.send_and_receive
+
+    def claims_partition_1(messages, timeout):  # the new node 104 says it is partition 1
+        out = answer(messages, timeout)
+        for r in out:
+            if r.metadata.src_node_id == restarted and r.metadata.message_type == MessageType.QUERY:
+                r.content["metrics"]["partition-id"] = 1
+        return out
+
+    grid.send_and_receive = claims_partition_1
+    grid.bodies.append("mnist-cnn")
+    engine.begin_round(2)
+    assert restarted in engine.registry.refused and "still connected" in engine.meter.failures[-1]
+    assert engine.registry.partition(102) == 1 and engine.nodes() == [101, 102, 103]
+    engine.end_round()
+    grid.nodes = [101, 103, restarted]  # the old node of partition 1 is gone
+    engine.begin_round(3)
+    assert engine.registry.partition(restarted) == 1 and 102 not in engine.registry.clients
+    assert engine.registry.clients[restarted].state == {"score": 0.25}
+    assert engine.nodes() == [101, restarted, 103] and not engine.meter.failures

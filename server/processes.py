@@ -1,0 +1,167 @@
+"""Run one of Flower's commands as a supervised child and stop it together with everything
+it spawned.
+
+Flower's SuperLink starts its ServerApp in a new session (its own process group) and a
+SuperNode starts a SuperExec that starts ClientApps, so neither a PID nor a process group
+covers a deployment's processes. The supervisor makes itself a *child subreaper*: whatever
+its descendants leave behind is re-parented to it instead of init, so one walk of the
+process tree finds them all, and it stops them on SIGTERM, SIGINT or SIGHUP, and when
+Flower's command exits. Linux only (prctl and /proc); elsewhere it falls back to the
+child's process group.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _prctl(option: int, value: int) -> bool:
+    """Call prctl(2); False where it does not exist (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(option, value, 0, 0, 0) == 0
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: receive SIGTERM when the supervisor dies (even by SIGKILL)."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def descendants(pid: int) -> list[int]:
+    """Live descendants of ``pid`` (children first), read from /proc; zombies excluded."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
+        state, ppid = fields[0], int(fields[1])
+        if state != "Z":
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _reap() -> None:
+    """Collect exited children (ours, or orphans handed to us as subreaper)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _signal_all(pids: Sequence[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop_descendants(grace: float = 10.0) -> list[int]:
+    """SIGTERM every descendant of this process, SIGKILL what is left after ``grace``
+    seconds; returns the PIDs that had to be killed."""
+    me = os.getpid()
+    _signal_all(descendants(me), signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        _reap()
+        if not descendants(me):
+            return []
+        time.sleep(0.1)
+    left = descendants(me)
+    _signal_all(left, signal.SIGKILL)
+    for _ in range(50):
+        _reap()
+        if not descendants(me):
+            break
+        time.sleep(0.1)
+    return left
+
+
+class _Stop(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def supervise(cmd: list[str], grace: float = 10.0, pid_file: str = "") -> int:
+    """Run ``cmd`` until it exits or this process is told to stop; then stop every process
+    it left. Returns the command's exit code, or 128 + the signal that stopped us."""
+    subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    stopping: list[int] = []  # the first stop signal; once set, later ones are ignored
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if not stopping:
+            stopping.append(signum)
+            raise _Stop(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    if pid_file:
+        Path(pid_file).write_text(f"{os.getpid()}\n")
+    child: subprocess.Popen | None = None
+    killed: list[int] = []
+    try:
+        child = subprocess.Popen(cmd, preexec_fn=_die_with_parent, start_new_session=not subreaper)
+        rc = child.wait()
+        stopping.append(0)  # cleaning up after the command: no signal interrupts that
+    except _Stop as stop:
+        print(f"[headway] signal {signal.Signals(stop.signum).name}: stopping {cmd[0]} and its processes", file=sys.stderr, flush=True)
+        rc = 128 + stop.signum
+    finally:
+        if subreaper:
+            killed = stop_descendants(grace)
+        elif child is not None:  # no subreaper: the child's own process group is what we can reach
+            try:
+                os.killpg(child.pid, signal.SIGTERM)
+                child.wait(timeout=grace)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(child.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if killed:
+            print(f"[headway] killed {len(killed)} process(es) that ignored SIGTERM for {grace:.0f} s", file=sys.stderr, flush=True)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if pid_file:
+            Path(pid_file).unlink(missing_ok=True)
+    return rc
+
+
+def stop_pid(pid: int, timeout: float = 30.0) -> bool:
+    """Ask the supervisor ``pid`` to stop (SIGTERM) and wait until it has; True if it did."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
