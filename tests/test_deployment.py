@@ -1,107 +1,46 @@
 """A real deployment on 127.0.0.1: one SuperLink and two SuperNodes as separate
 processes talking gRPC, a run submitted with `flwr run`, and every process stopped
-by PID afterwards, even when the test fails."""
+by PID afterwards, even when the test fails (:mod:`tests.cluster`)."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.cluster import Cluster, free_port, read_rounds, run_folder
 
 pytestmark = pytest.mark.deployment
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(args: list[str], env: dict, log: Path) -> subprocess.Popen:
-    """Start ``python -m server.launch ARGS`` in its own process group, logging to ``log``."""
-    fh = open(log, "w")
-    return subprocess.Popen([sys.executable, "-m", "server.launch", *args], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Stop a process and everything it spawned (its process group), by PID."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=15)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=5)
-
-
-def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited early:\n{log.read_text()[-3000:]}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.3)
-    raise TimeoutError(f"port {port} not open after {timeout} s:\n{log.read_text()[-3000:]}")
 
 
 def deploy(tmp_path: Path, data_dir: str, run_config: str, num_nodes: int = 2, probe: bool = False) -> tuple[Path, subprocess.CompletedProcess]:
     """A SuperLink and ``num_nodes`` SuperNodes on 127.0.0.1 (insecure), one ``flwr run`` with
     ``run_config``; returns the run's results folder and what ``flwr run`` printed. With
     ``probe``, each SuperNode runs under :mod:`tests.wire_probe` and logs its Fleet bytes to
-    ``tmp_path/wire-<partition>.jsonl``. Every process is stopped by process group."""
-    env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-           "HEADWAY_DATA_DIR": data_dir, "PYTHONPATH": str(ROOT)}
-    path = [str(Path(sys.executable).parent)]
-    if probe:  # `server.launch supernode` execs the first flower-supernode on PATH: this one
+    ``tmp_path/wire-<partition>.jsonl``. Every process is stopped by the harness."""
+    path = []
+    if probe:  # `server.launch supernode` runs the first flower-supernode on PATH: this one
         shim = tmp_path / "probe-bin"
         shim.mkdir()
         (shim / "flower-supernode").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tests.wire_probe "$@"\n')
         (shim / "flower-supernode").chmod(0o755)
-        path.insert(0, str(shim))
-    env["PATH"] = os.pathsep.join([*path, env.get("PATH", "")])
+        path.append(str(shim))
     fleet, control = free_port(), free_port()
     results = tmp_path / "results"
-    procs: list[subprocess.Popen] = []
-    try:
-        link_log = tmp_path / "superlink.log"
-        link = launch(["superlink", "--insecure", "--bind", "127.0.0.1", "--fleet-port", str(fleet), "--control-port", str(control)], env, link_log)
-        procs.append(link)
-        wait_for_port(fleet, link, link_log)
-        wait_for_port(control, link, link_log)
+    with Cluster(tmp_path, data_dir, path=path) as c:
+        c.launch("superlink", ["superlink", "--insecure", "--bind", "127.0.0.1", "--fleet-port", str(fleet), "--control-port", str(control)])
+        c.wait_for_port("superlink", fleet)
+        c.wait_for_port("superlink", control)
         for pid in range(num_nodes):
-            node_env = {**env, "HEADWAY_WIRE_LOG": str(tmp_path / f"wire-{pid}.jsonl")}
-            procs.append(launch(["supernode", "--insecure", "--superlink", f"127.0.0.1:{fleet}", "--partition-id", str(pid),
-                                 "--num-partitions", str(num_nodes), "--port", str(free_port())], node_env, tmp_path / f"supernode{pid}.log"))
-        subprocess.run([sys.executable, "-m", "server.launch", "connect", "test", "--address", f"127.0.0.1:{control}", "--insecure"],
-                       cwd=ROOT, env=env, check=True, capture_output=True)
-        out = subprocess.run(["flwr", "run", ".", "test", "--stream", "--run-config", f"{run_config} results-dir='{results}'"],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-        summaries = list(results.glob("*/summary.json"))
-        assert summaries, f"no results written.\nflwr run said:\n{out.stdout[-4000:]}\n{out.stderr[-2000:]}\nsuperlink log:\n{link_log.read_text()[-3000:]}"
-        return summaries[0].parent, out
-    finally:
-        for proc in reversed(procs):
-            stop(proc)
-        assert all(p.poll() is not None for p in procs)
-
-
-def read_rounds(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
+            c.launch(f"supernode{pid}", ["supernode", "--insecure", "--superlink", f"127.0.0.1:{fleet}", "--partition-id", str(pid),
+                                         "--num-partitions", str(num_nodes), "--port", str(free_port())],
+                     env={"HEADWAY_WIRE_LOG": str(tmp_path / f"wire-{pid}.jsonl")})
+        c.command(c.launcher("connect", "test", "--address", f"127.0.0.1:{control}", "--insecure"))
+        out = c.submit("test", run_config, results)
+        return run_folder(results, out, c.log("superlink")), out
 
 
 def test_fedavg_over_grpc_with_a_superlink_and_two_supernodes(tmp_path, data_dir):

@@ -1,0 +1,69 @@
+"""Server and clients on separate hosts: network namespaces that the test builds, each with
+an address of its own on one private switch, a SuperLink with TLS and SuperNode
+authentication (the launcher's defaults), two registered SuperNodes with different bodies
+and a third whose key was never registered. Skipped where `ip netns` is not permitted."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.cluster import Cluster, Netns, read_rounds, run_folder
+
+pytestmark = pytest.mark.deployment
+
+
+@pytest.fixture
+def hosts():
+    net = Netns(["server", "node0", "node1", "stranger"])
+    try:
+        yield net
+    finally:
+        net.close()
+
+
+def test_fedlog_over_tls_with_supernode_authentication_across_hosts(tmp_path, data_dir, hosts):
+    server = hosts.addresses["server"]
+    certs, keys, results = tmp_path / "certs", tmp_path / "keys", tmp_path / "results"
+    with Cluster(tmp_path, data_dir, netns=hosts) as c:
+        c.command(c.launcher("certs", str(certs), "--host", server))
+        for name in ("node0", "node1", "stranger"):  # each client machine makes its own key
+            c.command(c.launcher("keys", str(keys), "--name", name), host=name)
+        c.launch("superlink", ["superlink", "--certs", str(certs)], host="server")  # defaults: TLS, node auth, Control API on 127.0.0.1
+        c.wait_for_port("superlink", 9092, host="server")
+        c.wait_for_port("superlink", 8000, host="server")
+        # the Fleet API is reachable from a client host; the Control API is not (it takes code to run)
+        assert hosts.reachable("node0", server, 9092)
+        assert not hosts.reachable("node0", server, 8000)
+        c.command(c.launcher("connect", "lab", "--address", "127.0.0.1:8000", "--root-cert", str(certs / "ca.crt")), host="server")
+        for name in ("node0", "node1"):
+            c.command(c.launcher("register", str(keys / f"{name}.pub"), "lab"), host="server")
+        for pid, (name, body) in enumerate([("node0", "mnist-cnn"), ("node1", "mlp")]):
+            c.launch(name, ["supernode", "--superlink", f"{server}:9092", "--root-cert", str(certs / "ca.crt"), "--auth-key", str(keys / name),
+                            "--partition-id", str(pid), "--num-partitions", "2", "--body", body], host=name)
+        stranger = c.launch("stranger", ["supernode", "--superlink", f"{server}:9092", "--root-cert", str(certs / "ca.crt"),
+                                         "--auth-key", str(keys / "stranger"), "--partition-id", "1", "--num-partitions", "2",
+                                         "--max-wait-time", "30"], host="stranger")
+        run_config = ("algorithm='fedlog' dataset='mnist' num-clients=2 num-server-rounds=2 train-fraction=0.01 local-epochs=1 "
+                      "batch-size=10 partition='pathological' feature-dim=50 sample-timeout=60.0 round-timeout=120.0")
+        out = c.submit("lab", run_config, results, host="server")
+        folder = run_folder(results, out, c.log("superlink"), c.log("node0"), c.log("node1"))
+        summary = json.loads((folder / "summary.json").read_text())
+        rounds = read_rounds(folder)
+        assert summary["status"] == "complete" and summary["rounds"] == 2 and summary["failures"] == 0, summary
+        assert all(r["clients"] == 2 for r in rounds)
+        assert summary["participants"] == {"0": "mnist-cnn", "1": "mlp"}
+        assert rounds[-1]["accuracy"] > 0.3
+        # the unregistered key was refused at the door: the SuperLink says so and that SuperNode gave up
+        t0 = time.monotonic()
+        deadline = t0 + 60
+        while stranger.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert stranger.poll() not in (None, 0), c.log("stranger").read_text()[-2000:]
+        print(f"stranger gone {time.monotonic() - t0:.1f} s after the run")
+        assert "No SuperNode found with the given public key" in c.log("superlink").read_text()
+        listed = c.command(["flwr", "supernode", "ls", "lab", "--format", "json"], host="server")
+        nodes = json.loads(listed.stdout[listed.stdout.index("{"):])["nodes"]
+        assert len(nodes) == 2 and all(n["status"] == "online" for n in nodes), nodes
