@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HEADWAY_DATA_DIR ?= $(abspath ../shared/data)
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION = 1
 
-.PHONY: setup run test test-fast clean
+.PHONY: setup run test test-fast test-system clean
 
 setup: $(STAMP)
 
@@ -21,8 +21,14 @@ $(STAMP): pyproject.toml
 run: setup
 	$(PY) -m simulation benchmarks/configs/mnist-table1.toml --set algorithm=fedlog --out results/main --overwrite
 
+# Everything but the slow fault tests (about 12 minutes on 2 cores).
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not system"
+
+# Faults survived by a real deployment: a SuperNode killed mid-round and restarted, a hung
+# ClientApp, a SuperLink restarted on its database (about 5 minutes; CI runs it after `test`).
+test-system: setup
+	$(PY) -m pytest -q -m system
 
 # Unit tests only (no Flower engine, no processes): seconds.
 test-fast: setup

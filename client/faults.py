@@ -9,6 +9,7 @@ corrupted). Each mode is one attack or defect seen in practice:
 - ``zero-model``: every array zeroed and num-examples = 1e9 (owning a weighted average);
 - ``scaled``: arrays × 1e6; ``huge-values``: arrays set to 1e30 (prototypes, statistics);
 - ``int-arrays``: arrays sent as int32; ``extra-array``: an extra 4 MB array;
+- ``oversized``: every expected array padded to 16 Mi values (64 MB a float32 array);
 - ``list-metric``: num-examples sent as a list [1, 2];
 - ``bad-eval``: an evaluation reply claiming correct = 1e6;
 - ``error``: the procedure raises; ``silent``: the client hangs past any deadline
@@ -24,7 +25,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from core import protocol as P
 
-TRAIN_MODES = ("nan", "wrong-shape", "negative-count", "huge-count", "zero-model", "scaled", "huge-values", "int-arrays", "extra-array", "list-metric")
+TRAIN_MODES = ("nan", "wrong-shape", "negative-count", "huge-count", "zero-model", "scaled", "huge-values", "int-arrays", "extra-array", "oversized", "list-metric")
 
 
 def _damage(a: np.ndarray, mode: str) -> np.ndarray:
@@ -47,6 +48,8 @@ def _damage(a: np.ndarray, mode: str) -> np.ndarray:
         a = np.zeros_like(a)
     elif mode == "int-arrays":
         return np.rint(a).astype(np.int32)
+    elif mode == "oversized":
+        return np.resize(a.reshape(-1), 1 << 24)
     return a
 
 

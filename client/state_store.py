@@ -15,11 +15,13 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from flwr.app import RecordDict
+from flwr.app import ConfigRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
 log = logging.getLogger("headway")
+
+STORE_RECORD = "state-store"  # in the state itself: how often it was restored from disk
 
 
 def state_path(node_config: Mapping[str, Any], run_id: int, partition_id: int) -> Path | None:
@@ -42,13 +44,21 @@ def save_state(state: RecordDict, path: Path) -> None:
         raise
 
 
-def restore_state(state: RecordDict, path: Path) -> bool:
-    """Fill an empty ``state`` from ``path``; True if there was a saved state to restore."""
-    if len(state) or not path.is_file():
-        return False
+def load_state(path: Path) -> RecordDict:
+    """The state saved at ``path``."""
     proto = ProtoRecordDict()
     proto.ParseFromString(path.read_bytes())
-    for name, record in recorddict_from_proto(proto).items():
+    return recorddict_from_proto(proto)
+
+
+def restore_state(state: RecordDict, path: Path) -> bool:
+    """Fill an empty ``state`` from ``path`` and count the restore in it (``STORE_RECORD``);
+    True if there was a saved state to restore."""
+    if len(state) or not path.is_file():
+        return False
+    for name, record in load_state(path).items():
         state[name] = record
-    log.info("restored this client's local state from %s", path)
+    restores = int(state.config_records.get(STORE_RECORD, ConfigRecord()).get("restores", 0)) + 1
+    state[STORE_RECORD] = ConfigRecord({"restores": restores})
+    log.warning("this SuperNode restarted: restored the client's local state from %s (restore %d)", path, restores)
     return True

@@ -26,7 +26,7 @@ OPTIMIZERS = ("adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
 FAULT_MODES = (
     "nan", "wrong-shape", "negative-count", "scaled", "error", "list-metric", "huge-count",
-    "zero-model", "int-arrays", "extra-array", "huge-values", "bad-eval", "silent",
+    "zero-model", "int-arrays", "extra-array", "oversized", "huge-values", "bad-eval", "silent",
 )
 
 

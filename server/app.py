@@ -54,8 +54,12 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     log.info("headway: %s on %s, %d clients, %d rounds -> %s", cfg["algorithm"], cfg["dataset"], cfg["num-clients"], cfg["num-server-rounds"], out)
     try:
         strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(), num_rounds=cfg["num-server-rounds"], on_round=recorder.round)
-    except KeyboardInterrupt:
-        recorder.finish({**strategy.summary_extra(), **strategy.participants()}, status="interrupted", reason="interrupted (Ctrl-C or a stop signal)")
+    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, or a stop signal (Flower turns SIGTERM into one of these)
+        why = "interrupted (Ctrl-C, or a stop signal: e.g. the SuperLink shutting down)"
+        if isinstance(exc, SystemExit):
+            why += f", exit code {exc.code}"
+        summary = recorder.finish({**strategy.summary_extra(), **strategy.participants()}, status="interrupted", reason=why)
+        log.error("headway: run interrupted after %d rounds: %s; results so far are in %s", summary["rounds"], why, out)
         raise
     except Exception as exc:
         summary = recorder.finish({**strategy.summary_extra(), **strategy.participants()}, status="failed", reason=f"{type(exc).__name__}: {exc}")

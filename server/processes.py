@@ -39,20 +39,29 @@ def _die_with_parent() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _stat(pid: int | str) -> tuple[str, int] | None:
+    """(state, parent PID) of a process from /proc, or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ", which may hold spaces
+    return fields[0], int(fields[1])
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    st = _stat(pid)
+    return st is not None and st[0] != "Z"
+
+
 def descendants(pid: int) -> list[int]:
     """Live descendants of ``pid`` (children first), read from /proc; zombies excluded."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
-        state, ppid = fields[0], int(fields[1])
-        if state != "Z":
-            children.setdefault(ppid, []).append(int(entry.name))
+        st = _stat(entry.name) if entry.name.isdigit() else None
+        if st is not None and st[0] != "Z":
+            children.setdefault(st[1], []).append(int(entry.name))
     out, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(0), []):
@@ -80,25 +89,37 @@ def _signal_all(pids: Sequence[int], sig: int) -> None:
             pass
 
 
+def _wait_gone(pids: Sequence[int], timeout: float) -> list[int]:
+    """Wait up to ``timeout`` s for ``pids`` to exit (reaping what is ours); those left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _reap()
+        left = [p for p in pids if _running(p)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)
+
+
 def stop_descendants(grace: float = 10.0) -> list[int]:
-    """SIGTERM every descendant of this process, SIGKILL what is left after ``grace``
-    seconds; returns the PIDs that had to be killed."""
+    """Stop every descendant of this process, leaves first: SIGTERM the processes Flower's
+    command started (ServerApp, SuperExec, ClientApps), which may still need it to finish
+    cleanly, then the command itself; SIGKILL what is left after ``grace`` seconds each.
+    Returns the PIDs that had to be killed."""
     me = os.getpid()
-    _signal_all(descendants(me), signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        _reap()
-        if not descendants(me):
-            return []
-        time.sleep(0.1)
-    left = descendants(me)
+    direct = {p for p in descendants(me) if (_stat(p) or ("", -1))[1] == me}
+    killed: list[int] = []
+    for wave in ([p for p in descendants(me) if p not in direct], None):
+        pids = descendants(me) if wave is None else wave
+        _signal_all(pids, signal.SIGTERM)
+        left = _wait_gone(pids, grace)
+        if left:
+            _signal_all(left, signal.SIGKILL)
+            killed += left
+            _wait_gone(left, 5.0)
+    left = descendants(me)  # anything started while stopping
     _signal_all(left, signal.SIGKILL)
-    for _ in range(50):
-        _reap()
-        if not descendants(me):
-            break
-        time.sleep(0.1)
-    return left
+    _wait_gone(left, 5.0)
+    return killed + left
 
 
 class _Stop(Exception):

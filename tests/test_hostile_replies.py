@@ -20,6 +20,7 @@ EXPECTED_REASON = {
     "zero-model": "above the",
     "int-arrays": "int32, expected float",
     "extra-array": "over this phase's cap",
+    "oversized": "over this phase's cap",
     "list-metric": "is a list",
 }
 
