@@ -45,7 +45,7 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
             procedure = PROCEDURES[env.cfg["algorithm"]]
             handler = procedure.train if kind == "train" else procedure.evaluate
             content = handler(env, msg.content, context.state)
-            if store is not None:
+            if store is not None and len(context.state):
                 save_state(context.state, store)
         if faulty:
             content = corrupt(content, env.cfg["fault-mode"], kind, timeout=env.cfg["round-timeout"] + 5.0)

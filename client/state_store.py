@@ -4,7 +4,7 @@ state, picks up where it stopped instead of from the seed.
 
 On when the SuperNode's node config names a ``state-dir`` (``server.launch supernode
 --state-dir``); the file is keyed by run id and partition id, written atomically after
-every message the client answered.
+every message the client answered that left something in its state.
 """
 
 from __future__ import annotations
@@ -56,7 +56,10 @@ def restore_state(state: RecordDict, path: Path) -> bool:
     True if there was a saved state to restore."""
     if len(state) or not path.is_file():
         return False
-    for name, record in load_state(path).items():
+    saved = load_state(path)
+    if not len(saved):
+        return False
+    for name, record in saved.items():
         state[name] = record
     restores = int(state.config_records.get(STORE_RECORD, ConfigRecord()).get("restores", 0)) + 1
     state[STORE_RECORD] = ConfigRecord({"restores": restores})

@@ -24,4 +24,6 @@ def test_state_round_trips_exactly_and_restores_only_an_empty_state(tmp_path):
     assert restore_state(again, path) and again[STORE_RECORD]["restores"] == 2
     assert not restore_state(again, path)  # a live state is never overwritten from disk
     assert not restore_state(RecordDict(), tmp_path / "missing.state")
+    save_state(RecordDict(), tmp_path / "empty.state")
+    assert not restore_state(RecordDict(), tmp_path / "empty.state")  # nothing saved is no restore
     assert set(load_state(path)) == {"body", "meta", "m", STORE_RECORD}
