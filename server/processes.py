@@ -180,9 +180,7 @@ def stop_pid(pid: int, timeout: float = 30.0) -> bool:
         return True
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _running(pid):  # gone, or exited and waiting for its parent to reap it
             return True
         time.sleep(0.2)
     return False

@@ -65,8 +65,9 @@ def test_supervisor_stops_the_whole_tree_even_processes_in_other_sessions(tmp_pa
 
     from server.processes import descendants
 
-    ready = tmp_path / "ready"
-    code = f"from server.processes import supervise; raise SystemExit(supervise([{sys.executable!r}, '-c', {TREE!r}, {str(ready)!r}], grace=5))"
+    ready, pid_file = tmp_path / "ready", tmp_path / "sup.pid"
+    code = (f"from server.processes import supervise; raise SystemExit(supervise([{sys.executable!r}, '-c', {TREE!r}, {str(ready)!r}], "
+            f"grace=5, pid_file={str(pid_file)!r}))")
     sup = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, start_new_session=True)
     try:
         deadline = time.monotonic() + 30
@@ -74,8 +75,9 @@ def test_supervisor_stops_the_whole_tree_even_processes_in_other_sessions(tmp_pa
             time.sleep(0.1)
         tree = descendants(sup.pid)
         assert len(tree) == 3, tree  # command, its child, the escaped grandchild
-        os.kill(sup.pid, signal.SIGTERM)
-        assert sup.wait(timeout=20) == 128 + signal.SIGTERM
+        assert int(pid_file.read_text()) == sup.pid
+        assert main(["stop", "--pid-file", str(pid_file), "--timeout", "20"]) == 0  # SIGTERM, and wait
+        assert sup.wait(timeout=5) == 128 + signal.SIGTERM and not pid_file.exists()
         time.sleep(0.5)
         assert [p for p in tree if _alive(p)] == []
     finally:
