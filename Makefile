@@ -30,7 +30,7 @@ test: setup
 test-system: setup
 	$(PY) -m pytest -q -m system
 
-# Unit tests only (no Flower engine, no processes): seconds.
+# Unit tests only (no Flower engine, no processes): about two minutes.
 test-fast: setup
 	$(PY) -m pytest -q -m "not integration and not deployment"
 

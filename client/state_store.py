@@ -4,7 +4,9 @@ state, picks up where it stopped instead of from the seed.
 
 On when the SuperNode's node config names a ``state-dir`` (``server.launch supernode
 --state-dir``); the file is keyed by run id and partition id, written atomically after
-every message the client answered that left something in its state.
+every message the client answered that left something in its state. The state is saved
+before the reply is sent, so a node that dies in between resumes one message ahead of what
+the server received (harmless for local training). Old runs' folders are not removed.
 """
 
 from __future__ import annotations
@@ -31,14 +33,22 @@ def state_path(node_config: Mapping[str, Any], run_id: int, partition_id: int) -
 
 
 def save_state(state: RecordDict, path: Path) -> None:
-    """Write ``state`` to ``path`` atomically (a crash leaves the previous file whole)."""
+    """Write ``state`` to ``path`` atomically and durably (a crash or power loss leaves the
+    previous file whole)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = recorddict_to_proto(state).SerializeToString()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())  # on disk before it replaces the last good file
         os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -56,7 +66,13 @@ def restore_state(state: RecordDict, path: Path) -> bool:
     True if there was a saved state to restore."""
     if len(state) or not path.is_file():
         return False
-    saved = load_state(path)
+    try:
+        saved = load_state(path)
+    except Exception as exc:  # truncated or foreign bytes: keep them aside and start from the seed
+        aside = path.with_name(path.name + ".corrupt")
+        os.replace(path, aside)
+        log.error("the saved client state %s is unreadable (%s: %s); moved to %s, starting from the seed", path, type(exc).__name__, exc, aside)
+        return False
     if not len(saved):
         return False
     for name, record in saved.items():

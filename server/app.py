@@ -54,12 +54,12 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     log.info("headway: %s on %s, %d clients, %d rounds -> %s", cfg["algorithm"], cfg["dataset"], cfg["num-clients"], cfg["num-server-rounds"], out)
     try:
         strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(), num_rounds=cfg["num-server-rounds"], on_round=recorder.round)
-    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, or a stop signal (Flower turns SIGTERM into one of these)
-        why = "interrupted (Ctrl-C, or a stop signal: e.g. the SuperLink shutting down)"
-        if isinstance(exc, SystemExit):
-            why += f", exit code {exc.code}"
-        summary = recorder.finish({**strategy.summary_extra(), **strategy.participants()}, status="interrupted", reason=why)
-        log.error("headway: run interrupted after %d rounds: %s; results so far are in %s", summary["rounds"], why, out)
+    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, a stop signal (Flower exits 0), or Flower exiting on an error
+        status, why = "interrupted", "interrupted (Ctrl-C, or a stop signal: e.g. the SuperLink shutting down)"
+        if isinstance(exc, SystemExit) and exc.code not in (0, None):
+            status, why = "failed", f"Flower exited with code {exc.code} (e.g. the SuperLink became unreachable)"
+        summary = recorder.finish({**strategy.summary_extra(), **strategy.participants()}, status=status, reason=why)
+        log.error("headway: run %s after %d rounds: %s; results so far are in %s", status, summary["rounds"], why, out)
         raise
     except Exception as exc:
         summary = recorder.finish({**strategy.summary_extra(), **strategy.participants()}, status="failed", reason=f"{type(exc).__name__}: {exc}")

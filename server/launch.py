@@ -171,7 +171,7 @@ def parser() -> argparse.ArgumentParser:
     reg.add_argument("connection", help="the connection name given to `connect`")
     stop = sub.add_parser("stop", help="stop a launched SuperLink or SuperNode and all its processes")
     stop.add_argument("--pid-file", required=True)
-    stop.add_argument("--timeout", type=float, default=30.0)
+    stop.add_argument("--timeout", type=float, default=45.0, help="seconds to wait (the launcher may take 2 × --grace + 15)")
     return p
 
 
@@ -208,7 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             print(f"error: cannot read a PID from {args.pid_file}: {exc}", file=sys.stderr)
             return 2
-        if stop_pid(pid, args.timeout):
+        try:
+            stopped = stop_pid(pid, args.timeout)
+        except (ValueError, PermissionError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if stopped:
             print(f"stopped {pid}")
             return 0
         print(f"error: {pid} still runs after {args.timeout:.0f} s", file=sys.stderr)

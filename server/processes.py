@@ -50,7 +50,15 @@ def _stat(pid: int | str) -> tuple[str, int] | None:
 
 
 def _running(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie."""
+    """Whether ``pid`` exists and is not a zombie (without /proc: whether it exists)."""
+    if not Path("/proc").is_dir():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
     st = _stat(pid)
     return st is not None and st[0] != "Z"
 
@@ -139,13 +147,15 @@ def supervise(cmd: list[str], grace: float = 10.0, pid_file: str = "") -> int:
             stopping.append(signum)
             raise _Stop(signum)
 
-    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
-    if pid_file:
-        Path(pid_file).write_text(f"{os.getpid()}\n")
     child: subprocess.Popen | None = None
     killed: list[int] = []
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     try:
-        child = subprocess.Popen(cmd, preexec_fn=_die_with_parent, start_new_session=not subreaper)
+        if pid_file:
+            Path(pid_file).write_text(f"{os.getpid()}\n")
+        # its own process group: Ctrl-C in a terminal reaches the supervisor only, which then
+        # stops the processes in order (without a subreaper: its own session, to kill as a group)
+        child = subprocess.Popen(cmd, preexec_fn=_die_with_parent, process_group=0 if subreaper else None, start_new_session=not subreaper)
         rc = child.wait()
         stopping.append(0)  # cleaning up after the command: no signal interrupts that
     except _Stop as stop:
@@ -172,8 +182,12 @@ def supervise(cmd: list[str], grace: float = 10.0, pid_file: str = "") -> int:
     return rc
 
 
-def stop_pid(pid: int, timeout: float = 30.0) -> bool:
-    """Ask the supervisor ``pid`` to stop (SIGTERM) and wait until it has; True if it did."""
+def stop_pid(pid: int, timeout: float = 45.0) -> bool:
+    """Ask the supervisor ``pid`` to stop (SIGTERM) and wait until it has; True if it did.
+    Refuses (ValueError) a PID that is not a headway launcher, e.g. from a stale pid file."""
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if cmdline.exists() and not any(name in cmdline.read_bytes() for name in (b"server.launch", b"server.processes")):
+        raise ValueError(f"process {pid} is not a headway launcher (a stale pid file?); not signalling it")
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:

@@ -60,13 +60,16 @@ class ClientRegistry:
         self.clients: dict[int, ClientInfo] = {}
         self.refused: dict[int, str] = {}  # node id -> why it takes no part
         self.conflicts: dict[int, int] = {}  # refused node id -> the connected node holding its partition id
+        self.displaced: dict[int, int] = {}  # node id -> the partition id that moved away from it
 
-    def claim(self, node_id: int, partition_id: Any, body: Any, connected: Collection[int] = ()) -> str | None:
+    def claim(self, node_id: int, partition_id: Any, body: Any, connected: Collection[int]) -> str | None:
         """Register ``node_id`` as ``partition_id``; the reason it cannot be, or None.
 
         A partition held by a node that is no longer ``connected`` moves to the new node
-        with the server's state of that client (a restarted SuperNode comes back under a
-        new node id); one held by a connected node is refused until that node leaves."""
+        with the server's state of that client (without SuperNode authentication a
+        restarted SuperNode comes back under a new node id). One held by a connected node
+        is refused until that node leaves, except that a node returning under the id that
+        held the partition before takes it back (with authentication node ids are stable)."""
         if isinstance(partition_id, bool) or not isinstance(partition_id, (int, float)) or partition_id != int(partition_id):
             return f"registration gives partition id {partition_id!r}, expected a whole number"
         pid = int(partition_id)
@@ -75,12 +78,17 @@ class ClientRegistry:
         holder = self.by_partition(pid)
         state: dict[str, Any] = {}
         if holder is not None and holder != node_id:
-            if holder in connected:
+            if holder in connected and self.displaced.get(node_id) != pid:
                 self.conflicts[node_id] = holder
                 return (f"partition id {pid} is already held by node {holder}, which is still connected: two SuperNodes were started "
                         f"with the same --partition-id (this one is asked again if node {holder} leaves)")
             state = self.clients.pop(holder).state
-            log.warning("partition %d moves from node %d (gone) to node %d, keeping the server's state of that client", pid, holder, node_id)
+            self.displaced[holder] = pid
+            if holder in connected:  # the returning first holder takes precedence over the node that took its place
+                self.refuse(holder, f"partition id {pid} went back to node {node_id}, which held it before")
+                self.conflicts[holder] = node_id
+            log.warning("partition %d moves from node %d to node %d, keeping the server's state of that client", pid, holder, node_id)
+        self.displaced.pop(node_id, None)
         self.clients[node_id] = ClientInfo(node_id, pid, str(body), last_seen=time.monotonic(), state=state)
         return None
 
@@ -172,11 +180,11 @@ class Engine:
         self.missed = set()
         self.wire.clear()
         connected = set(self.grid.get_node_ids())
-        self.meter.absent = sorted(c.partition_id for n, c in self.registry.clients.items() if n not in connected)
         self.registry.release_conflicts(connected)
         new = [n for n in sorted(connected) if n not in self.registry.clients and n not in self.registry.refused]
         if new:
             self.register(new)
+        self.meter.absent = sorted(c.partition_id for n, c in self.registry.clients.items() if n not in connected)
 
     def end_round(self) -> RoundMeter:
         """The finished round's meter (and a fresh one for what follows)."""

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from client.env import client_env
 from client.procedures.fedavg import FedProxClient
 from client.procedures.fedlog import FedLogClient
 from client.procedures.fedrep import FedRepClient
 from client.procedures.layer_sharing import PERSONAL, SharedLayersClient
-from core.config import ConfigError, resolve
+from core.config import ConfigError
 from core.data import SPECS
 from core.layers import layer_names, select, top_layers
 from core.models import build_model

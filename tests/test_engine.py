@@ -211,7 +211,8 @@ def test_wire_meter_counts_reply_ids_in_their_deployed_form(task_identity):
 
 def test_a_restarted_node_takes_over_its_partition_once_the_old_node_is_gone(task_identity):
     """Two nodes claiming one partition: the second is refused while the first is connected,
-    registered again when it leaves, and inherits the server's state of that client."""
+    registered again when it leaves, and inherits the server's state of that client; the
+    first holder, back under its own node id, takes its partition (and state) back."""
     s = make_strategy("fedavg")
     grid = FakeGrid(3)
     engine = engine_for(s, grid)
@@ -238,4 +239,10 @@ def test_a_restarted_node_takes_over_its_partition_once_the_old_node_is_gone(tas
     engine.begin_round(3)
     assert engine.registry.partition(restarted) == 1 and 102 not in engine.registry.clients
     assert engine.registry.clients[restarted].state == {"score": 0.25}
-    assert engine.nodes() == [101, restarted, 103] and not engine.meter.failures
+    assert engine.nodes() == [101, restarted, 103] and not engine.meter.failures and engine.meter.absent == []
+    engine.registry.clients[restarted].state["score"] = 0.5
+    engine.end_round()
+    grid.nodes = [101, 102, 103, restarted]  # the first holder returns under its own id (as with SuperNode authentication)
+    engine.begin_round(4)
+    assert engine.registry.partition(102) == 1 and engine.registry.clients[102].state == {"score": 0.5}
+    assert restarted in engine.registry.refused and engine.nodes() == [101, 102, 103]

@@ -92,7 +92,9 @@ def test_a_killed_supernode_costs_one_deadline_and_rejoins_with_its_state_while_
     # round 1: partitions 0 and 1 train; 2 hangs and is cut off at the deadline
     assert rounds[0]["clients"] == 2 and any(hung in f and "partition 2" in f for f in rounds[0]["failure_reasons"])
     # round 2: partition 1 was killed while training: only partition 0 is aggregated, by the deadline
-    assert rounds[1]["clients"] == 1 and any("partition 1" in f for f in rounds[1]["failure_reasons"]), rounds[1]
+    # (counted as a failure if its training message was out when it died, else reported absent)
+    assert rounds[1]["clients"] == 1, rounds[1]
+    assert any("partition 1" in f for f in rounds[1]["failure_reasons"]) or 1 in rounds[1].get("absent_partitions", []), rounds[1]
     assert rounds[1]["seconds"] < 3 * timeout + 30
     # the restarted node rejoins (new node id, same partition) and trains again
     assert rounds[-1]["clients"] == 2 and 1 in rounds[-1]["selected"], rounds[-1]

@@ -18,7 +18,7 @@ import simulation
 import simulation.runner
 from core.config import ConfigError, check_against_spec, resolve
 from core.data import SPECS
-from server.results import RESULT_FILES, Recorder, ResultsFolderError
+from server.results import Recorder, ResultsFolderError
 
 BASE = {"dataset": "mnist", "num-clients": 2, "num-server-rounds": 2}
 

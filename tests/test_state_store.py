@@ -27,3 +27,12 @@ def test_state_round_trips_exactly_and_restores_only_an_empty_state(tmp_path):
     save_state(RecordDict(), tmp_path / "empty.state")
     assert not restore_state(RecordDict(), tmp_path / "empty.state")  # nothing saved is no restore
     assert set(load_state(path)) == {"body", "meta", "m", STORE_RECORD}
+
+
+def test_an_unreadable_state_file_is_set_aside_and_the_client_starts_from_the_seed(tmp_path):
+    path = tmp_path / "run-1" / "partition-0.state"
+    save_state(RecordDict({"m": MetricRecord({"x": 1.0})}), path)
+    path.write_bytes(path.read_bytes()[:7])  # truncated
+    state = RecordDict()
+    assert not restore_state(state, path) and len(state) == 0
+    assert not path.exists() and (path.parent / "partition-0.state.corrupt").exists()
