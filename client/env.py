@@ -46,7 +46,8 @@ class ClientEnv:
 
     def build_model(self, body: str | None = None) -> Net:
         """This client's initial model (see ``init_seed``)."""
-        return build_model(body or self.body, self.data.input_shape, self.cfg["feature-dim"], self.outputs, self.init_seed).to(self.device)
+        return build_model(body or self.body, self.data.input_shape, self.cfg["feature-dim"], self.outputs, self.init_seed,
+                           self.cfg["body-dropout"]).to(self.device)
 
     def lr(self, server_round: int) -> float:
         """The learning rate of ``server_round``: lr · lr-decay^(round − 1) (rounds from 1)."""

@@ -21,7 +21,7 @@ DATASETS = (
     "uci-gas-turbine",
     "circle",
 )
-PARTITIONS = ("iid", "pathological", "dirichlet", "natural", "dominant")
+PARTITIONS = ("iid", "pathological", "shards", "dirichlet", "natural", "dominant")
 OPTIMIZERS = ("adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
 FAULT_MODES = (
@@ -41,7 +41,7 @@ SCHEMA: dict[str, Key] = {
     "data-dir": Key("", "data directory; empty: $HEADWAY_DATA_DIR, else the user cache"),
     "num-clients": positive("number of clients (partitions)", 50),
     "partition": Key("pathological", "how data is split over clients", choices=PARTITIONS),
-    "classes-per-client": positive("classes per client (pathological)", 2),
+    "classes-per-client": positive("classes per client (pathological); shards per client (shards)", 2),
     "dirichlet-alpha": positive("Dirichlet concentration (dirichlet)", 0.5),
     "dominant-class-fraction": Key(0.6, "share of each client's data from its one dominant class (dominant); dominant classes are dealt evenly over clients", check=lambda v: 0 <= v <= 1, rule="in [0, 1]"),
     "client-size-mean": non_negative("mean of clients' local data sizes, drawn from a normal distribution (iid, dominant); 0: equal shares of the data", 0.0),
@@ -60,6 +60,7 @@ SCHEMA: dict[str, Key] = {
     "optimizer": Key("adam", "local optimizer", choices=OPTIMIZERS),
     "body": Key("mnist-cnn", "default body architecture"),
     "feature-dim": non_negative("m, the number of features a body outputs; 0: the body's own width", 0),
+    "body-dropout": Key(0.5, "dropout in training of the papers' CNN bodies (mnist-cnn: after conv2 and on the features; cifar-cnn: on the features), as their authors train them; 0: off", check=lambda v: 0 <= v < 1, rule="in [0, 1)"),
     "bodies": Key("", "comma list of bodies cycled over partition ids; empty: every client runs `body`"),
     "body-init": Key("shared", "initial client models: one seed for all, or a seed per partition id (different initializations)", choices=("shared", "per-client")),
     "seed": Key(0, "seed of partitions, initialization and sampling"),

@@ -14,31 +14,41 @@ from torch import nn
 
 
 class CNN(nn.Module):
-    """Convolutions with max pooling, then fully connected layers with ReLU."""
+    """Convolutions with max pooling, then fully connected layers with ReLU; optionally
+    channel dropout after the last convolution and dropout on the output features, active
+    in training only (parameter-free: the parameter names are the same with or without)."""
 
-    def __init__(self, convs: list[nn.Module], fcs: list[nn.Linear]):
+    def __init__(self, convs: list[nn.Module], fcs: list[nn.Linear], conv_dropout: float = 0.0, feature_dropout: float = 0.0):
         super().__init__()
         self.convs = nn.ModuleList(convs)
         self.fcs = nn.ModuleList(fcs)
+        self.conv_dropout = nn.Dropout2d(conv_dropout) if conv_dropout else nn.Identity()
+        self.feature_dropout = nn.Dropout(feature_dropout) if feature_dropout else nn.Identity()
         self.out_dim = fcs[-1].out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for conv in self.convs:
-            x = torch.max_pool2d(torch.relu(conv(x)), 2)
+        last = len(self.convs) - 1
+        for i, conv in enumerate(self.convs):
+            x = conv(x)
+            if i == last:
+                x = self.conv_dropout(x)
+            x = torch.max_pool2d(torch.relu(x), 2)
         x = x.flatten(1)
         for fc in self.fcs:
             x = torch.relu(fc(x))
-        return x
+        return self.feature_dropout(x)
 
 
-def mnist_cnn(input_shape: tuple[int, ...], m: int) -> nn.Module:
-    """FedLog Table A.2 (MNIST) without its last layer: 320 -> m (50)."""
-    return CNN([nn.Conv2d(input_shape[0], 10, 5), nn.Conv2d(10, 20, 5)], [nn.Linear(320, m or 50)])
+def mnist_cnn(input_shape: tuple[int, ...], m: int, dropout: float = 0.0) -> nn.Module:
+    """FedLog Table A.2 (MNIST) without its last layer: 320 -> m (50). As the authors' model:
+    Dropout2d(``dropout``) after the second convolution and dropout on the features."""
+    return CNN([nn.Conv2d(input_shape[0], 10, 5), nn.Conv2d(10, 20, 5)], [nn.Linear(320, m or 50)], dropout, dropout)
 
 
-def cifar_cnn(input_shape: tuple[int, ...], m: int) -> nn.Module:
-    """FedLog Table A.2 (CIFAR) without its last layer: 400 -> 120 -> m (100)."""
-    return CNN([nn.Conv2d(input_shape[0], 6, 5), nn.Conv2d(6, 16, 5)], [nn.Linear(400, 120), nn.Linear(120, m or 100)])
+def cifar_cnn(input_shape: tuple[int, ...], m: int, dropout: float = 0.0) -> nn.Module:
+    """FedLog Table A.2 (CIFAR) without its last layer: 400 -> 120 -> m (100). As the
+    authors' model: dropout(``dropout``) on the features."""
+    return CNN([nn.Conv2d(input_shape[0], 6, 5), nn.Conv2d(6, 16, 5)], [nn.Linear(400, 120), nn.Linear(120, m or 100)], 0.0, dropout)
 
 
 def cifar_cnn_small(input_shape: tuple[int, ...], m: int) -> nn.Module:
@@ -156,19 +166,26 @@ class Net(nn.Module):
         return self.head(self.body(x))
 
 
-def build_body(name: str, input_shape: tuple[int, ...], m: int = 0, seed: int = 0) -> nn.Module:
-    """Body ``name`` with m output features (0: the body's own width), seeded."""
+# bodies whose papers' authors train them with dropout (``body-dropout``); others have none
+WITH_DROPOUT = ("mnist-cnn", "cifar-cnn")
+
+
+def build_body(name: str, input_shape: tuple[int, ...], m: int = 0, seed: int = 0, dropout: float = 0.0) -> nn.Module:
+    """Body ``name`` with m output features (0: the body's own width), seeded, in eval mode
+    (training switches it to train mode for its duration); ``dropout`` applies to the
+    bodies in WITH_DROPOUT and is ignored by the others."""
     if name not in BODIES:
         raise ValueError(f"unknown body {name!r}; allowed: {', '.join(sorted(BODIES))}")
     torch.manual_seed(seed)
-    return BODIES[name](tuple(input_shape), m)
+    body = BODIES[name](tuple(input_shape), m, dropout) if name in WITH_DROPOUT else BODIES[name](tuple(input_shape), m)
+    return body.eval()
 
 
-def build_model(name: str, input_shape: tuple[int, ...], m: int, outputs: int, seed: int = 0) -> Net:
+def build_model(name: str, input_shape: tuple[int, ...], m: int, outputs: int, seed: int = 0, dropout: float = 0.0) -> Net:
     """Body and linear head, seeded, so every client can rebuild the same initial model."""
-    body = build_body(name, input_shape, m, seed)
+    body = build_body(name, input_shape, m, seed, dropout)
     torch.manual_seed(seed + 1)
-    return Net(body, nn.Linear(body.out_dim, outputs))
+    return Net(body, nn.Linear(body.out_dim, outputs)).eval()
 
 
 def resolve_device(choice: str) -> torch.device:

@@ -87,6 +87,22 @@ def pathological(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_
     return split_by_class(y_train, weights, rng), split_by_class(y_test, weights, rng)
 
 
+def shards(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_classes: int, per_client: int, rng: np.random.Generator):
+    """The split of the FedAvg and FedLog authors' code: training rows sorted by label (in a
+    random order within a class), cut into num_clients·per_client equal shards, and
+    ``per_client`` shards dealt at random to each client, so a client may hold one class
+    twice (and then fewer classes). Unlike ``pathological``, which gives every client exactly
+    ``per_client`` distinct classes and every class to equally many clients. Test rows
+    follow each client's class mix."""
+    order = rng.permutation(len(y_train))
+    order = order[np.argsort(y_train[order], kind="stable")]
+    pieces = np.array_split(order, num_clients * per_client)
+    deal = rng.permutation(num_clients * per_client).reshape(num_clients, per_client)
+    train = [np.sort(np.concatenate([pieces[s] for s in deal[k]])) for k in range(num_clients)]
+    counts = np.stack([np.bincount(y_train[t], minlength=num_classes) for t in train]).astype(float)
+    return train, split_by_class(y_test, counts, rng)
+
+
 def dirichlet(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_classes: int, alpha: float, rng: np.random.Generator):
     """Per class, shares over clients drawn from Dir(alpha); test rows follow each client's class mix."""
     weights = rng.dirichlet(np.full(num_clients, alpha), size=num_classes).T  # clients x classes
@@ -160,7 +176,7 @@ def _make_partition(
 ) -> Partition:
     rng = np.random.default_rng(seed)
     classification = ds.task == "classification"
-    if scheme in ("pathological", "dirichlet") and not classification:
+    if scheme in ("pathological", "shards", "dirichlet") and not classification:
         raise ValueError(f"partition '{scheme}' needs class labels; data set '{ds.name}' is a regression task: use iid or natural")
     validation = np.zeros(0, dtype=np.int64)
     pool = np.arange(len(ds.y_train))
@@ -184,6 +200,8 @@ def _make_partition(
         train, test = dominant(y_train, ds.y_test, num_clients, ds.num_classes, dominant_fraction, sizes, rng)
     elif scheme == "pathological":
         train, test = pathological(y_train, ds.y_test, num_clients, ds.num_classes, per_client, rng)
+    elif scheme == "shards":
+        train, test = shards(y_train, ds.y_test, num_clients, ds.num_classes, per_client, rng)
     elif scheme == "dirichlet":
         train, test = dirichlet(y_train, ds.y_test, num_clients, ds.num_classes, alpha, rng)
     elif scheme == "natural":

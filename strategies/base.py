@@ -182,7 +182,7 @@ class HeadwayStrategy(Strategy):
         test = self.services.data.test_tensors()
         if test is None:
             return {}
-        model = build_model(self.cfg["body"], self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"])
+        model = build_model(self.cfg["body"], self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"], self.cfg["body-dropout"])
         model.load_state_dict(arrays.to_torch_state_dict())
         s = score(self.spec.task, predict(model.eval(), test[0]), test[1])
         return {f"global_{k}": v for k, v in s.items()}

@@ -40,7 +40,7 @@ class FedAvg(HeadwayStrategy):
         self.sent: dict[str, np.ndarray] = {}  # what this round's clients were sent
 
     def initial_arrays(self) -> ArrayRecord:
-        model = build_model(self.cfg["body"], self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"])
+        model = build_model(self.cfg["body"], self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"], self.cfg["body-dropout"])
         return ArrayRecord(model.state_dict())
 
     def shared(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:

@@ -50,7 +50,7 @@ class FedProf(FedAvg):
         if val is None:
             raise ConfigError("fedprof needs the server to hold the data set for its validation set D^V (fedprof-val-size rows); "
                               "give the server a data-dir with the data")
-        model = build_model(self.cfg["body"], self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"])
+        model = build_model(self.cfg["body"], self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"], self.cfg["body-dropout"])
         model.load_state_dict(arrays.to_torch_state_dict())
         return model_profile(model, self.cfg["fedprof-layer"], val[0])
 

@@ -47,7 +47,7 @@ class LayerSharing(FedAvg):
         raise NotImplementedError
 
     def _model(self, body: str) -> Net:
-        return build_model(body, self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"])
+        return build_model(body, self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"], self.cfg["body-dropout"])
 
     def _shared_shapes(self, model: Net) -> dict[str, tuple[int, ...]]:
         """Shapes of the layers shared after any warm-up (the part that must agree across bodies)."""

@@ -21,7 +21,7 @@ def test_unknown_key_is_named():
 
 
 @pytest.mark.parametrize("key,value,needle", [
-    ("partition", "random", "allowed values: iid, pathological, dirichlet, natural"),
+    ("partition", "random", "allowed values: iid, pathological, shards, dirichlet, natural"),
     ("optimizer", "rmsprop", "allowed values: adam, sgd"),
     ("fraction-train", 1.5, "in (0, 1]"),
     ("num-clients", 0, "> 0"),

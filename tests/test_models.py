@@ -30,3 +30,32 @@ def test_models_are_reproducible_from_the_seed():
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+
+
+def test_papers_cnn_bodies_drop_out_in_training_only():
+    """mnist-cnn and cifar-cnn train with the authors' dropout (body-dropout, default 0.5) and
+    are deterministic in eval mode, the mode they are built in; the parameters are the same
+    as without dropout, so every method's arrays are unchanged."""
+    import torch
+
+    from core.config import resolve
+    from core.models import build_body
+
+    assert resolve({})["body-dropout"] == 0.5
+    for name, shape in (("mnist-cnn", (1, 28, 28)), ("cifar-cnn", (3, 32, 32))):
+        x = torch.randn(8, *shape)
+        body = build_body(name, shape, 0, seed=1, dropout=0.5)
+        plain = build_body(name, shape, 0, seed=1, dropout=0.0)
+        assert list(body.state_dict()) == list(plain.state_dict()) and not body.training
+        with torch.no_grad():
+            assert torch.equal(body(x), body(x)) and torch.equal(body(x), plain(x))  # eval: no dropout
+            body.train()
+            torch.manual_seed(0)
+            a = body(x)
+            torch.manual_seed(1)
+            b = body(x)
+        assert not torch.equal(a, b) and (a == 0).float().mean() > 0.4  # about half the features dropped
+    # bodies without dropout in their papers ignore the setting
+    mlp = build_body("mlp", (1, 28, 28), 0, seed=1, dropout=0.5).train()
+    x = torch.randn(4, 1, 28, 28)
+    assert torch.equal(mlp(x), mlp(x))

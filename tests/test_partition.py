@@ -70,3 +70,22 @@ def test_regression_cannot_be_split_by_class(data_dir):
     ds = load_dataset("uci-gas-turbine", data_dir)
     with pytest.raises(ValueError, match="regression"):
         make_partition(ds, _cfg(partition="pathological"))
+
+
+def test_shards_deal_equal_sorted_shards_so_a_client_may_hold_one_class_twice(data_dir):
+    ds = load_dataset("mnist", data_dir)
+    part = make_partition(ds, _cfg(partition="shards"))
+    sizes = [len(t) for t in part.train]
+    assert max(sizes) - min(sizes) <= 2  # 100 shards of 3000 rows, two each
+    all_train = np.concatenate(part.train)
+    assert len(all_train) == len(np.unique(all_train)) and abs(len(all_train) - 3000) <= 10
+    classes = [set(np.unique(ds.y_train[t])) for t in part.train]
+    assert all(1 <= len(c) <= 4 for c in classes)  # a shard may straddle two classes
+    assert sum(len(c) == 1 for c in classes) >= 1  # seed 0: some client got one class twice
+    for tr, te in zip(part.train, part.test):
+        assert set(np.unique(ds.y_test[te])) <= set(np.unique(ds.y_train[tr]))  # test follows the client's classes
+    assert len(np.unique(np.concatenate(part.test))) == sum(len(t) for t in part.test)  # disjoint
+    again = make_partition(ds, _cfg(partition="shards", **{"num-server-rounds": 3}))
+    other = make_partition(ds, _cfg(partition="shards", seed=1))
+    assert all(np.array_equal(x, y) for x, y in zip(part.train, again.train))
+    assert not all(np.array_equal(x, y) for x, y in zip(part.train, other.train))

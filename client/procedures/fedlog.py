@@ -49,7 +49,7 @@ def fedlog_c_loss(phi: torch.Tensor, y: torch.Tensor, means: torch.Tensor, known
 
 class FedLogClient:
     def _features(self, env: ClientEnv, state: RecordDict) -> FeatureMap:
-        body = build_body(env.body, env.data.input_shape, env.cfg["feature-dim"], env.init_seed)
+        body = build_body(env.body, env.data.input_shape, env.cfg["feature-dim"], env.init_seed, env.cfg["body-dropout"])
         if BODY_STATE in state.array_records:
             body.load_state_dict(state[BODY_STATE].to_torch_state_dict())
         return FeatureMap(body, env.cfg["fedlog-clip"]).to(env.device)
