@@ -176,6 +176,11 @@ def _check_combinations(cfg: Mapping[str, Any]) -> None:
             "run-config key 'fedlog-clip' must be > 0 when 'fedlog-dp' is "
             f"{cfg['fedlog-dp']!r}: the noise scale needs a bound on the features"
         )
+    if cfg["fedlog-dp"] == "local" and cfg["fedlog-uplink"] == "sparse":
+        raise ConfigError(
+            "run-config key 'fedlog-uplink' must be 'dense' with fedlog-dp='local': the noise must cover every row, "
+            "and leaving out the rows of absent classes would release which classes a client holds"
+        )
 
 
 def check_against_spec(cfg: Mapping[str, Any], spec: Any) -> None:

@@ -120,6 +120,30 @@ def add_noise(stats: np.ndarray, sigma: float, rng: np.random.Generator) -> np.n
     return stats + rng.normal(0.0, sigma, size=stats.shape)
 
 
+def present_rows(stats: np.ndarray) -> np.ndarray:
+    """The sparse uplink of T: one row [class index, T_c] for each class a client holds
+    (class count > 0), in one array (a second array would cost more bytes than the indices).
+    Lossless: every other row of T is zero."""
+    classes = np.flatnonzero(stats[:, 0] > 0)
+    return np.hstack([classes[:, None].astype(stats.dtype), stats[classes]])
+
+
+def dense_statistics(rows: np.ndarray, num_classes: int) -> tuple[np.ndarray | None, str | None]:
+    """T (num_classes × m, float64) rebuilt from sparse rows, or None and why they cannot be
+    a client's (a class index not a whole number in range, or repeated; a row without examples)."""
+    index, values = rows[:, 0], rows[:, 1:]
+    if not np.all(np.isfinite(index)) or np.any(index != np.round(index)) or np.any((index < 0) | (index >= num_classes)):
+        return None, f"a class index is not a whole number in 0..{num_classes - 1}"
+    classes = index.astype(np.int64)
+    if len(np.unique(classes)) != len(classes):
+        return None, "a class index is repeated"
+    if np.any(~(values[:, 0] > 0)):
+        return None, "a sent row has no examples (class count <= 0 or NaN); only classes a client holds are sent"
+    dense = np.zeros((num_classes, values.shape[1]), np.float64)
+    dense[classes] = values
+    return dense, None
+
+
 @dataclass(frozen=True)
 class StatsCheck:
     """What a valid reply looks like: shape, and the bounds the features obey."""

@@ -52,7 +52,8 @@ METHODS: dict[str, Method] = {
                "strategies.fedprox:FedProx", "client.procedures.fedavg:FedProxClient", MODEL,
                {"fedprox-mu": non_negative("FedProx: proximal term weight mu", 0.01)}),
         Method("fedlog", "per-class feature sums and the exact MAP head of Eq. 12 (FedLog, FedLog-C, DP-FedLog)",
-               "strategies.fedlog:FedLog", "client.procedures.fedlog:FedLogClient", {P.STATS: "float32"},
+               "strategies.fedlog:FedLog", "client.procedures.fedlog:FedLogClient",
+               {P.STATS: "float32", P.STATS_ROWS: "float32"},
                {
                    "fedlog-prior-nu": non_negative("prior strength nu of the conjugate prior", 1.0),
                    "fedlog-prior-chi": Key(0.0, "prior chi (every entry)"),
@@ -62,6 +63,8 @@ METHODS: dict[str, Method] = {
                    "fedlog-epsilon": positive("DP epsilon", 1.0),
                    "fedlog-delta": Key(0.01, "DP delta", check=lambda v: 0 < v < 1, rule="in (0, 1)"),
                    "fedlog-clip": non_negative("clip body features to [-b, b]; 0: no clip (required > 0 with DP)", 0.0),
+                   "fedlog-uplink": Key("dense", "FedLog: statistics sent dense (classes × m) or sparse (only the rows of the classes a client holds, with their indices: lossless; not with fedlog-dp=local)",
+                                        choices=("dense", "sparse")),
                }),
         Method("lg-fedavg", "local bodies, averaged top layers (Liang et al. 2020, Alg. 1)",
                "strategies.lg_fedavg:LGFedAvg", "client.procedures.lg_fedavg:LGFedAvgClient", MODEL,

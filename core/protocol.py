@@ -34,6 +34,7 @@ PHASE_PROFILE = "profile"  # FedProf before round 1: every client profiles the i
 ETA = "eta"  # the global head η (server -> client)
 STATS = "stats"  # a client's sufficient statistic T = Σ φ⊗e_y (client -> server)
 STATS_SUM = "stats-sum"  # FedLog-C: the aggregate Φ (server -> client)
+STATS_ROWS = "stats-rows"  # FedLog sparse uplink: [class index, row of T] for each class a client holds
 
 # FedProf payload array: per unit (mean, variance) of the profiled layer (client -> server)
 PROFILE = "profile"

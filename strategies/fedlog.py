@@ -13,7 +13,7 @@ from flwr.app import Array, ArrayRecord, MessageType, RecordDict
 from core import protocol as P
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
-from core.fedlog import StatsCheck, add_noise, noise_sigma, releases, solve_head
+from core.fedlog import StatsCheck, add_noise, dense_statistics, noise_sigma, releases, solve_head
 from core.models import common_width
 from strategies.base import HeadwayStrategy, Step, mean_finite
 from strategies.engine import Engine
@@ -72,15 +72,24 @@ class FedLog(HeadwayStrategy):
         return {node: content for node in engine.sample(self.cfg["fraction-train"])}
 
     def train_layout(self, server_round: int) -> Layout:
-        """Statistics (classes × m, float32) and, unless under local DP, the count and loss
-        (under local DP a client releases nothing but its noised statistics)."""
+        """Statistics (classes × m, float32; or, with fedlog-uplink=sparse, the rows of the
+        classes a client holds, each after its class index) and, unless under local DP, the count
+        and loss (under local DP a client releases nothing but its noised statistics)."""
+        if self.cfg["fedlog-uplink"] == "sparse":  # [class index, row of T] for the classes held
+            sparse = {P.STATS_ROWS: ArraySpec(("rows", self.m + 1))}
+            return Layout(sparse, count=True, optional=(P.LOSS,), check=self.check_statistics, dims={"rows": self.classes})
         arrays = {P.STATS: ArraySpec((self.classes, self.m))}
         if self.local_dp:
             return Layout(arrays, count=False, check=self.check_statistics)
         return Layout(arrays, count=True, optional=(P.LOSS,), check=self.check_statistics)
 
-    def check_statistics(self, arrays: dict[str, np.ndarray], reply: Reply) -> tuple[np.ndarray, str | None]:
-        stats = arrays[P.STATS].astype(np.float64)
+    def check_statistics(self, arrays: dict[str, np.ndarray], reply: Reply) -> tuple[np.ndarray | None, str | None]:
+        if P.STATS_ROWS in arrays:
+            stats, problem = dense_statistics(arrays[P.STATS_ROWS].astype(np.float64), self.classes)
+            if stats is None:
+                return None, problem
+        else:
+            stats = arrays[P.STATS].astype(np.float64)
         count = float(reply.count) if reply.count is not None else float(np.sum(stats[:, 0]))
         return stats, self.checker.problem(stats, count)
 
