@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 run: setup
 	$(PY) -m simulation benchmarks/configs/mnist-table1.toml --set algorithm=fedlog --out results/main --overwrite
 
-# Everything but the slow fault tests (about 12 minutes on 2 cores).
+# Everything but the slow fault tests (about 10 minutes on 2 cores).
 test: setup
 	$(PY) -m pytest -q -m "not system"
 
