@@ -65,6 +65,8 @@ METHODS: dict[str, Method] = {
                    "fedlog-clip": non_negative("clip body features to [-b, b]; 0: no clip (required > 0 with DP)", 0.0),
                    "fedlog-uplink": Key("dense", "FedLog: statistics sent dense (classes × m) or sparse (only the rows of the classes a client holds, with their indices: lossless; not with fedlog-dp=local)",
                                         choices=("dense", "sparse")),
+                   "fedlog-wire-dtype": Key("float32", "FedLog: dtype of the head η (and FedLog-C's class means) sent to clients; the server adds and solves in float64, statistics go up in float32",
+                                            choices=("float32", "float16")),
                }),
         Method("lg-fedavg", "local bodies, averaged top layers (Liang et al. 2020, Alg. 1)",
                "strategies.lg_fedavg:LGFedAvg", "client.procedures.lg_fedavg:LGFedAvgClient", MODEL,

@@ -13,7 +13,7 @@ from flwr.app import Array, ArrayRecord, MessageType, RecordDict
 from core import protocol as P
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
-from core.fedlog import StatsCheck, add_noise, dense_statistics, noise_sigma, releases, solve_head
+from core.fedlog import StatsCheck, add_noise, class_means, dense_statistics, noise_sigma, releases, solve_head
 from core.models import common_width
 from strategies.base import HeadwayStrategy, Step, mean_finite
 from strategies.engine import Engine
@@ -49,10 +49,23 @@ class FedLog(HeadwayStrategy):
         return self.head_record()
 
     def head_record(self) -> ArrayRecord:
-        arrays = {P.ETA: Array(self.eta.astype(np.float32))}
+        """η (and FedLog-C's Φ) as sent, in ``fedlog-wire-dtype``. Under float16, Φ goes as
+        its class means (rows [1, Φ̄_y]: bounded like the features, where sums could overflow),
+        which is all a client computes from it."""
+        arrays = {P.ETA: Array(self._wire(self.eta))}
         if self.cfg["fedlog-alpha"] > 0 and self.phi_sum is not None:
-            arrays[P.STATS_SUM] = Array(self.phi_sum.astype(np.float32))
+            phi = class_means(self.phi_sum) if self.cfg["fedlog-wire-dtype"] == "float16" else self.phi_sum
+            arrays[P.STATS_SUM] = Array(self._wire(phi))
         return ArrayRecord(arrays)
+
+    def _wire(self, values: np.ndarray) -> np.ndarray:
+        """``values`` in the wire dtype; float32 where float16 would overflow (never silently inf)."""
+        if self.cfg["fedlog-wire-dtype"] == "float16":
+            half = values.astype(np.float16)
+            if np.all(np.isfinite(half)):
+                return half
+            log.warning("fedlog: values beyond float16's range; sending this array as float32")
+        return values.astype(np.float32)
 
     # ----- rounds ---------------------------------------------------------------
     def prepare(self, arrays: ArrayRecord, engine: Engine) -> tuple[ArrayRecord, Step | None]:
@@ -112,7 +125,7 @@ class FedLog(HeadwayStrategy):
         return Step(self.head_record(), len(replies), metrics)
 
     def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
-        return ArrayRecord({P.ETA: Array(self.eta.astype(np.float32))})
+        return ArrayRecord({P.ETA: Array(self._wire(self.eta))})
 
     def summary_extra(self) -> dict[str, Any]:
         cfg = self.cfg

@@ -1,6 +1,8 @@
-"""FedLog's sparse uplink (fedlog-uplink=sparse): only the rows of the classes a client
-holds, each after its class index. Lossless against the dense statistic, the same head on the
-server, fewer bytes, and hostile index tables rejected."""
+"""What FedLog puts on the wire. The sparse uplink (fedlog-uplink=sparse: only the rows of
+the classes a client holds, each after its class index): lossless against the dense
+statistic, the same head on the server, fewer bytes, hostile index tables rejected. The
+float16 downlink (fedlog-wire-dtype=float16): η and FedLog-C's class means within half
+precision, never overflowing to inf."""
 
 from __future__ import annotations
 
@@ -88,3 +90,32 @@ def test_a_client_sends_only_the_rows_of_its_classes(data_dir):
 def test_sparse_uplink_is_refused_under_local_dp():
     with pytest.raises(ConfigError, match="fedlog-uplink"):
         resolve({"fedlog-uplink": "sparse", "fedlog-dp": "local", "fedlog-clip": 1.0})
+
+
+def test_float16_head_and_class_means_down_within_half_precision(task_identity):
+    """fedlog-wire-dtype=float16: η and FedLog-C's Φ go down in float16 (Φ as its class means,
+    which cannot overflow), within float16's rounding; float32 where float16 would overflow."""
+    from core.fedlog import class_means
+
+    s = make_strategy("fedlog", **{"fedlog-wire-dtype": "float16", "fedlog-alpha": 0.1})
+    rng = np.random.default_rng(0)
+    s.eta = rng.normal(0, 3, size=(10, 51))
+    s.phi_sum = np.abs(rng.normal(0, 1, size=(10, 51))) * 5000  # sums far beyond float16's 65504
+    s.phi_sum[:, 0] = rng.integers(50, 9000, size=10)
+    sent = s.head_record()
+    eta16, phi16 = sent["eta"].numpy(), sent["stats-sum"].numpy()
+    assert eta16.dtype == np.float16 and phi16.dtype == np.float16
+    assert np.all(np.abs(eta16.astype(np.float64) - s.eta) <= 2.0**-11 * np.abs(s.eta) + 2.0**-24)
+    np.testing.assert_allclose(class_means(phi16), class_means(s.phi_sum), rtol=2.0**-10)  # what the client computes
+    assert np.array_equal(phi16[:, 0] > 0, s.phi_sum[:, 0] > 0)
+    s.eta[0, 0] = 1e6  # beyond float16: this array goes as float32 rather than inf
+    assert s.head_record()["eta"].numpy().dtype == np.float32
+    assert make_strategy("fedlog").head_record()["eta"].numpy().dtype == np.float32  # the default
+
+
+def test_a_client_trains_on_a_float16_head(data_dir):
+    env = client_env({"algorithm": "fedlog", "data-dir": data_dir, "train-fraction": 0.01, "local-epochs": 1}, {"partition-id": 0, "num-partitions": 50})
+    eta = np.random.default_rng(1).normal(0, 0.1, size=(10, 51)).astype(np.float16)
+    content = RecordDict({"arrays": ArrayRecord({"eta": Array(eta)}), "config": ConfigRecord({"server-round": 1, "phase": "train"})})
+    out = PROCEDURES["fedlog"].train(env, content, RecordDict())
+    assert out["arrays"]["stats"].numpy().dtype == np.float32 and np.isfinite(out["metrics"]["loss"])
