@@ -1,9 +1,10 @@
-"""FedLog's bytes to 97 % on the MNIST Table 1 setup, by uplink encoding.
+"""FedLog's bytes to 97 % on the MNIST Table 1 setup, by wire encoding.
 
     python -m benchmarks.fedlog_wire --seeds 0 1 2 --set num-server-rounds=20
 
 Runs FedLog (the Table 1 config, the bodies' default dropout) with ``fedlog-uplink`` dense
-and sparse, one folder per (uplink, seed) under ``benchmarks/results/fedlog-wire[-TAG]/``
+and sparse, and sparse with the float16 downlink (``fedlog-wire-dtype``), one folder per
+(variant, seed) under ``benchmarks/results/fedlog-wire[-TAG]/``
 (resumable: finished runs are skipped), then prints and writes ``table.md``: bytes to 97 %
 (both directions, from the messages; the statistics round of fedlog-init=stats included),
 the round it was reached, and the final and best accuracy, mean ± s.e. over seeds, beside
@@ -17,22 +18,26 @@ from pathlib import Path
 
 from benchmarks.runner import add_run_arguments, finished, fmt_mean_se, load_run, mean_se, results_root, simulate
 
-UPLINKS = ("dense", "sparse")
+VARIANTS = {
+    "dense": {"fedlog-uplink": "dense"},
+    "sparse": {"fedlog-uplink": "sparse"},
+    "sparse-float16": {"fedlog-uplink": "sparse", "fedlog-wire-dtype": "float16"},
+}
 
 
 def table(root: Path, seeds: list[int]) -> str:
     """The markdown table of the finished runs under ``root``."""
-    lines = ["| uplink | seeds | MB to 97 % | round reached | final accuracy (%) | best accuracy (%) | MB per round after round 1 |",
+    lines = ["| variant | seeds | MB to 97 % | round reached | final accuracy (%) | best accuracy (%) | MB per round after round 1 |",
              "|---|---|---|---|---|---|---|"]
-    for uplink in UPLINKS:
-        runs = [load_run(root / f"{uplink}-seed{s}") for s in seeds if finished(root / f"{uplink}-seed{s}")]
+    for variant in VARIANTS:
+        runs = [load_run(root / f"{variant}-seed{s}") for s in seeds if finished(root / f"{variant}-seed{s}")]
         if not runs:
             continue
         reached = [s for s, _ in runs if s.get("bytes_to_target") is not None]
         mb = fmt_mean_se([s["bytes_to_target"] / 1e6 for s in reached], 1.0) if reached else "not reached"
         rnd = fmt_mean_se([s["round_to_target"] for s in reached], 1.0) if reached else "–"
         per_round = mean_se([(r["bytes_down"] + r["bytes_up"]) / 1e6 for _, rows in runs for r in rows[1:]])[0]
-        lines.append(f"| {uplink} | {len(runs)} | {mb} | {rnd} | {fmt_mean_se([s['final_accuracy'] for s, _ in runs])} | "
+        lines.append(f"| {variant} | {len(runs)} | {mb} | {rnd} | {fmt_mean_se([s['final_accuracy'] for s, _ in runs])} | "
                      f"{fmt_mean_se([s['best_accuracy'] for s, _ in runs])} | {per_round:.3f} |")
     lines.append("| paper (FedLog, Table 1) | – | 0.40 (3.18 Mb) | – | 98.15 | – | – |")
     return "\n".join(lines) + "\n"
@@ -45,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     root = results_root("fedlog-wire", args.tag)
     if not args.summarize_only:
         for seed in args.seeds:
-            for uplink in UPLINKS:
-                simulate("mnist", root / f"{uplink}-seed{seed}", {"algorithm": "fedlog", "fedlog-uplink": uplink, "seed": seed}, args.set)
+            for variant, keys in VARIANTS.items():
+                simulate("mnist", root / f"{variant}-seed{seed}", {"algorithm": "fedlog", **keys, "seed": seed}, args.set)
     text = table(root, args.seeds)
     root.mkdir(parents=True, exist_ok=True)
     (root / "table.md").write_text(text)
