@@ -49,7 +49,7 @@ def _stat(pid: int | str) -> tuple[str, int] | None:
     return fields[0], int(fields[1])
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie (without /proc: whether it exists)."""
     if not Path("/proc").is_dir():
         try:
@@ -102,32 +102,27 @@ def _wait_gone(pids: Sequence[int], timeout: float) -> list[int]:
     deadline = time.monotonic() + timeout
     while True:
         _reap()
-        left = [p for p in pids if _running(p)]
+        left = [p for p in pids if running(p)]
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.1)
 
 
 def stop_descendants(grace: float = 10.0) -> list[int]:
-    """Stop every descendant of this process, leaves first: SIGTERM the processes Flower's
-    command started (ServerApp, SuperExec, ClientApps), which may still need it to finish
-    cleanly, then the command itself; SIGKILL what is left after ``grace`` seconds each.
-    Returns the PIDs that had to be killed."""
+    """Stop every descendant of this process in two waves: first what Flower's command
+    started (ServerApp, SuperExec, ClientApps), which may still need the command to finish
+    cleanly, then everything left; each wave gets SIGTERM, and SIGKILL after ``grace``
+    seconds. Returns the PIDs that had to be killed."""
     me = os.getpid()
-    direct = {p for p in descendants(me) if (_stat(p) or ("", -1))[1] == me}
     killed: list[int] = []
-    for wave in ([p for p in descendants(me) if p not in direct], None):
-        pids = descendants(me) if wave is None else wave
+    for apps_only in (True, False):
+        pids = [p for p in descendants(me) if not apps_only or (_stat(p) or ("", me))[1] != me]
         _signal_all(pids, signal.SIGTERM)
         left = _wait_gone(pids, grace)
-        if left:
-            _signal_all(left, signal.SIGKILL)
-            killed += left
-            _wait_gone(left, 5.0)
-    left = descendants(me)  # anything started while stopping
-    _signal_all(left, signal.SIGKILL)
-    _wait_gone(left, 5.0)
-    return killed + left
+        _signal_all(left, signal.SIGKILL)
+        killed += left
+        _wait_gone(left, 5.0)
+    return killed
 
 
 class _Stop(Exception):
@@ -194,7 +189,7 @@ def stop_pid(pid: int, timeout: float = 45.0) -> bool:
         return True
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _running(pid):  # gone, or exited and waiting for its parent to reap it
+        if not running(pid):  # gone, or exited and waiting for its parent to reap it
             return True
         time.sleep(0.2)
     return False

@@ -106,6 +106,7 @@ class Cluster:
                     "HEADWAY_DATA_DIR": data_dir, "PYTHONPATH": str(ROOT)}
         self.env["PATH"] = os.pathsep.join([*(path or []), str(Path(sys.executable).parent), self.env.get("PATH", "")])
         self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: list = []
 
     def __enter__(self) -> "Cluster":
         return self
@@ -113,6 +114,8 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         for proc in reversed(list(self.procs.values())):
             stop(proc)
+        for fh in self.logs:
+            fh.close()
         assert all(p.poll() is not None for p in self.procs.values())
 
     def _prefix(self, host: str | None) -> list[str]:
@@ -124,6 +127,7 @@ class Cluster:
     def launch(self, name: str, args: list[str], host: str | None = None, env: dict | None = None) -> subprocess.Popen:
         """Start ``python -m server.launch ARGS`` (on ``host``) in its own session."""
         fh = open(self.log(name), "a")
+        self.logs.append(fh)
         proc = subprocess.Popen([*self._prefix(host), sys.executable, "-m", "server.launch", *args], cwd=ROOT, env={**self.env, **(env or {})},
                                 stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[name] = proc

@@ -15,21 +15,14 @@ import pytest
 
 from client.procedures.fedlog import BODY_STATE
 from client.state_store import STORE_RECORD, load_state
-from server.processes import descendants
+from server.processes import descendants, running
 from tests.cluster import Cluster, free_port, read_rounds, run_folder
 
 pytestmark = [pytest.mark.deployment, pytest.mark.system]  # slow: `make test-system`
 
 
 def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                out.append(pid)
-        except OSError:
-            pass
-    return out
+    return [p for p in pids if running(p)]
 
 
 def _wait_rounds(results: Path, n: int, run: subprocess.Popen, timeout: float = 300) -> None:

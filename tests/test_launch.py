@@ -47,14 +47,6 @@ time.sleep(600)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_supervisor_stops_the_whole_tree_even_processes_in_other_sessions(tmp_path):
     """SIGTERM to the launcher's supervisor ends Flower's command and everything it spawned,
     including a grandchild in a session of its own (what a PID or group kill misses)."""
@@ -63,7 +55,7 @@ def test_supervisor_stops_the_whole_tree_even_processes_in_other_sessions(tmp_pa
     import sys
     import time
 
-    from server.processes import descendants
+    from server.processes import descendants, running
 
     ready, pid_file = tmp_path / "ready", tmp_path / "sup.pid"
     code = (f"from server.processes import supervise; raise SystemExit(supervise([{sys.executable!r}, '-c', {TREE!r}, {str(ready)!r}], "
@@ -79,7 +71,7 @@ def test_supervisor_stops_the_whole_tree_even_processes_in_other_sessions(tmp_pa
         assert main(["stop", "--pid-file", str(pid_file), "--timeout", "20"]) == 0  # SIGTERM, and wait
         assert sup.wait(timeout=5) == 128 + signal.SIGTERM and not pid_file.exists()
         time.sleep(0.5)
-        assert [p for p in tree if _alive(p)] == []
+        assert [p for p in tree if running(p)] == []
     finally:
         if sup.poll() is None:
             os.killpg(sup.pid, signal.SIGKILL)
