@@ -51,6 +51,18 @@ def bytes_to(rounds: list[dict], threshold: float) -> tuple[int, bool]:
     return best["cumulative_bytes"], False
 
 
+def values_up_to(rounds: list[dict], threshold: float) -> float | None:
+    """Array-value bytes sent up (the papers' count: one direction, no framing) until
+    accuracy first reaches ``threshold``, else to the best round; None for runs written
+    before value bytes were recorded."""
+    if any("values_bytes_up" not in r for r in rounds):
+        return None
+    hit = next((i for i, r in enumerate(rounds) if r["accuracy"] is not None and r["accuracy"] >= threshold), None)
+    if hit is None:
+        hit = max(range(len(rounds)), key=lambda i: rounds[i]["accuracy"] or 0)
+    return float(sum(r["values_bytes_up"] for r in rounds[: hit + 1]))
+
+
 def fmt_bytes(b: float) -> str:
     bits = 8 * b
     return f"{bits / 1e9:.3g} Gb" if bits >= 1e9 else f"{bits / 1e6:.3g} Mb"
@@ -63,8 +75,8 @@ def _sorted(methods) -> list[str]:
 def table(runs: dict, paper: str) -> str:
     ref = PAPER.get(paper, {})
     thr = ref.get("threshold", 0.0)
-    lines = [f"| method | seeds | rounds | final accuracy % | best % | bits to {thr:.0%} (up + down) | round reached | total bits | wall time | paper accuracy | paper cost |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| method | seeds | rounds | final accuracy % | best % | bits to {thr:.0%} (up + down) | round reached | value bits up to {thr:.0%} (the paper's count) | total bits | wall time | paper accuracy | paper cost |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for method in _sorted(runs):
         items = runs[method]
         bests = np.array([s["best_accuracy"] for s, _ in items]) * 100
@@ -78,7 +90,9 @@ def table(runs: dict, paper: str) -> str:
         rt = ", ".join(str(r) if r else "–" for r in rounds_to)
         n_rounds = max(len(r) for _, r in items)
         final = fmt_mean_se([s["final_accuracy"] for s, _ in items])
-        lines.append(f"| {method} | {len(items)} | {n_rounds} | {final} | {bests.mean():.2f} | {cost} | {rt} | {total} | {wall:.1f} min | {pa} | {pc} |")
+        values = [values_up_to(r, thr) for _, r in items]
+        vcost = fmt_bytes(np.mean(values)) if all(v is not None for v in values) else "–"
+        lines.append(f"| {method} | {len(items)} | {n_rounds} | {final} | {bests.mean():.2f} | {cost} | {rt} | {vcost} | {total} | {wall:.1f} min | {pa} | {pc} |")
     return "\n".join(lines)
 
 

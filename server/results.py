@@ -163,6 +163,7 @@ class Recorder:
             "failures": sum(r.get("failures", 0) for r in self.rounds),
             "wall_seconds": time.monotonic() - self.started,
         }
+        summary.update(values_totals(self.rounds, self.round_to_target))
         summary.update(global_progress(self.rounds, self.cfg.get("target-accuracy") or 0.0))
         if self.cfg.get("client-noise"):
             summary["participation_by_noise"] = participation_by_noise(self.rounds, self.cfg)
@@ -178,6 +179,19 @@ class Recorder:
             except Exception as exc:  # a plot must never lose a run's numbers
                 log.warning("plotting failed: %s", exc)
         return summary
+
+
+def values_totals(rounds: list[dict[str, Any]], round_to_target: int | None) -> dict[str, int | None]:
+    """Array-value bytes alone (no framing: what papers count), in total and to the target
+    round; None where a round lacks them (results written before they were recorded)."""
+    if not rounds or any("values_bytes_down" not in r for r in rounds):
+        return {"total_values_bytes": None, "values_bytes_to_target": None}
+    total, to_target = 0, None
+    for r in rounds:
+        total += r["values_bytes_down"] + r["values_bytes_up"]
+        if round_to_target is not None and r.get("round") == round_to_target:
+            to_target = total
+    return {"total_values_bytes": total, "values_bytes_to_target": to_target}
 
 
 def global_progress(rounds: list[dict[str, Any]], target: float) -> dict[str, Any]:

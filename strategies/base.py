@@ -246,11 +246,14 @@ class HeadwayStrategy(Strategy):
 
     def _round_record(self, rnd: int, step: Step, figures: Mapping[str, float], meter: RoundMeter, seconds: float, elapsed: float) -> dict[str, Any]:
         down, up = meter.cost()
+        values_down, values_up = meter.cost(values=True)
         record: dict[str, Any] = {
             "round": rnd,
             "accuracy": figures.get("accuracy"),
             "bytes_down": down,
             "bytes_up": up,
+            "values_bytes_down": values_down,
+            "values_bytes_up": values_up,
             "clients": step.clients,
             "selected": sorted(meter.selected),
             "failures": len(meter.failures),

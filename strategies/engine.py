@@ -124,27 +124,32 @@ class ClientRegistry:
 
 @dataclass
 class RoundMeter:
-    """Bytes (per phase, down and up), failures and absent nodes of one round."""
+    """Bytes (per phase, down and up: on the wire, and the array values alone), failures
+    and absent nodes of one round."""
 
     bytes: dict[str, list[int]] = field(default_factory=dict)
+    values: dict[str, list[int]] = field(default_factory=dict)
     rejected_bytes_up: int = 0
     failures: list[str] = field(default_factory=list)
     absent: list[int] = field(default_factory=list)  # partition ids of registered nodes not connected
     selected: set[int] = field(default_factory=set)  # partition ids sent a training message
 
-    def add(self, phase: str, down: int = 0, up: int = 0) -> None:
-        acc = self.bytes.setdefault(phase, [0, 0])
-        acc[0] += down
-        acc[1] += up
+    def add(self, phase: str, down: int = 0, up: int = 0, values_down: int = 0, values_up: int = 0) -> None:
+        for table, d, u in ((self.bytes, down, up), (self.values, values_down, values_up)):
+            acc = table.setdefault(phase, [0, 0])
+            acc[0] += d
+            acc[1] += u
 
     def fail(self, reason: str) -> None:
         self.failures.append(reason)
         log.warning("failure: %s", reason)
 
-    def cost(self) -> tuple[int, int]:
-        """(down, up) bytes of the method's own traffic: every phase but measurement."""
-        down = sum(v[0] for p, v in self.bytes.items() if p not in MEASUREMENT_PHASES)
-        up = sum(v[1] for p, v in self.bytes.items() if p not in MEASUREMENT_PHASES)
+    def cost(self, values: bool = False) -> tuple[int, int]:
+        """(down, up) bytes of the method's own traffic, every phase but measurement: on
+        the wire, or (``values``) the array values alone."""
+        table = self.values if values else self.bytes
+        down = sum(v[0] for p, v in table.items() if p not in MEASUREMENT_PHASES)
+        up = sum(v[1] for p, v in table.items() if p not in MEASUREMENT_PHASES)
         return down, up
 
     def phase(self, phase: str) -> tuple[int, int]:
@@ -255,7 +260,7 @@ class Engine:
         messages = [Message(content=c, dst_node_id=n, message_type=kind, group_id=str(self.round)) for n, c in contents.items()]
         if phase == P.PHASE_TRAIN:
             self.meter.selected.update(c.partition_id for n, c in self.registry.clients.items() if n in contents)
-        self.meter.add(phase, down=sum(self.wire.message(m) for m in messages))
+        self.meter.add(phase, down=sum(self.wire.message(m) for m in messages), values_down=sum(self.wire.values(m) for m in messages))
         replies = list(self.grid.send_and_receive(messages, timeout=max(timeout, 0.0)))
         answered = {r.metadata.src_node_id for r in replies}
         for node in contents:
@@ -285,7 +290,7 @@ class Engine:
             self.meter.fail(f"{phase}: {self._who(node)}: {problem}")
             self.registry.failed(node)
             return None
-        self.meter.add(phase, up=nbytes)
+        self.meter.add(phase, up=nbytes, values_up=self.wire.values(reply))
         self.registry.seen(node, self.round)
         return decoded
 

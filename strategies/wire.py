@@ -11,6 +11,10 @@ hex characters), and a reply points back to it by that id; Flower's simulation g
 messages uuid4 ids (36 characters) instead. The meter counts both ids at 64 characters, so
 a simulated run reports what the same run ships when deployed.
 
+Beside the wire size, :meth:`WireMeter.values` counts only the bytes of the array values a
+message carries (no ids, metadata, names or config): what the papers count as communication,
+so our figures can be set beside theirs like for like.
+
 Content shared by many messages (the same model sent to every client) is measured once:
 :class:`WireMeter` caches the size of each content object it has seen, keyed by the
 object itself, so a 44 MB model costs one serialization per round, not one per recipient.
@@ -18,7 +22,10 @@ object itself, so a 44 MB model costs one serialization per round, not one per r
 
 from __future__ import annotations
 
-from flwr.app import Message, RecordDict
+import math
+
+import numpy as np
+from flwr.app import Array, Message, RecordDict
 from flwr.common.serde import message_to_proto
 from flwr.proto.message_pb2 import ObjectTree  # pylint: disable=no-name-in-module
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
@@ -27,6 +34,20 @@ def _content_size(content: RecordDict) -> tuple[ObjectTree, int]:
     """(object tree, total deflated bytes) of a RecordDict and everything under it."""
     objects = get_all_nested_objects(content)
     return get_object_tree(content), sum(len(obj.deflate()) for obj in objects.values())
+
+
+def values_bytes(content: RecordDict) -> int:
+    """Bytes of the array values in ``content`` (elements × item size of every Array of every
+    ArrayRecord): no framing, not even the serialized array's own header. An array whose
+    dtype or shape does not parse (a hostile reply) counts as its serialized bytes."""
+    return sum(_array_values(array) for record in content.array_records.values() for array in record.values())
+
+
+def _array_values(array: Array) -> int:
+    try:
+        return math.prod(int(d) for d in array.shape) * np.dtype(array.dtype).itemsize
+    except (TypeError, ValueError):
+        return len(array.data)
 
 
 def _header_size(message: Message) -> int:
@@ -53,15 +74,27 @@ class WireMeter:
     """Measures messages as shipped; remembers the size of content it has measured."""
 
     def __init__(self) -> None:
-        self._cache: dict[int, tuple[RecordDict, ObjectTree, int]] = {}
+        self._cache: dict[int, tuple[RecordDict, ObjectTree, int, int]] = {}
 
-    def content(self, content: RecordDict) -> tuple[ObjectTree, int]:
+    def _measure(self, content: RecordDict) -> tuple[ObjectTree, int, int]:
         hit = self._cache.get(id(content))
         if hit is not None and hit[0] is content:
-            return hit[1], hit[2]
+            return hit[1], hit[2], hit[3]
         tree, size = _content_size(content)
-        self._cache[id(content)] = (content, tree, size)
+        values = values_bytes(content)
+        self._cache[id(content)] = (content, tree, size, values)
+        return tree, size, values
+
+    def content(self, content: RecordDict) -> tuple[ObjectTree, int]:
+        """(object tree, deflated bytes) of ``content``."""
+        tree, size, _ = self._measure(content)
         return tree, size
+
+    def values(self, message: Message) -> int:
+        """Bytes of the array values ``message`` carries (0 for an error or empty message)."""
+        if message.has_error() or not message.has_content():
+            return 0
+        return self._measure(message.content)[2]
 
     def message(self, message: Message) -> int:
         """Bytes of ``message`` on the Fleet link."""

@@ -11,7 +11,7 @@ from flwr.common.serde import recorddict_to_proto
 from core.aggregate import update_norm_problem, weighted_average
 from core.sampling import inclusion_probabilities, sample_positions
 from strategies.replies import ArraySpec, Layout
-from strategies.wire import WireMeter, wire_bytes
+from strategies.wire import WireMeter, values_bytes, wire_bytes
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 LAYOUT = Layout({"x": ArraySpec((4,))}, count=True, optional=("loss",))
@@ -52,6 +52,16 @@ def test_exchange_decodes_meters_both_ways_and_counts_errors_silence_and_bad_rep
     assert engine.meter.phase("train")[0] == sum(meter.message(m) for m in sent)
     assert engine.meter.phase("train")[1] == replies[0].nbytes > 0
     assert engine.meter.rejected_bytes_up > 0  # the bad replies' bytes are not the method's
+    # values alone: 100 float32 to each of 4 nodes; back only the valid reply's 4 float32
+    assert engine.meter.values["train"] == [4 * 100 * 4, 4 * 4]
+    assert engine.meter.cost(values=True) == (1600, 16)
+
+
+def test_values_bytes_count_elements_not_framing_and_survive_a_hostile_dtype():
+    content = RecordDict({"a": ArrayRecord({"x": Array(np.zeros((2, 3), np.float16)), "y": Array(np.zeros(5, np.int64))}), "c": ConfigRecord({"k": "v" * 50})})
+    assert values_bytes(content) == 2 * 3 * 2 + 5 * 8  # no npy header, no config
+    garbage = Array(dtype="<not a dtype>", shape=(3,), stype="numpy.ndarray", data=b"x" * 7)
+    assert values_bytes(RecordDict({"a": ArrayRecord({"g": garbage})})) == 7  # its serialized bytes, no crash
 
 
 def test_a_node_that_misses_the_deadline_is_not_asked_again_that_round(task_identity):

@@ -381,3 +381,15 @@ def test_the_runner_checks_classes_per_client_itself(tmp_path, capsys, no_engine
     monkeypatch.setattr(server.app, "preflight", lambda cfg: None)  # whatever server.app checks or not
     code, err = run_main(capsys, ["--out", tmp_path / "out", "--set", f"data-dir={data_dir}", "--set", "classes-per-client=11"])
     assert code == 2 and "'classes-per-client'" in one_error_line(err)
+
+
+def test_summary_counts_value_bytes_to_the_target_round_and_none_for_older_rounds(tmp_path):
+    rec = Recorder(tmp_path / "a", cfg_of(**{"target-accuracy": 0.9}))
+    for n, acc in ((1, 0.5), (2, 0.95), (3, 0.97)):
+        rec.round({**a_round(n, acc), "values_bytes_down": 40, "values_bytes_up": 10 * n})
+    s = rec.finish()
+    assert s["round_to_target"] == 2 and s["bytes_to_target"] == 300
+    assert s["values_bytes_to_target"] == 40 + 10 + 40 + 20 and s["total_values_bytes"] == 3 * 40 + 60
+    old = Recorder(tmp_path / "b", cfg_of())
+    old.round(a_round(1))  # written before value bytes were recorded
+    assert old.finish()["total_values_bytes"] is None

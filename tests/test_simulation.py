@@ -87,6 +87,10 @@ def test_fedavg_learns_and_reports_the_bytes_it_sends(tmp_path, data_dir):
         assert near(r["bytes_up"], up, 4), (r["bytes_up"], up)
         assert r["clients"] == 4
     assert summary["total_bytes"] == sum(r["bytes_down"] + r["bytes_up"] for r in rounds)
+    # the values alone (what papers count): the model's float32 parameters, 4 clients each way, exactly
+    model_bytes = sum(v.nbytes for v in state.values())
+    assert all(r["values_bytes_down"] == r["values_bytes_up"] == 4 * model_bytes for r in rounds), [(r["values_bytes_down"], r["values_bytes_up"]) for r in rounds]
+    assert summary["total_values_bytes"] == 3 * 8 * model_bytes
     # 21 840 float32 parameters per client, plus each message's header and its tree of 64-hex object ids
     assert 4 * 21840 * 4 < rounds[0]["bytes_down"] < 4 * 21840 * 4 * 1.08
     for name in ("config.json", "summary.json", "accuracy_vs_round.png", "accuracy_vs_bytes.png"):
@@ -111,6 +115,9 @@ def test_fedlog_with_two_body_architectures(tmp_path, data_dir):
     assert rounds[0]["stats_bytes_up"] == rounds[0]["bytes_up"] - rounds[1]["bytes_up"]
     assert near(rounds[0]["stats_bytes_up"], stats_round, 4), (rounds[0]["stats_bytes_up"], stats_round)
     assert summary["total_bytes"] < 150_000  # FedAvg moves over 1 MB a round here
+    # values alone: η (10 × 51 float32) to each of 4 clients, T (10 × 51) back; round 1 twice (statistics round)
+    assert [r["values_bytes_down"] for r in rounds] == [8 * 10 * 51 * 4] + [4 * 10 * 51 * 4] * (len(rounds) - 1)
+    assert [r["values_bytes_up"] for r in rounds] == [8 * 10 * 51 * 4] + [4 * 10 * 51 * 4] * (len(rounds) - 1)
 
 
 @pytest.mark.parametrize("mode", ["nan", "wrong-shape"])
