@@ -3,7 +3,8 @@
     python -m benchmarks.fedlog_wire --seeds 0 1 2 --set num-server-rounds=20
 
 Runs FedLog (the Table 1 config, the bodies' default dropout) with ``fedlog-uplink`` dense
-and sparse, and sparse with the float16 downlink (``fedlog-wire-dtype``), one folder per
+and sparse, sparse with the float16 downlink (``fedlog-wire-dtype``), and sparse with float16
+both ways (``fedlog-uplink-dtype`` too), one folder per
 (variant, seed) under ``benchmarks/results/fedlog-wire[-TAG]/``
 (resumable: finished runs are skipped), then prints and writes ``table.md``: bytes to 97 %
 (both directions, from the messages; the statistics round of fedlog-init=stats included),
@@ -22,6 +23,7 @@ VARIANTS = {
     "dense": {"fedlog-uplink": "dense"},
     "sparse": {"fedlog-uplink": "sparse"},
     "sparse-float16": {"fedlog-uplink": "sparse", "fedlog-wire-dtype": "float16"},
+    "sparse-float16-both": {"fedlog-uplink": "sparse", "fedlog-wire-dtype": "float16", "fedlog-uplink-dtype": "float16"},
 }
 
 

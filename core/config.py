@@ -181,6 +181,11 @@ def _check_combinations(cfg: Mapping[str, Any]) -> None:
             "run-config key 'fedlog-uplink' must be 'dense' with fedlog-dp='local': the noise must cover every row, "
             "and leaving out the rows of absent classes would release which classes a client holds"
         )
+    if cfg["fedlog-dp"] == "local" and cfg["fedlog-uplink-dtype"] == "float16":
+        raise ConfigError(
+            "run-config key 'fedlog-uplink-dtype' must be 'float32' with fedlog-dp='local': float16 sends class means "
+            "with exact counts, and under local DP the counts are noised and the sums cannot be sent as means"
+        )
 
 
 def check_against_spec(cfg: Mapping[str, Any], spec: Any) -> None:

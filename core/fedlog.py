@@ -120,6 +120,36 @@ def add_noise(stats: np.ndarray, sigma: float, rng: np.random.Generator) -> np.n
     return stats + rng.normal(0.0, sigma, size=stats.shape)
 
 
+FLOAT16_EXACT_COUNT = 2048  # float16 holds every whole number up to 2^11
+
+
+def mean_rows(stats: np.ndarray) -> np.ndarray:
+    """T's rows as [n_c, Σf/n_c] (the class count, then the feature means): bounded like the
+    features where sums are not, so they fit float16 (zero rows stay zero)."""
+    counts = stats[:, :1]
+    means = np.divide(stats[:, 1:], counts, out=np.zeros_like(stats[:, 1:], dtype=np.float64), where=counts > 0)
+    return np.hstack([counts, means])
+
+
+def sum_rows(rows: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`mean_rows`: [n_c, n_c · means] in float64."""
+    rows = rows.astype(np.float64)
+    return np.hstack([rows[:, :1], rows[:, :1] * rows[:, 1:]])
+
+
+def uplink_array(stats: np.ndarray, sparse: bool, dtype: str) -> np.ndarray:
+    """A client's statistics as sent: dense (classes × m) or its present rows with their
+    class indices; under ``dtype`` float16 as [count, means] rows, in float32 instead when a
+    count is above 2048 (not exact in float16) or a mean beyond float16's range."""
+    rows = mean_rows(stats) if dtype == "float16" else stats
+    rows = present_rows(rows) if sparse else rows
+    if dtype == "float16" and stats[:, 0].max(initial=0.0) <= FLOAT16_EXACT_COUNT:
+        half = rows.astype(np.float16)
+        if np.all(np.isfinite(half)):
+            return half
+    return rows.astype(np.float32)
+
+
 def present_rows(stats: np.ndarray) -> np.ndarray:
     """The sparse uplink of T: one row [class index, T_c] for each class a client holds
     (class count > 0), in one array (a second array would cost more bytes than the indices).
@@ -153,6 +183,7 @@ class StatsCheck:
     clip: float = 0.0  # b, the bound on |feature| (the clip, or max-feature-value); 0: unbounded
     noise_sigma: float = 0.0  # local-DP noise on every entry (loosens the bounds)
     count_known: bool = True  # False under local DP: the count is the noised count row itself
+    precision: float = 0.0  # relative rounding of the sent values (float16 means: 2^-11), allowed past the bound
 
     def problem(self, stats: np.ndarray, count: float) -> str | None:
         """Why a (stats, count) reply cannot be real, or None when it can."""
@@ -172,7 +203,7 @@ class StatsCheck:
             # |feature sum| <= b * count; under local DP both sides carry noise, so the
             # margin covers the feature noise and b times the count's: std σ·sqrt(1 + b²)
             margin = slack * math.sqrt(1.0 + self.clip**2) + 1e-4 * (1.0 + per_class.max(initial=0.0))
-            bound = self.clip * np.maximum(per_class, 0.0)[:, None] + margin
+            bound = self.clip * (1.0 + self.precision) * np.maximum(per_class, 0.0)[:, None] + margin
             if np.any(np.abs(stats[:, 1:]) > bound):
                 return f"a feature sum exceeds clip bound b={self.clip:g} times its class count (b: fedlog-clip, or max-feature-value when unclipped)"
         return None

@@ -13,7 +13,7 @@ from flwr.app import Array, ArrayRecord, MessageType, RecordDict
 from core import protocol as P
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
-from core.fedlog import StatsCheck, add_noise, class_means, dense_statistics, noise_sigma, releases, solve_head
+from core.fedlog import StatsCheck, add_noise, class_means, dense_statistics, noise_sigma, releases, solve_head, sum_rows
 from core.models import common_width
 from strategies.base import HeadwayStrategy, Step, mean_finite
 from strategies.engine import Engine
@@ -40,7 +40,9 @@ class FedLog(HeadwayStrategy):
         self.local_dp = cfg["fedlog-dp"] == "local"
         self.sigma = noise_sigma(cfg, self.m)
         bound = cfg["fedlog-clip"] if cfg["fedlog-clip"] > 0 else cfg["max-feature-value"]
-        self.checker = StatsCheck(self.classes, self.m, bound, self.sigma if self.local_dp else 0.0, count_known=not self.local_dp)
+        self.half_up = cfg["fedlog-uplink-dtype"] == "float16"  # statistics come up as [count, means] rows
+        precision = 2.0**-11 if self.half_up else 0.0  # float16's relative rounding of a mean
+        self.checker = StatsCheck(self.classes, self.m, bound, self.sigma if self.local_dp else 0.0, count_known=not self.local_dp, precision=precision)
         self.eta = np.random.default_rng(cfg["seed"]).normal(0.0, 1.0 / np.sqrt(self.m), size=(self.classes, self.m))
         self.phi_sum: np.ndarray | None = None  # last aggregate Φ (FedLog-C sends it)
         self.solve_seconds: list[float] = []
@@ -88,10 +90,11 @@ class FedLog(HeadwayStrategy):
         """Statistics (classes × m, float32; or, with fedlog-uplink=sparse, the rows of the
         classes a client holds, each after its class index) and, unless under local DP, the count
         and loss (under local DP a client releases nothing but its noised statistics)."""
+        dtype = ("float16", "float32") if self.half_up else "float32"  # float16, or float32 where a count needs it
         if self.cfg["fedlog-uplink"] == "sparse":  # [class index, row of T] for the classes held
-            sparse = {P.STATS_ROWS: ArraySpec(("rows", self.m + 1))}
+            sparse = {P.STATS_ROWS: ArraySpec(("rows", self.m + 1), dtype)}
             return Layout(sparse, count=True, optional=(P.LOSS,), check=self.check_statistics, dims={"rows": self.classes})
-        arrays = {P.STATS: ArraySpec((self.classes, self.m))}
+        arrays = {P.STATS: ArraySpec((self.classes, self.m), dtype)}
         if self.local_dp:
             return Layout(arrays, count=False, check=self.check_statistics)
         return Layout(arrays, count=True, optional=(P.LOSS,), check=self.check_statistics)
@@ -103,6 +106,8 @@ class FedLog(HeadwayStrategy):
                 return None, problem
         else:
             stats = arrays[P.STATS].astype(np.float64)
+        if self.half_up:  # rows are [count, feature means]: back to sums
+            stats = sum_rows(stats)
         count = float(reply.count) if reply.count is not None else float(np.sum(stats[:, 0]))
         return stats, self.checker.problem(stats, count)
 

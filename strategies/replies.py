@@ -29,13 +29,17 @@ class ArraySpec:
     using the name must agree on it (e.g. FedPFT's number of classes sent)."""
 
     shape: tuple[int | str, ...]
-    dtype: str = "float32"
+    dtype: str | tuple[str, ...] = "float32"  # or the dtypes accepted (e.g. float16, with a float32 fallback)
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return (self.dtype,) if isinstance(self.dtype, str) else tuple(self.dtype)
 
     def max_shape(self, dims: Mapping[str, int]) -> tuple[int, ...]:
         return tuple(dims[d] if isinstance(d, str) else d for d in self.shape)
 
     def nbytes_max(self, dims: Mapping[str, int]) -> int:
-        return int(np.prod(self.max_shape(dims), dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return int(np.prod(self.max_shape(dims), dtype=np.int64)) * max(np.dtype(d).itemsize for d in self.dtypes)
 
     @property
     def nbytes(self) -> int:
@@ -161,8 +165,8 @@ def decode(reply: Message, layout: Layout, partition_id: int, max_count: int, nb
         bound: dict[str, int] = {}  # named dimensions, as the first array using each set them
         for name, spec in layout.arrays.items():
             arr = record[name]
-            if arr.dtype != spec.dtype:
-                return None, f"array {name!r} is {arr.dtype}, expected {spec.dtype}"
+            if arr.dtype not in spec.dtypes:
+                return None, f"array {name!r} is {arr.dtype}, expected {' or '.join(spec.dtypes)}"
             shape, problem = _match_shape(name, tuple(arr.shape), spec.shape, layout.dims, bound)
             if problem:
                 return None, problem

@@ -2,7 +2,8 @@
 the classes a client holds, each after its class index): lossless against the dense
 statistic, the same head on the server, fewer bytes, hostile index tables rejected. The
 float16 downlink (fedlog-wire-dtype=float16): η and FedLog-C's class means within half
-precision, never overflowing to inf."""
+precision, never overflowing to inf. The float16 uplink (fedlog-uplink-dtype=float16):
+[count, means] rows, counts exact, sums rebuilt within half precision, bounds kept."""
 
 from __future__ import annotations
 
@@ -119,3 +120,92 @@ def test_a_client_trains_on_a_float16_head(data_dir):
     content = RecordDict({"arrays": ArrayRecord({"eta": Array(eta)}), "config": ConfigRecord({"server-round": 1, "phase": "train"})})
     out = PROCEDURES["fedlog"].train(env, content, RecordDict())
     assert out["arrays"]["stats"].numpy().dtype == np.float32 and np.isfinite(out["metrics"]["loss"])
+
+
+# ----- float16 uplink (fedlog-uplink-dtype=float16): [count, means] rows -----------------
+
+
+def test_float16_uplink_rows_rebuild_the_sums_within_half_precision():
+    from core.fedlog import sum_rows, uplink_array
+
+    stats = _stats(3).astype(np.float64)
+    stats[3, 1:] *= 2000.0  # sums past float16's 65504: as means they fit
+    for sparse in (False, True):
+        sent = uplink_array(stats, sparse, "float16")
+        assert sent.dtype == np.float16
+        rows = sent.astype(np.float64)
+        dense = dense_statistics(rows, 10)[0] if sparse else rows
+        back = sum_rows(dense)
+        assert np.array_equal(back[:, 0], stats[:, 0])  # counts exact
+        np.testing.assert_allclose(back, stats, rtol=2.0**-11, atol=0)
+    assert sent.shape == (2, 52) and sent[:, 0].tolist() == [3, 4]
+    assert uplink_array(stats, False, "float32").dtype == np.float32  # the default: T itself
+    np.testing.assert_array_equal(uplink_array(stats, False, "float32"), stats.astype(np.float32))
+    big = stats.copy()
+    big[3, 0] = 2049.0  # a count float16 cannot hold exactly: this reply goes as float32
+    fallback = uplink_array(big, True, "float16")
+    assert fallback.dtype == np.float32 and fallback[0, 1] == 2049.0
+
+
+def half_reply(pid: int, sparse: bool, dtype=np.float16, scale: float = 1.0):
+    from core.fedlog import uplink_array
+
+    stats = _stats(pid).astype(np.float64)
+    sent = uplink_array(stats, sparse, "float16").astype(dtype)
+    sent[..., -1] *= scale
+    return reply({("stats-rows" if sparse else "stats"): sent}, int(stats[:, 0].sum()), pid, loss=0.5)
+
+
+@pytest.mark.parametrize("uplink", ["dense", "sparse"])
+def test_the_server_solves_nearly_the_same_head_from_float16_statistics(task_identity, uplink):
+    def head(dtype_key, answer):
+        s = make_strategy("fedlog", **{"fedlog-uplink": uplink, "fedlog-uplink-dtype": dtype_key, "fedlog-init": "random"})
+        engine = engine_for(s, FakeGrid(3, answer))
+        step = s.train_round(1, s.initial_arrays(), engine)
+        return step.arrays["eta"].numpy(), engine.meter.failures, engine.meter.phase("train")[1]
+
+    exact = (lambda pid, msg: sparse_reply(pid)) if uplink == "sparse" else (lambda pid, msg: reply({"stats": _stats(pid)}, int(_stats(pid)[:, 0].sum()), pid, loss=0.5))
+    eta32, fail32, up32 = head("float32", exact)
+    eta16, fail16, up16 = head("float16", lambda pid, msg: half_reply(pid, uplink == "sparse"))
+    assert fail32 == fail16 == []
+    np.testing.assert_allclose(eta16, eta32, rtol=1e-2, atol=1e-3)  # the solve sees T within 2^-11
+    assert up32 - up16 >= 3 * (0.9 * (2 if uplink == "sparse" else 10) * 51 * 2), (up32, up16)  # half the value bytes
+    # a float32 fallback reply is accepted; a float64 one, or one whose count is not its classes', is not
+    _, fail, _ = head("float16", lambda pid, msg: half_reply(pid, uplink == "sparse", np.float32) if pid == 1 else half_reply(pid, uplink == "sparse"))
+    assert fail == []
+    _, fail, _ = head("float16", lambda pid, msg: half_reply(pid, uplink == "sparse", np.float64) if pid == 1 else half_reply(pid, uplink == "sparse"))
+    assert len(fail) == 1 and "float16 or float32" in fail[0]
+
+
+def test_float16_means_past_the_feature_bound_are_rejected(task_identity):
+    s = make_strategy("fedlog", **{"fedlog-uplink-dtype": "float16", "fedlog-init": "random", "max-feature-value": 100.0})
+    engine = engine_for(s, FakeGrid(3, lambda pid, msg: half_reply(pid, False, scale=1000.0) if pid == 0 else half_reply(pid, False)))
+    s.train_round(1, s.initial_arrays(), engine)
+    assert len(engine.meter.failures) == 1 and "partition 0" in engine.meter.failures[0] and "bound" in engine.meter.failures[0]
+
+
+def test_float16_uplink_is_refused_under_local_dp_and_a_client_sends_it(data_dir):
+    with pytest.raises(ConfigError, match="fedlog-uplink-dtype"):
+        resolve({"fedlog-uplink-dtype": "float16", "fedlog-dp": "local", "fedlog-clip": 1.0})
+    env = client_env({"algorithm": "fedlog", "data-dir": data_dir, "fedlog-uplink": "sparse", "fedlog-uplink-dtype": "float16", "train-fraction": 0.01, "local-epochs": 1},
+                     {"partition-id": 0, "num-partitions": 50})
+    content = RecordDict({"arrays": ArrayRecord({"eta": Array(np.zeros((10, 51), np.float32))}), "config": ConfigRecord({"server-round": 1, "phase": "train"})})
+    rows = PROCEDURES["fedlog"].train(env, content, RecordDict())["arrays"]["stats-rows"].numpy()
+    held, counts = np.unique(env.y_train.numpy(), return_counts=True)
+    assert rows.dtype == np.float16 and rows[:, 0].tolist() == held.tolist() and rows[:, 1].tolist() == counts.tolist()
+
+
+def test_float16_rounding_at_the_clip_bound_is_not_taken_for_a_hostile_reply(task_identity):
+    """Features clipped to b = 2.3 have means at 2.3, which float16 rounds up (to 2.30078):
+    within the half-precision allowance, not past the bound."""
+    from core.fedlog import uplink_array
+
+    def at_bound(pid, msg):
+        stats = np.zeros((10, 51))
+        stats[pid, 0], stats[pid, 1:] = 500.0, 2.3 * 500.0
+        return reply({"stats": uplink_array(stats, False, "float16")}, 500, pid, loss=0.5)
+
+    s = make_strategy("fedlog", **{"fedlog-uplink-dtype": "float16", "fedlog-init": "random", "fedlog-clip": 2.3})
+    engine = engine_for(s, FakeGrid(3, at_bound))
+    s.train_round(1, s.initial_arrays(), engine)
+    assert engine.meter.failures == []

@@ -15,7 +15,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 from client.env import ClientEnv
 from client.procedures.base import round_of, test_metrics, train_metrics
 from core import protocol as P
-from core.fedlog import present_rows, add_noise, class_means, noise_sigma, sufficient_statistics
+from core.fedlog import add_noise, class_means, noise_sigma, sufficient_statistics, uplink_array
 from core.models import build_body
 from core.training import predict, train_epochs
 
@@ -92,10 +92,9 @@ class FedLogClient:
             )
             state[BODY_STATE] = ArrayRecord({k: v.detach().cpu() for k, v in fmap.body.state_dict().items()})
         stats = self._statistics(env, fmap)
-        if cfg["fedlog-uplink"] == "sparse":  # only the rows of the classes held (never under local DP)
-            reply = ArrayRecord({P.STATS_ROWS: Array(present_rows(stats).astype(np.float32))})
-        else:
-            reply = ArrayRecord({P.STATS: Array(stats.astype(np.float32))})
+        sparse = cfg["fedlog-uplink"] == "sparse"  # only the rows of the classes held (never under local DP)
+        sent = uplink_array(stats, sparse, cfg["fedlog-uplink-dtype"])
+        reply = ArrayRecord({P.STATS_ROWS if sparse else P.STATS: Array(sent)})
         if cfg["fedlog-dp"] == "local":  # release nothing private beside the noised statistic
             return RecordDict({P.ARRAYS: reply, P.METRICS: MetricRecord({P.PARTITION_ID: env.partition_id})})
         return RecordDict({P.ARRAYS: reply, P.METRICS: train_metrics(env, loss)})
