@@ -81,9 +81,6 @@ DONE_MARK = "old_meter_total_bytes"
 
 
 def is_byte_column(key: str) -> bool:
-    """A wire-byte column of rounds.jsonl (value bytes do not depend on the meter: kept as they are)."""
-    if key.startswith("values_bytes"):
-        return False
     return key in ("bytes_down", "bytes_up", "cumulative_bytes") or "_bytes_" in key or key.endswith("_bytes")
 
 

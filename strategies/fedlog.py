@@ -87,8 +87,9 @@ class FedLog(HeadwayStrategy):
         return {node: content for node in engine.sample(self.cfg["fraction-train"])}
 
     def train_layout(self, server_round: int) -> Layout:
-        """Statistics (classes × m, float32; or, with fedlog-uplink=sparse, the rows of the
-        classes a client holds, each after its class index) and, unless under local DP, the count
+        """Statistics (classes × m; or, with fedlog-uplink=sparse, the rows of the classes a
+        client holds, each after its class index; float32 sums, or with fedlog-uplink-dtype=float16
+        [count, means] rows in float16 or, where a count needs it, float32) and, unless under local DP, the count
         and loss (under local DP a client releases nothing but its noised statistics)."""
         dtype = ("float16", "float32") if self.half_up else "float32"  # float16, or float32 where a count needs it
         if self.cfg["fedlog-uplink"] == "sparse":  # [class index, row of T] for the classes held
@@ -107,6 +108,8 @@ class FedLog(HeadwayStrategy):
         else:
             stats = arrays[P.STATS].astype(np.float64)
         if self.half_up:  # rows are [count, feature means]: back to sums
+            if np.any((stats[:, 0] == 0) & np.any(stats[:, 1:] != 0, axis=1)):
+                return None, "a class with no examples has non-zero feature means"
             stats = sum_rows(stats)
         count = float(reply.count) if reply.count is not None else float(np.sum(stats[:, 0]))
         return stats, self.checker.problem(stats, count)

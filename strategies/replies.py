@@ -176,6 +176,8 @@ def decode(reply: Message, layout: Layout, partition_id: int, max_count: int, nb
                 return None, f"array {name!r} cannot be read: {exc}"
             if value.shape != shape:
                 return None, f"array {name!r} holds {value.size} values, not shape {shape}"
+            if value.dtype != np.dtype(arr.dtype):  # the data's own header must agree with the declared dtype
+                return None, f"array {name!r} is declared {arr.dtype} but holds {value.dtype} data"
             if np.issubdtype(value.dtype, np.floating) and not np.all(np.isfinite(value)):
                 return None, f"array {name!r} contains NaN or Inf"
             arrays[name] = value

@@ -46,7 +46,7 @@ def values_bytes(content: RecordDict) -> int:
 def _array_values(array: Array) -> int:
     try:
         return math.prod(int(d) for d in array.shape) * np.dtype(array.dtype).itemsize
-    except (TypeError, ValueError):
+    except Exception:  # numpy raises TypeError, ValueError or even SyntaxError on hostile dtype strings
         return len(array.data)
 
 
@@ -74,27 +74,29 @@ class WireMeter:
     """Measures messages as shipped; remembers the size of content it has measured."""
 
     def __init__(self) -> None:
-        self._cache: dict[int, tuple[RecordDict, ObjectTree, int, int]] = {}
-
-    def _measure(self, content: RecordDict) -> tuple[ObjectTree, int, int]:
-        hit = self._cache.get(id(content))
-        if hit is not None and hit[0] is content:
-            return hit[1], hit[2], hit[3]
-        tree, size = _content_size(content)
-        values = values_bytes(content)
-        self._cache[id(content)] = (content, tree, size, values)
-        return tree, size, values
+        self._cache: dict[int, tuple[RecordDict, ObjectTree, int]] = {}
+        self._values: dict[int, tuple[RecordDict, int]] = {}
 
     def content(self, content: RecordDict) -> tuple[ObjectTree, int]:
         """(object tree, deflated bytes) of ``content``."""
-        tree, size, _ = self._measure(content)
+        hit = self._cache.get(id(content))
+        if hit is not None and hit[0] is content:
+            return hit[1], hit[2]
+        tree, size = _content_size(content)
+        self._cache[id(content)] = (content, tree, size)
         return tree, size
 
     def values(self, message: Message) -> int:
-        """Bytes of the array values ``message`` carries (0 for an error or empty message)."""
+        """Bytes of the array values ``message`` carries (0 for an error or empty message);
+        called for sent messages and accepted replies only."""
         if message.has_error() or not message.has_content():
             return 0
-        return self._measure(message.content)[2]
+        hit = self._values.get(id(message.content))
+        if hit is not None and hit[0] is message.content:
+            return hit[1]
+        n = values_bytes(message.content)
+        self._values[id(message.content)] = (message.content, n)
+        return n
 
     def message(self, message: Message) -> int:
         """Bytes of ``message`` on the Fleet link."""
@@ -109,6 +111,7 @@ class WireMeter:
     def clear(self) -> None:
         """Forget cached content (call once per round: content is rebuilt every round)."""
         self._cache.clear()
+        self._values.clear()
 
 
 def wire_bytes(message: Message) -> int:

@@ -60,8 +60,24 @@ def test_exchange_decodes_meters_both_ways_and_counts_errors_silence_and_bad_rep
 def test_values_bytes_count_elements_not_framing_and_survive_a_hostile_dtype():
     content = RecordDict({"a": ArrayRecord({"x": Array(np.zeros((2, 3), np.float16)), "y": Array(np.zeros(5, np.int64))}), "c": ConfigRecord({"k": "v" * 50})})
     assert values_bytes(content) == 2 * 3 * 2 + 5 * 8  # no npy header, no config
-    garbage = Array(dtype="<not a dtype>", shape=(3,), stype="numpy.ndarray", data=b"x" * 7)
-    assert values_bytes(RecordDict({"a": ArrayRecord({"g": garbage})})) == 7  # its serialized bytes, no crash
+    for dtype in ("<not a dtype>", "f8,("):  # numpy raises TypeError, and SyntaxError, on these
+        garbage = Array(dtype=dtype, shape=(3,), stype="numpy.ndarray", data=b"x" * 7)
+        assert values_bytes(RecordDict({"a": ArrayRecord({"g": garbage})})) == 7  # its serialized bytes, no crash
+
+
+def test_a_reply_with_an_unparsable_dtype_is_one_failure_not_a_crash(task_identity):
+    garbage = Array(dtype="f8,(", shape=(4,), stype="numpy.ndarray", data=b"x" * 16)
+
+    def answer(pid, msg):
+        if pid == 1:
+            return RecordDict({"arrays": ArrayRecord({"x": garbage}), "metrics": MetricRecord({"num-examples": 5, "partition-id": pid})})
+        return reply({"x": np.ones(4, np.float32)}, 5, pid)
+
+    engine = engine_for(make_strategy("fedavg", **{"num-clients": 3}), FakeGrid(3, answer))
+    content = RecordDict({"arrays": ArrayRecord({"x": Array(np.zeros(4, np.float32))})})
+    replies = engine.exchange("train", {n: content for n in engine.nodes()}, MessageType.TRAIN, LAYOUT)
+    assert sorted(r.partition_id for r in replies) == [0, 2]
+    assert len(engine.meter.failures) == 1 and "partition 1" in engine.meter.failures[0]
 
 
 def test_a_node_that_misses_the_deadline_is_not_asked_again_that_round(task_identity):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from client.env import client_env
 from client.registry import PROCEDURES
@@ -129,7 +129,8 @@ def test_float16_uplink_rows_rebuild_the_sums_within_half_precision():
     from core.fedlog import sum_rows, uplink_array
 
     stats = _stats(3).astype(np.float64)
-    stats[3, 1:] *= 2000.0  # sums past float16's 65504: as means they fit
+    stats[3, 1:] *= 20000.0  # sums up to 160 000, past float16's 65504: as means they fit
+    assert not np.all(np.isfinite(stats.astype(np.float16)))
     for sparse in (False, True):
         sent = uplink_array(stats, sparse, "float16")
         assert sent.dtype == np.float16
@@ -175,6 +176,27 @@ def test_the_server_solves_nearly_the_same_head_from_float16_statistics(task_ide
     assert fail == []
     _, fail, _ = head("float16", lambda pid, msg: half_reply(pid, uplink == "sparse", np.float64) if pid == 1 else half_reply(pid, uplink == "sparse"))
     assert len(fail) == 1 and "float16 or float32" in fail[0]
+
+
+def test_float16_reply_whose_data_is_not_what_it_declares_or_with_means_on_an_empty_class_is_rejected(task_identity):
+    from core.fedlog import uplink_array
+
+    def lying(pid, msg):  # declares float16, ships float64 bytes
+        sent = Array(uplink_array(_stats(pid).astype(np.float64), False, "float16").astype(np.float64))
+        sent.dtype = "float16"
+        return RecordDict({"arrays": ArrayRecord({"stats": sent}), "metrics": MetricRecord({"num-examples": int(_stats(pid)[:, 0].sum()), "partition-id": pid})})
+
+    def empty_with_means(pid, msg):
+        r = half_reply(pid, False)
+        rows = r["arrays"]["stats"].numpy().copy()
+        rows[9, 5] = 1.0  # class 9 holds no examples
+        return reply({"stats": rows}, int(_stats(pid)[:, 0].sum()), pid, loss=0.5)
+
+    for bad, reason in ((lying, "declared float16 but holds float64"), (empty_with_means, "no examples has non-zero")):
+        s = make_strategy("fedlog", **{"fedlog-uplink-dtype": "float16", "fedlog-init": "random"})
+        engine = engine_for(s, FakeGrid(3, lambda pid, msg: bad(pid, msg) if pid == 0 else half_reply(pid, False)))
+        s.train_round(1, s.initial_arrays(), engine)
+        assert len(engine.meter.failures) == 1 and reason in engine.meter.failures[0], engine.meter.failures
 
 
 def test_float16_means_past_the_feature_bound_are_rejected(task_identity):
