@@ -27,6 +27,10 @@ class CNN(nn.Module):
         self.out_dim = fcs[-1].out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_pair(x)[0]
+
+    def forward_pair(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features after the feature dropout, the same features before it), from one pass."""
         last = len(self.convs) - 1
         for i, conv in enumerate(self.convs):
             x = conv(x)
@@ -36,7 +40,7 @@ class CNN(nn.Module):
         x = x.flatten(1)
         for fc in self.fcs:
             x = torch.relu(fc(x))
-        return self.feature_dropout(x)
+        return self.feature_dropout(x), x
 
 
 def mnist_cnn(input_shape: tuple[int, ...], m: int, dropout: float = 0.0) -> nn.Module:

@@ -31,7 +31,18 @@ class FeatureMap(torch.nn.Module):
         self.clip = clip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        f = self.body(x)
+        return self._phi(self.body(x))
+
+    def pair(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(φ with the body's feature dropout, φ without it) from one pass; the same φ twice
+        for a body without feature dropout."""
+        if hasattr(self.body, "forward_pair"):
+            dropped, kept = self.body.forward_pair(x)
+            return self._phi(dropped), self._phi(kept)
+        phi = self.forward(x)
+        return phi, phi
+
+    def _phi(self, f: torch.Tensor) -> torch.Tensor:
         if self.clip > 0:
             f = torch.clamp(f, -self.clip, self.clip)  # App. C, Eq. 14
         return torch.cat([torch.ones(len(f), 1, device=f.device, dtype=f.dtype), f], dim=1)
@@ -78,14 +89,16 @@ class FedLogClient:
                 means = torch.as_tensor(class_means(phi_sum), dtype=torch.float32, device=env.device)
                 known = torch.as_tensor(phi_sum[:, 0] > 0, device=env.device)
 
-            def objective(phi: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-                out = torch.nn.functional.cross_entropy(phi @ eta.T, y)  # Eq. 10
-                if means is not None:
-                    out = out + alpha * fedlog_c_loss(phi, y, means, known)  # Eq. 13
+            def objective(pair: tuple[torch.Tensor, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+                phi, kept = pair
+                out = torch.nn.functional.cross_entropy(phi @ eta.T, y)  # Eq. 10, on the dropped-out features
+                if means is not None:  # Eq. 13 on the features before feature dropout: on dropped-out
+                    # ones it would add a hidden (p/(1-p))·‖φ‖² penalty that shrinks the features
+                    out = out + alpha * fedlog_c_loss(kept, y, means, known)
                 return out
 
             loss = train_epochs(
-                fmap, list(fmap.parameters()), env.x_train, env.y_train,
+                fmap.pair, list(fmap.parameters()), env.x_train, env.y_train,
                 epochs=cfg["local-epochs"], batch_size=cfg["batch-size"], lr=env.lr(rnd), optimizer=cfg["optimizer"],
                 loss_fn=objective, augment=env.data.augment, seed=env.seed_for(rnd), device=env.device,
                 fresh_optimizer_each_epoch=True, modules=[fmap],
