@@ -126,9 +126,9 @@ FLOAT16_EXACT_COUNT = 2048  # float16 holds every whole number up to 2^11
 def mean_rows(stats: np.ndarray) -> np.ndarray:
     """T's rows as [n_c, Σf/n_c] (the class count, then the feature means): bounded like the
     features where sums are not, so they fit float16 (zero rows stay zero)."""
-    counts = stats[:, :1]
-    means = np.divide(stats[:, 1:], counts, out=np.zeros_like(stats[:, 1:], dtype=np.float64), where=counts > 0)
-    return np.hstack([counts, means])
+    rows = class_means(stats)
+    rows[:, 0] = stats[:, 0]
+    return rows
 
 
 def sum_rows(rows: np.ndarray) -> np.ndarray:
