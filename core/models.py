@@ -43,6 +43,17 @@ class CNN(nn.Module):
         return self.feature_dropout(x), x
 
 
+def feature_pair(body: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features after the body's feature dropout, the same before it) from one pass; the
+    same tensor twice for a body without it. Terms that pull features towards class centres
+    (FedLog-C's Eq. 13, FedProto's prototypes) take the second: on dropped-out features
+    they would add a hidden (p/(1-p))·|f|^2 penalty that shrinks the features."""
+    if hasattr(body, "forward_pair"):  # a body with feature dropout says so by this method
+        return body.forward_pair(x)
+    f = body(x)
+    return f, f
+
+
 def mnist_cnn(input_shape: tuple[int, ...], m: int, dropout: float = 0.0) -> nn.Module:
     """FedLog Table A.2 (MNIST) without its last layer: 320 -> m (50). As the authors' model:
     Dropout2d(``dropout``) after the second convolution and dropout on the features."""

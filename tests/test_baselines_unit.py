@@ -232,3 +232,24 @@ def test_fedproto_server_averages_valid_prototypes_only(task_identity):
     assert np.allclose(protos[0], 2.0) and np.allclose(protos[1], 7.0) and np.allclose(protos[2:], 0.0)
     assert step.arrays["class-counts"].numpy().tolist()[:3] == [8.0, 2.0, 0.0]
     assert set(next(iter(s.configure_train(2, ArrayRecord(), engine).values()))["arrays"]) == {"prototypes", "class-counts"}
+
+
+def test_fedproto_pulls_the_features_before_feature_dropout_towards_the_prototypes(data_dir, monkeypatch):
+    """The authors' FedProto takes its prototypes from the features before the dropout that
+    feeds the classifier; on dropped-out features λ‖f − c_y‖² adds a hidden (p/(1-p))·‖f‖²
+    penalty. With p = 0.95 the dropped-out features are nearly all zero."""
+    from flwr.app import Array
+
+    import client.procedures.fedproto as fp
+
+    seen = []
+    real = fp.prototype_loss
+    monkeypatch.setattr(fp, "prototype_loss", lambda f, *a: seen.append(f.detach().clone()) or real(f, *a))
+    env = client_env({"algorithm": "fedproto", "data-dir": data_dir, "train-fraction": 0.01, "local-epochs": 1, "body-dropout": 0.95},
+                     {"partition-id": 0, "num-partitions": 50})
+    content = RecordDict({"arrays": ArrayRecord({"prototypes": Array(np.full((10, 50), 0.5, np.float32)),
+                                                 "class-counts": Array(np.full(10, 100.0, np.float32))}),
+                          "config": ConfigRecord({"server-round": 2, "phase": "train"})})
+    fp.FedProtoClient().train(env, content, RecordDict())
+    nonzero = float(np.mean([(f != 0).float().mean() for f in seen]))
+    assert seen and nonzero > 0.2, nonzero  # dropped-out features would be ~5 % × the ReLU's share

@@ -16,7 +16,7 @@ from client.env import ClientEnv
 from client.procedures.base import round_of, test_metrics, train_metrics
 from core import protocol as P
 from core.fedlog import add_noise, class_means, noise_sigma, sufficient_statistics, uplink_array
-from core.models import build_body
+from core.models import build_body, feature_pair
 from core.training import predict, train_epochs
 
 BODY_STATE = "fedlog-body"
@@ -36,11 +36,11 @@ class FeatureMap(torch.nn.Module):
     def pair(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(φ with the body's feature dropout, φ without it) from one pass; the same φ twice
         for a body without feature dropout."""
-        if hasattr(self.body, "forward_pair"):
-            dropped, kept = self.body.forward_pair(x)
-            return self._phi(dropped), self._phi(kept)
-        phi = self.forward(x)
-        return phi, phi
+        dropped, kept = feature_pair(self.body, x)
+        if dropped is kept:
+            phi = self._phi(kept)
+            return phi, phi
+        return self._phi(dropped), self._phi(kept)
 
     def _phi(self, f: torch.Tensor) -> torch.Tensor:
         if self.clip > 0:

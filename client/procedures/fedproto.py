@@ -13,6 +13,7 @@ from client.env import ClientEnv
 from client.procedures.base import round_of, test_metrics, train_metrics
 from client.procedures.layer_sharing import PERSONAL, local_model
 from core import protocol as P
+from core.models import feature_pair
 from core.prototypes import class_prototypes, nearest_prototype
 from core.training import predict, train_epochs
 
@@ -45,8 +46,8 @@ class FedProtoClient:
         lam = cfg["fedproto-lambda"]
 
         def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            f = model.body(x)
-            return f, model.head(f)
+            dropped, kept = feature_pair(model.body, x)  # prototypes are of the features before dropout
+            return kept, model.head(dropped)
 
         def objective(out: tuple[torch.Tensor, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
             f, logits = out
