@@ -55,7 +55,7 @@ def values_up_to(rounds: list[dict], threshold: float) -> float | None:
     """Array-value bytes sent up (the papers' count: one direction, no framing) until
     accuracy first reaches ``threshold``, else to the best round; None for runs written
     before value bytes were recorded."""
-    if any("values_bytes_up" not in r for r in rounds):
+    if not rounds or any("values_bytes_up" not in r for r in rounds):
         return None
     hit = next((i for i, r in enumerate(rounds) if r["accuracy"] is not None and r["accuracy"] >= threshold), None)
     if hit is None:
@@ -91,7 +91,7 @@ def table(runs: dict, paper: str) -> str:
         n_rounds = max(len(r) for _, r in items)
         final = fmt_mean_se([s["final_accuracy"] for s, _ in items])
         values = [values_up_to(r, thr) for _, r in items]
-        vcost = fmt_bytes(np.mean(values)) if all(v is not None for v in values) else "–"
+        vcost = fmt_bytes(np.mean(values)) + ("" if reached == len(reach) else " (to best)") if all(v is not None for v in values) else "–"
         lines.append(f"| {method} | {len(items)} | {n_rounds} | {final} | {bests.mean():.2f} | {cost} | {rt} | {vcost} | {total} | {wall:.1f} min | {pa} | {pc} |")
     return "\n".join(lines)
 

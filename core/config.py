@@ -181,10 +181,11 @@ def _check_combinations(cfg: Mapping[str, Any]) -> None:
             "run-config key 'fedlog-uplink' must be 'dense' with fedlog-dp='local': the noise must cover every row, "
             "and leaving out the rows of absent classes would release which classes a client holds"
         )
-    if cfg["fedlog-dp"] == "local" and cfg["fedlog-uplink-dtype"] == "float16":
+    if cfg["fedlog-dp"] != "off" and cfg["fedlog-uplink-dtype"] == "float16":
         raise ConfigError(
-            "run-config key 'fedlog-uplink-dtype' must be 'float32' with fedlog-dp='local': float16 sends class means "
-            "with exact counts, and under local DP the counts are noised and the sums cannot be sent as means"
+            f"run-config key 'fedlog-uplink-dtype' must be 'float32' with fedlog-dp={cfg['fedlog-dp']!r}: float16 sends "
+            "class means, the server rebuilds sums as count x mean, so rounding grows with the count and one example "
+            "can move a sum by more than the clip b the noise is calibrated to (and under local DP the counts are noised)"
         )
 
 

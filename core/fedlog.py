@@ -140,10 +140,11 @@ def sum_rows(rows: np.ndarray) -> np.ndarray:
 def uplink_array(stats: np.ndarray, sparse: bool, dtype: str) -> np.ndarray:
     """A client's statistics as sent: dense (classes × m) or its present rows with their
     class indices; under ``dtype`` float16 as [count, means] rows, in float32 instead when a
-    count is above 2048 (not exact in float16) or a mean beyond float16's range."""
+    count or class index is above 2048 (not exact in float16) or a mean beyond float16's range."""
     rows = mean_rows(stats) if dtype == "float16" else stats
     rows = present_rows(rows) if sparse else rows
-    if dtype == "float16" and stats[:, 0].max(initial=0.0) <= FLOAT16_EXACT_COUNT:
+    exact = max(stats[:, 0].max(initial=0.0), len(stats) - 1) <= FLOAT16_EXACT_COUNT  # counts and class indices
+    if dtype == "float16" and exact:
         half = rows.astype(np.float16)
         if np.all(np.isfinite(half)):
             return half
@@ -183,7 +184,7 @@ class StatsCheck:
     clip: float = 0.0  # b, the bound on |feature| (the clip, or max-feature-value); 0: unbounded
     noise_sigma: float = 0.0  # local-DP noise on every entry (loosens the bounds)
     count_known: bool = True  # False under local DP: the count is the noised count row itself
-    precision: float = 0.0  # relative rounding of the sent values (float16 means: 2^-11), allowed past the bound
+    precision: float = 0.0  # relative rounding of the sent values (float16 means in the normal range: 2^-11), allowed past the bound
 
     def problem(self, stats: np.ndarray, count: float) -> str | None:
         """Why a (stats, count) reply cannot be real, or None when it can."""
@@ -191,12 +192,19 @@ class StatsCheck:
             return f"statistics have shape {stats.shape}, expected {(self.num_classes, self.m)}"
         if not np.all(np.isfinite(stats)):
             return "statistics contain NaN or Inf"
-        if self.count_known and (not math.isfinite(count) or count < 0):
-            return f"count is {count}, expected a finite number >= 0"
+        if self.count_known and (not math.isfinite(count) or count < 0 or count != round(count)):
+            return f"count is {count}, expected a whole number >= 0"
         slack = 8.0 * self.noise_sigma  # far beyond the noise: a reply past it is not noise
         per_class = stats[:, 0]  # the constant feature: the class counts
         if np.any(per_class < -slack - 1e-6):
             return "a class count (first feature sum) is negative"
+        if self.noise_sigma == 0:
+            # without noise on the reply a class count is a count of examples: a fraction of one
+            # would let a tiny count carry sums that set the class mean to anything (sums / count)
+            if np.any(per_class != np.round(per_class)):
+                return "a class count (first feature sum) is not a whole number of examples"
+            if np.any((per_class == 0) & np.any(stats[:, 1:] != 0, axis=1)):
+                return "a class with no examples has non-zero feature sums"
         if self.count_known and abs(per_class.sum() - count) > slack * math.sqrt(self.num_classes) + 1e-4 * max(count, 1.0):
             return f"class counts sum to {per_class.sum():.6g}, not the reported count {count:g}"
         if self.clip > 0:

@@ -67,7 +67,7 @@ METHODS: dict[str, Method] = {
                                         choices=("dense", "sparse")),
                    "fedlog-wire-dtype": Key("float32", "FedLog: dtype of the head η (and FedLog-C's class means) sent to clients; the server adds and solves in float64",
                                             choices=("float32", "float16")),
-                   "fedlog-uplink-dtype": Key("float32", "FedLog: dtype of the statistics sent up; float16 sends each class as [count, feature means] (the same rows in float32 for a client with a class above 2048 examples); the server rebuilds the sums in float64; not with fedlog-dp=local",
+                   "fedlog-uplink-dtype": Key("float32", "FedLog: dtype of the statistics sent up; float16 sends each class as [count, feature means] (the same rows in float32 for a client with a class above 2048 examples); the server rebuilds the sums in float64; not with fedlog-dp local or central",
                                               choices=("float32", "float16")),
                }),
         Method("lg-fedavg", "local bodies, averaged top layers (Liang et al. 2020, Alg. 1)",

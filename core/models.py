@@ -48,7 +48,7 @@ def feature_pair(body: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.
     same tensor twice for a body without it. Terms that pull features towards class centres
     (FedLog-C's Eq. 13, FedProto's prototypes) take the second: on dropped-out features
     they would add a hidden (p/(1-p))·|f|^2 penalty that shrinks the features."""
-    if hasattr(body, "forward_pair"):  # a body with feature dropout says so by this method
+    if hasattr(body, "forward_pair"):  # CNN and TorchvisionBody; bodies without dropout need none
         return body.forward_pair(x)
     f = body(x)
     return f, f
@@ -111,16 +111,26 @@ def mlp_deep(input_shape: tuple[int, ...], m: int) -> nn.Module:
 
 
 class TorchvisionBody(nn.Module):
-    """A torchvision network with its classifier replaced by a projection to m features."""
+    """A torchvision network with its classifier replaced by a projection to m features,
+    after the network's own classifier dropout where it has one (MobileNet V2: 0.2)."""
 
-    def __init__(self, net: nn.Module, width: int, m: int):
+    def __init__(self, net: nn.Module, width: int, m: int, dropout: float = 0.0):
         super().__init__()
         self.net = net
+        self.dropout = nn.Dropout(dropout) if dropout else nn.Identity()
         self.proj = nn.Linear(width, m) if m and m != width else nn.Identity()
         self.out_dim = m or width
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.net(x))
+        return self.proj(self.dropout(self.net(x)))
+
+    def forward_pair(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features through the dropout, the same without it), from one pass of the network."""
+        h = self.net(x)
+        kept = self.proj(h)
+        if isinstance(self.dropout, nn.Identity):
+            return kept, kept
+        return self.proj(self.dropout(h)), kept
 
 
 def mobilenet_v2(input_shape: tuple[int, ...], m: int) -> nn.Module:
@@ -130,8 +140,8 @@ def mobilenet_v2(input_shape: tuple[int, ...], m: int) -> nn.Module:
     if input_shape[0] != 3:
         old = net.features[0][0]
         net.features[0][0] = nn.Conv2d(input_shape[0], old.out_channels, 3, 2, 1, bias=False)
-    net.classifier = nn.Dropout(0.2)
-    return TorchvisionBody(net, 1280, m)
+    net.classifier = nn.Identity()
+    return TorchvisionBody(net, 1280, m, dropout=0.2)  # torchvision's classifier dropout, kept
 
 
 def resnet18(input_shape: tuple[int, ...], m: int) -> nn.Module:

@@ -199,6 +199,42 @@ def test_float16_reply_whose_data_is_not_what_it_declares_or_with_means_on_an_em
         assert len(engine.meter.failures) == 1 and reason in engine.meter.failures[0], engine.meter.failures
 
 
+def _poison_class_9(pid: int, dtype_key: str, count: float, value: float, shift: float = 0.0):
+    """Partition 0's reply with class 9 (held by no client) given ``count`` examples and every
+    feature at ``value`` (a mean under float16, a sum under float32); ``shift`` moves that much of
+    class 0's count to class 9, keeping the total."""
+    stats = _stats(pid).astype(np.float64)
+    sent = uplink_array_of(stats, dtype_key).astype(np.float64)
+    sent[pid, 0] -= shift
+    sent[9, 0], sent[9, 1:] = count + shift, value
+    dtype = np.float16 if dtype_key == "float16" and abs(value) < 6e4 else np.float32
+    return reply({"stats": sent.astype(dtype)}, int(stats[:, 0].sum()), pid, loss=0.5)
+
+
+def uplink_array_of(stats: np.ndarray, dtype_key: str) -> np.ndarray:
+    from core.fedlog import uplink_array
+
+    return uplink_array(stats, False, dtype_key)
+
+
+@pytest.mark.parametrize("dtype_key, count, value, shift, reason", [
+    ("float16", 6e-8, 1000.0, 0.0, "whole number"),  # a tiny count carrying a mean of 1000
+    ("float16", 1e-30, 1e25, 0.0, "whole number"),  # the float32 fallback, class mean 1e25
+    ("float32", 1e-45, 1e-3, 0.0, "whole number"),  # sums / a subnormal count: an inf class mean
+    ("float32", 0.0, 0.5, 0.5, "whole number"),  # whole total, half an example moved to class 9
+    ("float32", 0.0, 1e-5, 0.0, "no examples has non-zero"),  # sums on a class without examples
+])
+def test_counts_that_are_not_whole_examples_cannot_set_a_class_mean(task_identity, dtype_key, count, value, shift, reason):
+    """Without local DP a class count counts examples; a fraction of one would let a client put
+    any class mean (sums / count) into FedLog-C's downlink."""
+    s = make_strategy("fedlog", **{"fedlog-uplink-dtype": dtype_key, "fedlog-init": "random", "fedlog-alpha": 0.01, "fedlog-clip": 2.0})
+    honest = (lambda pid, msg: half_reply(pid, False)) if dtype_key == "float16" else (lambda pid, msg: reply({"stats": _stats(pid)}, int(_stats(pid)[:, 0].sum()), pid, loss=0.5))
+    engine = engine_for(s, FakeGrid(3, lambda pid, msg: _poison_class_9(pid, dtype_key, count, value, shift) if pid == 0 else honest(pid, msg)))
+    step = s.train_round(1, s.initial_arrays(), engine)
+    assert len(engine.meter.failures) == 1 and "partition 0" in engine.meter.failures[0] and reason in engine.meter.failures[0], engine.meter.failures
+    assert np.all(step.arrays["stats-sum"].numpy()[9] == 0)  # class 9's mean sent down stays empty
+
+
 def test_float16_means_past_the_feature_bound_are_rejected(task_identity):
     s = make_strategy("fedlog", **{"fedlog-uplink-dtype": "float16", "fedlog-init": "random", "max-feature-value": 100.0})
     engine = engine_for(s, FakeGrid(3, lambda pid, msg: half_reply(pid, False, scale=1000.0) if pid == 0 else half_reply(pid, False)))
@@ -206,9 +242,10 @@ def test_float16_means_past_the_feature_bound_are_rejected(task_identity):
     assert len(engine.meter.failures) == 1 and "partition 0" in engine.meter.failures[0] and "bound" in engine.meter.failures[0]
 
 
-def test_float16_uplink_is_refused_under_local_dp_and_a_client_sends_it(data_dir):
-    with pytest.raises(ConfigError, match="fedlog-uplink-dtype"):
-        resolve({"fedlog-uplink-dtype": "float16", "fedlog-dp": "local", "fedlog-clip": 1.0})
+def test_float16_uplink_is_refused_under_dp_and_a_client_sends_it(data_dir):
+    for mode in ("local", "central"):  # n x rounded mean: one example moves a sum by more than b
+        with pytest.raises(ConfigError, match="fedlog-uplink-dtype"):
+            resolve({"fedlog-uplink-dtype": "float16", "fedlog-dp": mode, "fedlog-clip": 1.0})
     env = client_env({"algorithm": "fedlog", "data-dir": data_dir, "fedlog-uplink": "sparse", "fedlog-uplink-dtype": "float16", "train-fraction": 0.01, "local-epochs": 1},
                      {"partition-id": 0, "num-partitions": 50})
     content = RecordDict({"arrays": ArrayRecord({"eta": Array(np.zeros((10, 51), np.float32))}), "config": ConfigRecord({"server-round": 1, "phase": "train"})})

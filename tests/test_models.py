@@ -59,3 +59,25 @@ def test_papers_cnn_bodies_drop_out_in_training_only():
     mlp = build_body("mlp", (1, 28, 28), 0, seed=1, dropout=0.5).train()
     x = torch.randn(4, 1, 28, 28)
     assert torch.equal(mlp(x), mlp(x))
+
+
+@pytest.mark.parametrize("name, m", [("mnist-cnn", 0), ("mobilenet-v2", 0), ("mobilenet-v2", 16), ("resnet18", 16), ("mlp", 0)])
+def test_feature_pair_gives_the_features_with_and_without_the_bodys_dropout(name, m):
+    """Terms that pull features to class centres use the second of the pair (FedLog-C, FedProto);
+    in training the first is what the head sees. MobileNet V2 keeps torchvision's classifier
+    dropout (0.2) before the projection; bodies without dropout give one tensor twice."""
+    from core.models import feature_pair
+
+    shape = SHAPES[name]
+    body = build_body(name, shape, m=m, dropout=0.5).train()
+    torch.manual_seed(0)
+    x = torch.rand(8, *shape)
+    dropped, kept = feature_pair(body, x)
+    has_dropout = name in ("mnist-cnn", "mobilenet-v2")
+    assert (dropped is not kept) == has_dropout and dropped.shape == kept.shape == (8, body.out_dim)
+    if has_dropout:
+        assert not torch.equal(dropped, kept)
+    body.eval()
+    with torch.no_grad():
+        dropped, kept = feature_pair(body, x)
+        assert torch.allclose(dropped, kept) and torch.allclose(body(x), kept)  # no dropout in eval mode
