@@ -24,6 +24,7 @@ DATASETS = (
 PARTITIONS = ("iid", "pathological", "shards", "dirichlet", "natural", "dominant")
 OPTIMIZERS = ("adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
+SAMPLINGS = ("uniform", "data-ratio")
 FAULT_MODES = (
     "nan", "wrong-shape", "negative-count", "scaled", "error", "list-metric", "huge-count",
     "zero-model", "int-arrays", "extra-array", "oversized", "huge-values", "bad-eval", "silent",
@@ -51,6 +52,9 @@ SCHEMA: dict[str, Key] = {
     "train-fraction": fraction("fraction of the training set used, drawn before partitioning", 0.05),
     "num-server-rounds": positive("federated rounds", 100),
     "fraction-train": fraction("fraction of clients sampled per round", 1.0),
+    "client-sampling": Key("uniform", "fedavg/fedprox: how the round's K clients are drawn. uniform: without replacement, updates weighted by n_k (McMahan et al.); "
+                           "data-ratio: K draws with replacement with probability n_k/n, each draw weighted equally (scheme I of Li et al. 2020, FedProx's sampling)",
+                           choices=SAMPLINGS),
     "min-available-clients": non_negative("clients to wait for before sampling; 0: num-clients", 0),
     "sample-timeout": non_negative("seconds to wait, once before round 1, for min-available-clients to connect", 120.0),
     "local-epochs": non_negative("local epochs per round", 5),
@@ -167,6 +171,9 @@ def _check_combinations(cfg: Mapping[str, Any]) -> None:
         parse_client_noise(cfg["client-noise"])
     except ValueError as exc:
         raise ConfigError(f"run-config key 'client-noise': {exc}") from None
+    if cfg["client-sampling"] != "uniform" and cfg["algorithm"] not in ("fedavg", "fedprox"):
+        raise ConfigError(f"run-config key 'client-sampling' is {cfg['client-sampling']!r}, which only fedavg and fedprox implement; "
+                          f"{cfg['algorithm']} draws its clients its own way: leave it 'uniform'")
     if cfg["client-size-std"] > 0 and cfg["client-size-mean"] <= 0:
         raise ConfigError("run-config key 'client-size-std' needs 'client-size-mean' > 0: the sizes are drawn from N(mean, std²)")
     if cfg["client-size-mean"] > 0 and cfg["partition"] not in ("iid", "dominant"):

@@ -1,5 +1,5 @@
 """Choosing k clients out of n without replacement, uniformly or by weight, and the
-probability that each one is chosen.
+probability that each one is chosen; and k draws with replacement (Li et al.'s scheme I).
 
 Weighted sampling is *successive* sampling (numpy's ``choice(replace=False, p=...)``):
 the first pick has probability w_i / Σw, and each later pick is drawn the same way from
@@ -41,6 +41,18 @@ def sample_positions(n: int, k: int, rng: np.random.Generator, weights: Sequence
         extra = rng.choice(rest, size=k - len(positive), replace=False).tolist() if k > len(positive) else []
         return sorted(positive.tolist() + extra)
     return sorted(rng.choice(n, size=k, replace=False, p=w / w.sum()).tolist())
+
+
+def draw_with_replacement(n: int, k: int, rng: np.random.Generator, weights: Sequence[float]) -> np.ndarray:
+    """How often each of ``n`` positions comes up in ``k`` independent draws ∝ ``weights``
+    (sampling with replacement: scheme I of Li et al. 2020, FedProx's device sampling).
+    Returns counts that sum to k (0 for every position when k or the weights are 0)."""
+    w = clean_weights(weights)
+    if len(w) != n:
+        raise ValueError(f"{len(w)} weights for {n} positions")
+    if k <= 0 or w.sum() == 0:
+        return np.zeros(n, dtype=np.int64)
+    return rng.multinomial(k, w / w.sum()).astype(np.int64)
 
 
 def inclusion_probabilities(weights: Sequence[float], k: int) -> np.ndarray:

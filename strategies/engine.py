@@ -24,7 +24,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from core import protocol as P
-from core.sampling import sample_positions
+from core.sampling import draw_with_replacement, sample_positions
 from strategies.replies import Layout, Reply, decode
 from strategies.services import Services
 from strategies.wire import WireMeter
@@ -247,6 +247,16 @@ class Engine:
         k = max(1, int(round(fraction * len(nodes))))
         w = None if weights is None else [float(weights.get(n, 0.0)) for n in nodes]
         return [nodes[i] for i in sample_positions(len(nodes), k, self.services.sampling, w)]
+
+    def draw(self, fraction: float, weights: Mapping[int, float]) -> dict[int, int]:
+        """K = max(1, round(N·fraction)) draws with replacement ∝ ``weights`` (keyed by node
+        id) among the N available nodes: each drawn node and how many times it came up."""
+        nodes = self.nodes()
+        if not nodes:
+            return {}
+        k = max(1, int(round(fraction * len(nodes))))
+        counts = draw_with_replacement(len(nodes), k, self.services.sampling, [float(weights.get(n, 0.0)) for n in nodes])
+        return {nodes[i]: int(c) for i, c in enumerate(counts) if c > 0}
 
     def partition_of(self, node_id: int) -> int:
         return self.registry.clients[node_id].partition_id

@@ -1,5 +1,9 @@
 """FedAvg (McMahan et al. 2017): clients train the whole model; the server takes the
-sample-weighted average of the valid replies."""
+sample-weighted average of the valid replies.
+
+With ``client-sampling=data-ratio`` the round's K clients are instead K draws with
+replacement with probability n_k/n, and the server averages the draws with equal weight (a
+client drawn twice counts twice): scheme I of Li et al. 2020, FedProx's own sampling."""
 
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ class FedAvg(HeadwayStrategy):
         if body_names(cfg) != [cfg["body"]]:
             raise ConfigError(f"{self.name} averages whole models, so every client must run the same body: leave 'bodies' empty")
         self.sent: dict[str, np.ndarray] = {}  # what this round's clients were sent
+        self.draws: dict[int, int] = {}  # client-sampling=data-ratio: node id -> times drawn this round
 
     def initial_arrays(self) -> ArrayRecord:
         model = build_model(self.cfg["body"], self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"], self.cfg["body-dropout"])
@@ -51,7 +56,23 @@ class FedAvg(HeadwayStrategy):
         sent = self.shared(server_round, arrays)
         self.sent = to_numpy(sent)
         content = self.content(server_round, sent)
+        if self.cfg["client-sampling"] == "data-ratio":
+            self.engine = engine  # aggregate_train records the counts replies give
+            self.draws = engine.draw(self.cfg["fraction-train"], self.data_ratio(engine))
+            return {node: content for node in self.draws}
         return {node: content for node in engine.sample(self.cfg["fraction-train"])}
+
+    def data_ratio(self, engine: Engine) -> dict[int, float]:
+        """n_k of every available node, for draws ∝ n_k/n: the partition's size where the
+        server holds the data, else the count its last accepted reply gave (capped like
+        every count), and the mean of the known ones for a node not yet heard from."""
+        sizes = self.services.data.partition_sizes
+        nodes = engine.nodes()
+        if sizes is not None:
+            return {n: float(sizes[engine.partition_of(n)][0]) for n in nodes}
+        known = {n: float(engine.registry.clients[n].state["n"]) for n in nodes if "n" in engine.registry.clients[n].state}
+        fill = float(np.mean(list(known.values()))) if known else 1.0
+        return {n: known.get(n, fill) for n in nodes}
 
     def train_layout(self, server_round: int) -> Layout:
         """A reply is the arrays it was sent, same names, shapes and dtypes, with n > 0
@@ -65,6 +86,12 @@ class FedAvg(HeadwayStrategy):
         return arrays, update_norm_problem(self.sent, arrays, self.cfg["max-update-norm"])
 
     def aggregate_train(self, server_round: int, replies: list[Reply]) -> Step:
-        avg = weighted_average([r.payload for r in replies], [r.count for r in replies], like=self.sent)
+        if self.cfg["client-sampling"] == "data-ratio":  # scheme I: every draw weighs the same
+            for r in replies:
+                self.engine.registry.clients[r.node_id].state["n"] = int(r.count)
+            weights = [self.draws.get(r.node_id, 0) for r in replies]
+        else:
+            weights = [r.count for r in replies]
+        avg = weighted_average([r.payload for r in replies], weights, like=self.sent)
         losses = [r.metrics.get(P.LOSS, float("nan")) for r in replies]
         return Step(to_record(avg), len(replies), {"loss": mean_finite(losses)})

@@ -9,7 +9,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageTy
 from flwr.common.serde import recorddict_to_proto
 
 from core.aggregate import update_norm_problem, weighted_average
-from core.sampling import inclusion_probabilities, sample_positions
+from core.sampling import draw_with_replacement, inclusion_probabilities, sample_positions
 from strategies.replies import ArraySpec, Layout
 from strategies.wire import WireMeter, values_bytes, wire_bytes
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
@@ -166,6 +166,54 @@ def test_weighted_sampling_matches_its_documented_inclusion_probabilities():
         hits[sample_positions(5, 2, rng, w)] += 1
     assert np.allclose(hits / draws, pi, atol=0.015)
     assert not np.allclose(pi, 2 * np.array(w) / sum(w), atol=0.05)  # not simply k·w/Σw
+
+
+def test_draws_with_replacement_come_up_in_proportion_to_their_weights():
+    rng = np.random.default_rng(3)
+    w = [1.0, 0.0, 3.0, 6.0]
+    total = np.zeros(4)
+    repeats = 0
+    for _ in range(5000):
+        counts = draw_with_replacement(4, 3, rng, w)
+        assert counts.sum() == 3 and counts[1] == 0
+        repeats += int(counts.max() > 1)
+        total += counts
+    assert np.allclose(total / (5000 * 3), np.array(w) / sum(w), atol=0.01)  # each draw ∝ w: expected k·w/Σw
+    assert repeats > 1000  # with replacement: a client can come up twice in one round
+    assert draw_with_replacement(3, 2, rng, [0.0, float("nan"), -1.0]).sum() == 0
+
+
+def test_data_ratio_sampling_draws_by_partition_size_and_weighs_every_draw_equally(task_identity):
+    """client-sampling=data-ratio (FedProx's scheme I): draws ∝ n_k/n with replacement, and
+    the new model is the plain mean over the draws, whatever counts the replies claim."""
+    s = make_strategy("fedprox", **{"client-sampling": "data-ratio", "fraction-train": 1.0})
+    s.services.data.__dict__["partition_sizes"] = [(10, 1), (0, 1), (30, 1)]  # partition 1 holds nothing: never drawn
+    delta = {0: 0.001, 1: 0.5, 2: 0.007}
+    grid = FakeGrid(3, lambda pid, msg: reply({k: v.numpy() + delta[pid] for k, v in msg.content["arrays"].items()}, {0: 10, 1: 1, 2: 1}[pid], pid))  # counts n-weighting would use
+    arrays = s.initial_arrays()
+    name = next(iter(arrays.keys()))
+    base = arrays[name].numpy().astype(np.float64)
+    drawn = {0: 0, 2: 0}
+    mixed = 0
+    for r in range(1, 41):
+        engine = engine_for(s, grid, r)
+        step = s.train_round(r, arrays, engine)
+        draws = {engine.partition_of(n): m for n, m in s.draws.items()}
+        assert 1 not in draws and sum(draws.values()) == 3
+        for pid, m in draws.items():
+            drawn[pid] += m
+        expected = sum(m * delta[pid] for pid, m in draws.items()) / 3
+        assert np.allclose(step.arrays[name].numpy().astype(np.float64) - base, expected, atol=1e-6)
+        mixed += len(draws) == 2
+    assert mixed > 10  # rounds where both were drawn tell draw weights from count weights
+    assert 2.0 < drawn[2] / drawn[0] < 4.5  # n_2/n_0 = 3
+
+
+def test_client_sampling_is_refused_for_methods_that_draw_their_own_clients():
+    from core.config import ConfigError, resolve
+
+    with pytest.raises(ConfigError, match="only fedavg and fedprox"):
+        resolve({"algorithm": "fedprof", "client-sampling": "data-ratio"})
 
 
 def test_each_client_can_get_its_own_content(task_identity):

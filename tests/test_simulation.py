@@ -160,3 +160,10 @@ def test_fedprof_scores_irrelevant_clients_down_and_counts_profile_bytes(tmp_pat
     by_kind = summary["participation_by_noise"]
     assert by_kind["clean"] == sum(picks.get(k, 0) for k in set(range(6)) - noisy) / 3 > by_kind["irrelevant"]
     assert set(rounds[0]["fedprof_scores"]) == {str(k) for k in range(6)}
+    # the benchmark report reads this run as it reads its own (sizes, cost model, records)
+    from benchmarks.fedprof_report import run_figures
+
+    figs = run_figures("mnist", tmp_path, (0.5,))
+    assert figs["rounds"] == 3 and figs["participation_by_noise"] == by_kind
+    assert figs["simulated_minutes_total"] > 0 and len(figs["scores"]) == 3
+    assert figs["to"]["0.5"]["round"] == next(r["round"] for r in rounds if r["global_accuracy"] >= 0.5)
