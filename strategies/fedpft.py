@@ -161,6 +161,15 @@ class FedPFT(HeadwayStrategy):
                     out[f"accuracy_local_p{r.partition_id}"] = r.metrics.get("correct-local", float("nan")) / r.count
         return out
 
+    def participants(self) -> dict[str, Any]:
+        """As every method's, but naming what each client runs: the shared frozen extractor
+        and a linear head (FedPFT never builds the config's ``body``)."""
+        out = super().participants()
+        runs = f"{self.cfg['fedpft-extractor']} (frozen) + linear head"
+        if "participants" in out:
+            out["participants"] = {pid: runs for pid in out["participants"]}
+        return out
+
     def summary_extra(self) -> dict[str, Any]:
         cfg = self.cfg
         extra: dict[str, Any] = {

@@ -316,6 +316,7 @@ def test_centralized_run_trains_a_head_from_mixtures_and_reports_measured_bytes(
     expected = sum(_expected_reply_bytes(cfg, pid) for pid in range(3))
     assert near(r["bytes_up"], expected, 3), (r["bytes_up"], expected)
     assert summary["feature_dim"] == 1280 and summary["classes_received"] >= 3
+    assert summary["participants"] == {str(p): "efficientnet-lite0 (frozen) + linear head" for p in range(3)}  # not the unused body
 
 
 @pytest.mark.integration
