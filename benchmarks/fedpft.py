@@ -7,10 +7,11 @@
     python -m benchmarks.fedpft report                                 # tables from what finished
 
 FedPFT arms and the chain run through the Flower simulation (their bytes are measured
-messages). The baselines (Centralized, Ensemble, AVG, FedAvg of the head, KD) are computed
-here, in one process, on the very same cached features of the same partition; their bytes
-are computed from what they would send (float32 heads, float16 raw features), not
-measured. Runs resume: a finished result is skipped.
+messages), and so does ``fedavg-head-flower``: FedAvg of the linear head with
+``inputs=features``. The baselines (Centralized, Ensemble, AVG, FedAvg of the head, KD) are
+computed here, in one process, on the very same cached features of the same partition;
+their bytes are computed from what they would send (float32 heads, float16 raw features),
+not measured. Runs resume: a finished result is skipped.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ ARMS: dict[str, dict[str, Any]] = {
     "fedpft-diag-k10": {"fedpft-covariance": "diag", "fedpft-components": 10},
     "dp-fedpft-spherical-k1-eps1": {"fedpft-covariance": "spherical", "fedpft-components": 1, "fedpft-dp": "on", "fedpft-epsilon": 1.0},
     "fedpft-full-k1": {"fedpft-covariance": "full", "fedpft-components": 1},
+    # FedAvg of the linear head as a real Flower run on the same cached features (inputs=features,
+    # body=linear), set like the in-process baseline "fedavg-head": 50 rounds of one local epoch,
+    # every client every round, Adam 1e-4 (the baseline's AdamW without its weight decay), batch 32
+    "fedavg-head-flower": {"algorithm": "fedavg", "inputs": "features", "body": "linear", "num-server-rounds": 50, "local-epochs": 1,
+                           "optimizer": "adam", "lr": 1e-4, "batch-size": 32, "fraction-train": 1.0, "eval-every": 0},
 }
 BASELINES = ("centralized", "ensemble", "avg", "fedavg-head")
 FEDAVG_HEAD_ROUNDS = 50  # one local epoch a round: as many passes over the data as the one-shot heads get

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Mapping
 
@@ -83,7 +83,13 @@ def _env(cfg_json: str, partition_id: int, body_override: str) -> ClientEnv:
     xtr, ytr = to_tensors(ds, x_raw, ds.y_train[tr])
     xte, yte = to_tensors(ds, ds.x_test[te], ds.y_test[te])
     body = body_for(cfg, partition_id, body_override or None)
-    return ClientEnv(cfg, partition_id, body, ds, xtr, ytr, xte, yte, resolve_device(cfg["device"]))
+    device = resolve_device(cfg["device"])
+    if cfg["inputs"] == "features":  # the frozen extractor's features stand in for the inputs (noise applied before)
+        from core.extractors import configured_features
+
+        xtr, xte = configured_features(cfg, ds.name, xtr, device), configured_features(cfg, ds.name, xte, device)
+        ds = replace(ds, input_shape=(xtr.shape[1],), augment=False)  # a view: same arrays, models see vectors
+    return ClientEnv(cfg, partition_id, body, ds, xtr, ytr, xte, yte, device)
 
 
 def client_env(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> ClientEnv:

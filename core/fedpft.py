@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from core import protocol as P
-from core.extractors import cache_dir, cached_extract
+from core.extractors import configured_features
 from core.gmm import (
     Mixture,
     fit_gmm,
@@ -101,7 +101,7 @@ def fit_class_mixtures(
 def features(cfg: dict, dataset: str, x: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
     """FedPFT's features of inputs ``x``: the configured extractor's (cached on disk), on
     the unit sphere under DP. Clients and the server compute them the same way."""
-    f = cached_extract(x, dataset, cfg["fedpft-extractor"], cfg["fedpft-extractor-weights"], cfg["fedpft-resolution"], device, cache_dir(cfg["fedpft-cache-dir"]))
+    f = configured_features(cfg, dataset, x, device)
     return normalize(f) if cfg["fedpft-dp"] == "on" else f
 
 

@@ -100,6 +100,26 @@ def _flat(input_shape: tuple[int, ...]) -> int:
     return n
 
 
+class Flat(nn.Module):
+    """No layers: the input itself, flattened, as the features. With it the model is the
+    linear head alone (e.g. a linear probe on frozen features, ``inputs=features``)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.out_dim = width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1)
+
+
+def linear(input_shape: tuple[int, ...], m: int) -> nn.Module:
+    """The input as its own features (see :class:`Flat`); m must be 0 or the input's width."""
+    width = _flat(input_shape)
+    if m and m != width:
+        raise ValueError(f"body 'linear' has no layers, so its features are the input's {width} values; feature-dim={m} cannot apply: leave it 0")
+    return Flat(width)
+
+
 def mlp(input_shape: tuple[int, ...], m: int) -> nn.Module:
     """Two fully connected layers (tabular data): in -> 64 -> m (32)."""
     return MLP([_flat(input_shape), 64, m or 32])
@@ -172,6 +192,7 @@ BODIES: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "cifar-cnn-small": cifar_cnn_small,
     "lenet5": lenet5,
     "shufflenet-v2": shufflenet_v2,
+    "linear": linear,
     "mlp": mlp,
     "mlp-deep": mlp_deep,
     "mobilenet-v2": mobilenet_v2,

@@ -14,6 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from core.config import check_against_spec, resolve
 from core.data import SPECS
+from core.extractors import input_spec
 from server.results import Recorder
 from strategies.base import HeadwayStrategy
 from strategies.registry import STRATEGIES
@@ -29,9 +30,8 @@ def default_out_dir(cfg: Mapping[str, Any]) -> Path:
 
 def build_strategy(cfg: dict[str, Any]) -> HeadwayStrategy:
     """The method's strategy for a resolved config; raises ConfigError when they cannot work together."""
-    spec = SPECS[cfg["dataset"]]
-    check_against_spec(cfg, spec)
-    return STRATEGIES[cfg["algorithm"]](cfg, spec, Services(cfg))
+    check_against_spec(cfg, SPECS[cfg["dataset"]])
+    return STRATEGIES[cfg["algorithm"]](cfg, input_spec(cfg), Services(cfg))
 
 
 def preflight(cfg: dict[str, Any]) -> None:

@@ -44,10 +44,25 @@ class ServerData:
         part = make_partition(self.dataset, self.cfg)
         return [(len(tr), len(te)) for tr, te in zip(part.train, part.test)]
 
-    def test_tensors(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The whole test set as tensors (global evaluation, LG-FedAvg's new test)."""
+    def _inputs(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows as the run's models take them: tensors, or with ``inputs=features`` the
+        frozen extractor's features of them (computed and cached as the clients' are)."""
+        xt, yt = to_tensors(self.dataset, x, y)
+        if self.cfg["inputs"] == "features":
+            from core.extractors import configured_features
+            from core.models import resolve_device
+
+            xt = configured_features(self.cfg, self.dataset.name, xt, resolve_device("auto"))
+        return xt, yt
+
+    @cached_property
+    def _test(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         ds = self.dataset
-        return None if ds is None else to_tensors(ds, ds.x_test, ds.y_test)
+        return None if ds is None else self._inputs(ds.x_test, ds.y_test)
+
+    def test_tensors(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The whole test set as tensors (global evaluation, LG-FedAvg's new test), built once."""
+        return self._test
 
     def validation_tensors(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The server's own validation rows (training rows no client holds; FedProf's D^V)
@@ -56,7 +71,7 @@ class ServerData:
         if ds is None:
             return None
         rows = make_partition(ds, self.cfg).validation
-        return None if len(rows) == 0 else to_tensors(ds, ds.x_train[rows], ds.y_train[rows])
+        return None if len(rows) == 0 else self._inputs(ds.x_train[rows], ds.y_train[rows])
 
     def max_count(self, partition_id: int, split: str) -> int:
         """The largest ``num-examples`` partition ``partition_id`` can truly report for

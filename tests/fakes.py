@@ -8,7 +8,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 
 from core.config import resolve
-from core.data import SPECS
+from core.extractors import input_spec
 from strategies.engine import Engine
 from strategies.registry import STRATEGIES
 from strategies.services import Services
@@ -57,7 +57,7 @@ def reply(arrays: dict[str, np.ndarray], n: int | None, pid: int, **metrics) -> 
 def make_strategy(algorithm: str, **cfg):
     """A strategy on MNIST's spec, 3 clients, no waiting for nodes."""
     resolved = resolve({"algorithm": algorithm, "num-clients": 3, "sample-timeout": 0.0, "round-timeout": 5.0, **cfg})
-    return STRATEGIES[algorithm](resolved, SPECS[resolved["dataset"]], Services(resolved))
+    return STRATEGIES[algorithm](resolved, input_spec(resolved), Services(resolved))
 
 
 def engine_for(strategy, grid: FakeGrid, server_round: int = 1) -> Engine:

@@ -207,6 +207,22 @@ def test_strategy_refuses_configs_that_cannot_work():
         make_strategy("fedpft", **{"num-server-rounds": 1, "dataset": "uci-adult"})
 
 
+def test_frozen_feature_inputs_refuse_what_cannot_work_and_size_the_model_to_the_features():
+    from core.config import check_against_spec
+    from core.data import SPECS
+    from core.extractors import input_spec
+
+    with pytest.raises(ConfigError, match="always works on its extractor's features"):
+        resolve({"algorithm": "fedpft", "inputs": "features"})
+    with pytest.raises(ConfigError, match="fedpft-extractor=identity"):
+        check_against_spec(resolve({"algorithm": "fedavg", "inputs": "features", "dataset": "uci-adult"}), SPECS["uci-adult"])
+    assert input_spec(resolve({"dataset": "cifar10", "inputs": "features"})).input_shape == (1280,)
+    assert input_spec(resolve({"dataset": "cifar10", "inputs": "features", "fedpft-extractor": "resnet18"})).input_shape == (512,)
+    assert input_spec(resolve({"dataset": "cifar10"})) == SPECS["cifar10"]
+    s = make_strategy("fedavg", **{"dataset": "cifar10", "inputs": "features", "body": "linear"})
+    assert {k: tuple(v.shape) for k, v in s.initial_arrays().items()} == {"head.weight": (10, 1280), "head.bias": (10,)}
+
+
 def test_a_hostile_reply_is_counted_and_the_head_is_trained_from_the_valid_ones(task_identity, data_dir):
     strategy = make_strategy("fedpft", **{"num-server-rounds": 1, "fedpft-extractor": "identity", "fedpft-covariance": "diag",
                                           "fedpft-components": 2, "fedpft-head-epochs": 3, "data-dir": data_dir, "global-eval": False})
@@ -330,6 +346,31 @@ def test_chain_relays_mixtures_client_to_client(tmp_path, data_dir):
     assert all(0 <= r[f"accuracy_p{i}"] <= 1 for i in range(3))
     # the last client's head saw its own data plus two clients' samples: not worse than its local-only head by much
     assert r["accuracy_p2"] >= r["accuracy_local_p2"] - 0.05
+
+
+@pytest.mark.integration
+def test_fedavg_of_a_linear_head_on_frozen_features_is_a_flower_run_sharing_fedpfts_cache(tmp_path, data_dir):
+    """inputs=features + body=linear: FedPFT's FedAvg-head baseline as a real run. Replies
+    are the (C, d) head and its bias, clients and server read the same cached features as
+    FedPFT would, and the head learns (chance is 0.1)."""
+    pytest.importorskip("efficientnet_lite_pytorch")
+    from client.env import client_env
+    from core.fedpft import features
+
+    cfg, summary, rounds = _run(tmp_path, data_dir, algorithm="fedavg", inputs="features", body="linear", partition="iid",
+                                **{"num-server-rounds": 2, "local-epochs": 5, "lr": 1e-3, "batch-size": 16, "optimizer": "adam"})
+    assert summary["status"] == "complete" and all(r["failures"] == 0 and r["clients"] == 3 for r in rounds)
+    head = 4 * (10 * 1280 + 10)  # float32 weight and bias: all a client sends and receives
+    assert all(r["values_bytes_up"] == 3 * head and r["values_bytes_down"] == 3 * head for r in rounds)
+    assert rounds[-1]["accuracy"] > 0.5 and rounds[-1]["global_accuracy"] > 0.5
+    cache = tmp_path / "cache"
+    entries = sorted(cache.iterdir())
+    assert len(entries) == 3 * 2 + 1  # each client's train and test rows, and the server's test set
+    env = client_env(cfg, {"partition-id": 1})
+    assert env.x_train.shape[1] == 1280 and env.data.input_shape == (1280,)
+    raw = client_env({**cfg, "inputs": "raw"}, {"partition-id": 1})
+    assert torch.equal(features({**cfg, "algorithm": "fedpft"}, "mnist", raw.x_train), env.x_train)
+    assert sorted(cache.iterdir()) == entries  # FedPFT's extraction of the same rows was a cache hit
 
 
 @pytest.mark.parametrize("covariance", ["full", "diag", "spherical"])

@@ -3,7 +3,7 @@ import torch
 
 from core.models import BODIES, build_body, build_model
 
-SHAPES = {"mnist-cnn": (1, 28, 28), "cifar-cnn": (3, 32, 32), "cifar-cnn-small": (3, 32, 32), "mlp": (108,), "mlp-deep": (2,), "mobilenet-v2": (3, 32, 32), "resnet18": (1, 28, 28), "lenet5": (1, 28, 28), "shufflenet-v2": (3, 32, 32)}
+SHAPES = {"mnist-cnn": (1, 28, 28), "cifar-cnn": (3, 32, 32), "cifar-cnn-small": (3, 32, 32), "mlp": (108,), "mlp-deep": (2,), "mobilenet-v2": (3, 32, 32), "resnet18": (1, 28, 28), "lenet5": (1, 28, 28), "shufflenet-v2": (3, 32, 32), "linear": (16,)}
 
 
 @pytest.mark.parametrize("name", sorted(BODIES))
@@ -14,6 +14,16 @@ def test_every_body_maps_inputs_to_m_features(name):
     assert out.shape == (2, body.out_dim)
     body16 = build_body(name, shape, m=16).eval()
     assert body16(torch.zeros(2, *shape)).shape == (2, 16)
+
+
+def test_the_linear_body_passes_its_input_on_so_the_model_is_its_head():
+    x = torch.randn(3, 2, 4)
+    body = build_body("linear", (2, 4))
+    assert torch.equal(body(x), x.flatten(1)) and body.out_dim == 8 and not list(body.parameters())
+    model = build_model("linear", (2, 4), 0, 5)
+    assert set(model.state_dict()) == {"head.weight", "head.bias"}
+    with pytest.raises(ValueError, match="no layers"):
+        build_body("linear", (2, 4), m=3)
 
 
 def test_table_a2_widths():
