@@ -209,6 +209,20 @@ def test_data_ratio_sampling_draws_by_partition_size_and_weighs_every_draw_equal
     assert 2.0 < drawn[2] / drawn[0] < 4.5  # n_2/n_0 = 3
 
 
+def test_data_ratio_without_server_data_weighs_by_the_counts_clients_reported(task_identity):
+    s = make_strategy("fedavg", **{"client-sampling": "data-ratio", "fraction-train": 1.0})
+    s.services.data.__dict__["partition_sizes"] = None  # a deployment server without the data
+    grid = FakeGrid(3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, {0: 40, 1: 10, 2: 20}[pid], pid))
+    engine = engine_for(s, grid)
+    assert s.data_ratio(engine) == {101: 1.0, 102: 1.0, 103: 1.0}  # nobody heard from yet: equal
+    for r in range(1, 6):
+        s.train_round(r, s.initial_arrays(), engine)
+    heard = {n for n in (101, 102, 103) if "n" in s.engine.registry.clients[n].state}
+    ratio = s.data_ratio(s.engine)
+    assert heard and all(ratio[n] == {101: 40, 102: 10, 103: 20}[n] for n in heard)
+    assert all(ratio[n] == np.mean([ratio[h] for h in heard]) for n in {101, 102, 103} - heard)
+
+
 def test_client_sampling_is_refused_for_methods_that_draw_their_own_clients():
     from core.config import ConfigError, resolve
 
