@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.runner import finished, load_run
+from core.config import defaults
 from core.costmodel import TABLE2, client_costs, draw_devices, round_cost
 
 # The paper's Tables 3-5 (mean over runs): best accuracy and rounds to the target.
@@ -85,7 +86,7 @@ def to_threshold(rounds: list[dict[str, Any]], metric: str, threshold: float, se
 def run_figures(task: str, folder: Path, thresholds: tuple[float, ...]) -> dict[str, Any]:
     """One run's figures, with its progress to each of ``thresholds``."""
     summary, rounds = load_run(folder)
-    cfg = json.loads((folder / "config.json").read_text())
+    cfg = {**defaults(), **json.loads((folder / "config.json").read_text())}  # runs saved before a key existed get its default
     sizes = client_sizes(cfg)
     secs, joules = simulated_costs(task, cfg, rounds, sizes)
     metric = summary.get("global_metric", "global_accuracy")
