@@ -28,7 +28,7 @@ def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    return ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()})  # order="C" keeps 0-d arrays 0-d (BatchNorm counters); ascontiguousarray makes them (1,)
 
 
 class FedAvg(HeadwayStrategy):

@@ -121,7 +121,7 @@ class FedPFT(HeadwayStrategy):
 
         def forward(reply: Reply) -> RecordDict:
             self.relayed_examples = int(sum(m.count for m in reply.payload))
-            return self.content(server_round, ArrayRecord({k: Array(np.ascontiguousarray(reply.arrays[k])) for k in GMM_ARRAYS}), **{P.PHASE: P.PHASE_CHAIN})
+            return self.content(server_round, ArrayRecord({k: Array(np.asarray(reply.arrays[k], order="C")) for k in GMM_ARRAYS}), **{P.PHASE: P.PHASE_CHAIN})
 
         first = self.content(server_round, ArrayRecord(), **{P.PHASE: P.PHASE_CHAIN})
         out = engine.relay(P.PHASE_CHAIN, engine.nodes(), first, forward, self.train_layout(server_round), hop_timeout=self.cfg["round-timeout"])

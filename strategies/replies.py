@@ -46,6 +46,12 @@ class ArraySpec:
         return self.nbytes_max({})
 
 
+# Flower's framing of one array in a reply, beyond its values: ~470-500 bytes measured for
+# ShuffleNet V2's and MobileNet V2's 300+ arrays (npy header, 64-hex object id, tree entry,
+# record key); twice that is allowed. A fixed slack alone rejected every honest ShuffleNet reply.
+PER_ARRAY_BYTES = 1024
+
+
 @dataclass(frozen=True)
 class Layout:
     """What a reply of one phase may hold.
@@ -56,7 +62,8 @@ class Layout:
     ``metrics``: required metric names; ``optional``: names that may also appear.
     ``config``: names a ConfigRecord may hold (None: no ConfigRecord).
     ``check``: the method's bound on the values (clip bound, update norm, ...).
-    ``slack_bytes``: allowance above the arrays' own size for headers and metadata.
+    ``slack_bytes``: allowance above the arrays' own size for headers and metadata, plus
+    ``PER_ARRAY_BYTES`` for every array (its npy header, object id and tree entry).
     ``dims``: the largest length of each named dimension of ``arrays``.
     """
 
@@ -71,7 +78,8 @@ class Layout:
 
     @property
     def max_bytes(self) -> int:
-        return sum(s.nbytes_max(self.dims) for s in (self.arrays or {}).values()) + self.slack_bytes
+        arrays = self.arrays or {}
+        return sum(s.nbytes_max(self.dims) for s in arrays.values()) + self.slack_bytes + PER_ARRAY_BYTES * len(arrays)
 
 
 @dataclass

@@ -51,7 +51,7 @@ class FakeGrid:
 def reply(arrays: dict[str, np.ndarray], n: int | None, pid: int, **metrics) -> RecordDict:
     """A training reply as a client sends it."""
     met = {"partition-id": pid, **({} if n is None else {"num-examples": n}), **metrics}
-    return RecordDict({"arrays": ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()}), "metrics": MetricRecord(met)})
+    return RecordDict({"arrays": ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()}), "metrics": MetricRecord(met)})
 
 
 def make_strategy(algorithm: str, **cfg):

@@ -69,6 +69,28 @@ def test_a_bad_training_reply_is_rejected_and_the_round_goes_on(task_identity, d
         assert np.max(np.abs(values), initial=0.0) < 1e4, name  # nothing of the ×1e6 / 1e30 reply got in
 
 
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedprof"])
+def test_an_honest_reply_of_a_model_with_hundreds_of_arrays_fits_the_cap(task_identity, data_dir, algorithm):
+    """ShuffleNet V2 (FedProf's CIFAR-10 model) has 338 arrays, each with ~0.5 kB of framing:
+    a cap with a fixed slack refused every honest reply of it."""
+    s = make_strategy(algorithm, **{"data-dir": data_dir, "dataset": "cifar10", "body": "shufflenet-v2"})
+    rng = np.random.default_rng(0)
+
+    def answer(pid, msg):  # trained-like: every array its own values (identical arrays would share one object)
+        model = {k: v.numpy() + (rng.normal(0, 1e-3, v.numpy().shape).astype(v.numpy().dtype) if v.numpy().dtype.kind == "f" else 0)
+                 for k, v in msg.content["arrays"].items()}
+        if algorithm == "fedprof":
+            model["profile"] = np.tile(np.array([[0.5, 1.0]], np.float32), (1024, 1))
+        return reply(model, 10, pid, loss=0.7)
+
+    if algorithm == "fedprof":
+        s.units = 1024  # the profiling round is not part of this test
+        s.baselines[0] = np.tile(np.array([[0.5, 1.0]]), (1024, 1))
+    engine = engine_for(s, FakeGrid(3, answer))
+    step = s.train_round(1, s.initial_arrays(), engine)
+    assert step.clients == 3, engine.meter.failures
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_an_evaluation_reply_claiming_impossible_scores_is_rejected(task_identity, data_dir, algorithm):
     s = make_strategy(algorithm, **{"data-dir": data_dir, **SETUP.get(algorithm, {})})

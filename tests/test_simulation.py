@@ -136,6 +136,18 @@ def test_fedavg_survives_a_client_that_raises(tmp_path, data_dir):
     assert rounds[-1]["accuracy"] > 0.3
 
 
+def test_model_averaging_carries_a_batchnorm_body_through_rounds(tmp_path, data_dir):
+    """ShuffleNet V2 (FedProf's CIFAR-10 model): 338 arrays, BatchNorm's 0-d counters among
+    them. Every reply is accepted in every round: the cap allows the arrays' framing and 0-d
+    arrays stay 0-d both ways (a (1,) counter from the client or from the server's average
+    was refused as the wrong shape)."""
+    cfg, summary, rounds = run(tmp_path, data_dir, algorithm="fedprof", dataset="cifar10", body="shufflenet-v2", partition="iid", **{
+        "num-clients": 2, "num-server-rounds": 2, "train-fraction": 0.004, "local-epochs": 1, "batch-size": 32,
+        "fraction-train": 1.0, "fedprof-val-size": 200, "eval-every": 0, "global-eval": False})
+    assert summary["status"] == "complete"
+    assert [(r["clients"], r["failures"]) for r in rounds] == [(2, 0), (2, 0)], [r.get("failure_reasons") for r in rounds]
+
+
 def test_fedprof_scores_irrelevant_clients_down_and_counts_profile_bytes(tmp_path, data_dir):
     """Half the clients hold structured noise instead of digits: their profiles diverge from
     the baseline and they are (almost) never selected; the profiling round is metered."""

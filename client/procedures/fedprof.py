@@ -27,5 +27,5 @@ class FedProfClient(FedAvgClient):
             return RecordDict({P.ARRAYS: ArrayRecord({P.PROFILE: Array(profile)}), P.METRICS: train_metrics(env, float("nan"))})
         loss = self.fit(env, model, shared, round_of(content))
         weights = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
-        reply = ArrayRecord({**{k: Array(np.ascontiguousarray(weights[k])) for k in shared}, P.PROFILE: Array(profile)})
+        reply = ArrayRecord({**{k: Array(np.asarray(weights[k], order="C")) for k in shared}, P.PROFILE: Array(profile)})
         return RecordDict({P.ARRAYS: reply, P.METRICS: train_metrics(env, loss)})
