@@ -9,6 +9,7 @@ difference is the selection. (Its clients still send their profiles, which the b
     python -m benchmarks.fedprof mnist --seeds 0 1 2                 # the paper's lengths
     python -m benchmarks.fedprof mnist --seeds 0 1 2 --rounds 120 40 --tag short
     python -m benchmarks.fedprof mnist --summarize-only --tag short
+    python -m benchmarks.fedprof mnist --modes full-cache --seeds 0 --rounds 120 40 --tag short
 
 Runs resume: a finished run folder is skipped. Results go to
 ``benchmarks/results/fedprof-<task>[-<tag>]/<mode>/<method>-s<seed>/``; the table, plots
@@ -27,7 +28,10 @@ TASKS = {
     "gasturbine": ("benchmarks/configs/fedprof-gasturbine.toml", (500, 500)),
     "cifar10": ("benchmarks/configs/fedprof-cifar10.toml", (150, 120)),
 }
-MODES = ("full", "partial")
+MODES = ("full", "partial")  # the paper's two groups; their T_max are TASKS' pair
+# full-cache: the other reading of full aggregation (an unselected client counts with its last
+# local model, not the current global model); it belongs to the paper's full group
+GROUP = {"full": "full", "full-cache": "full", "partial": "partial"}
 # method label -> run-config overrides. FedProx is in the paper's partial group only (its Table 1):
 # FedProx's own scheme, K draws with replacement by data ratio n_k/n and the draws averaged
 # with equal weight, with the proximal term mu (fedprox-mu, 0.01 by default: FedProx's paper
@@ -39,13 +43,14 @@ MODES_OF = {"fedprox": ("partial",)}  # methods run in some modes only
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.fedprof", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("task", choices=sorted(TASKS))
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--modes", nargs="+", choices=list(GROUP), default=list(MODES))
     p.add_argument("--methods", nargs="+", choices=sorted(METHODS), default=list(METHODS))
     p.add_argument("--rounds", type=int, nargs=2, metavar=("FULL", "PARTIAL"), help="rounds of full and partial runs (default: the paper's T_max); give a --tag when shortening")
     add_run_arguments(p)
     args = p.parse_args(argv)
     config, paper_rounds = TASKS[args.task]
-    rounds = dict(zip(MODES, args.rounds or paper_rounds))
+    group_rounds = dict(zip(MODES, args.rounds or paper_rounds))
+    rounds = {mode: group_rounds[group] for mode, group in GROUP.items()}
     shortened = any(rounds[m] < r for m, r in zip(MODES, paper_rounds))
     if shortened and not args.tag and not args.summarize_only:
         p.error(f"--rounds {args.rounds} shortens the paper's runs ({paper_rounds}); name the results with --tag (e.g. --tag short)")
@@ -53,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.summarize_only:
         for seed in args.seeds:
             for mode in args.modes:
-                for method in (m for m in args.methods if mode in MODES_OF.get(m, MODES)):
+                for method in (m for m in args.methods if mode in MODES_OF.get(m, GROUP)):
                     overrides = {"algorithm": "fedprof", "fedprof-aggregation": mode, "num-server-rounds": rounds[mode], "seed": seed, **METHODS[method]}
                     simulate(config, root / mode / f"{method}-s{seed}", overrides, args.set)
     from benchmarks.fedprof_report import report

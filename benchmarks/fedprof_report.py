@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.fedprof import GROUP
 from benchmarks.runner import finished, load_run
 from core.config import defaults
 from core.costmodel import TABLE2, client_costs, draw_devices, round_cost
@@ -36,7 +37,11 @@ def client_sizes(cfg: dict[str, Any]) -> np.ndarray:
     """Every client's training-set size, as the run's partition made it (the server's own view)."""
     from strategies.services import ServerData
 
-    return np.array([train for train, _ in ServerData(cfg).partition_sizes])
+    sizes = ServerData(cfg).partition_sizes
+    if sizes is None:
+        raise SystemExit(f"the report needs the {cfg['dataset']} data to rebuild the clients' partition for the cost model: "
+                         "set HEADWAY_DATA_DIR (or the run's data-dir) to the folder holding it")
+    return np.array([train for train, _ in sizes])
 
 
 def profile_width(cfg: dict[str, Any]) -> int:
@@ -151,7 +156,7 @@ def report(root: Path, task: str, paper_rounds: tuple[int, int]) -> dict[str, An
         "|---|---|---|---|---|---|",
     ]
     for (mode, method), figs in sorted(runs.items()):
-        paper = PAPER.get(task, {}).get((mode, method), (None, None))
+        paper = PAPER.get(task, {}).get((GROUP.get(mode, mode), method), (None, None))
         lines.append(f"| {mode} | {LABELS.get(method, method)} | {len(figs)} × {figs[0]['rounds']} | {_stat([f['best'] for f in figs], '{:.3f}')} "
                      f"| {paper[0] if paper[0] is not None else '–'} | {paper[1] if paper[1] is not None else '–'} |")
     for t in thresholds:

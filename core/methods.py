@@ -99,7 +99,8 @@ METHODS: dict[str, Method] = {
                    "fedprof-layer": Key("body", "FedProf: the module whose outputs are profiled (a name from the model's named_modules; body: the feature layer)"),
                    "fedprof-alpha": non_negative("FedProf: penalty alpha of the score exp(-alpha * div); 0: uniform selection", 10.0),
                    "fedprof-val-size": positive("FedProf: training rows the server keeps as its validation set D^V for baseline profiles (never given to a client)", 1000),
-                   "fedprof-aggregation": Key("full", "FedProf: full (unselected clients count with the previous global model) or partial (scheme II of Li et al. 2020)", choices=("full", "partial")),
+                   "fedprof-aggregation": Key("full", "FedProf: full (unselected clients count with the previous global model), full-cache (unselected clients count with "
+                                              "their last local model, which the server keeps) or partial (scheme II of Li et al. 2020)", choices=("full", "full-cache", "partial")),
                }),
         Method("fedpft", "per-class Gaussian mixtures of frozen-extractor features; the server trains a head on samples of them, one shot (Beitollahi et al. 2024)",
                "strategies.fedpft:FedPFT", "client.procedures.fedpft:FedPFTClient",

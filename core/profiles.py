@@ -1,6 +1,7 @@
 """FedProf's maths (Wu et al., §3.2 and Alg. 1): representation profiles, their
-divergence from the server's baseline profile, client scores, and the two aggregation
-rules the paper compares (full, and partial scheme II of Li et al. 2020).
+divergence from the server's baseline profile, client scores, and the aggregation rules
+the paper compares: full (two readings: an unselected client counts with the current global
+model, or with its cached last local model) and partial (scheme II of Li et al. 2020).
 
 A profile is a (q, 2) array: per unit of one layer, the mean and the variance of its
 output over a data set. For a convolutional layer a unit is a channel, its output summed
@@ -98,6 +99,14 @@ def full_aggregate(previous: Mapping[str, np.ndarray], models: Sequence[Mapping[
     if np.any(rho < 0) or rho.sum() > 1 + 1e-9:
         raise ValueError(f"selected clients' shares {rho.tolist()} must be >= 0 and sum to at most 1")
     return weighted_average([previous, *models], [max(1.0 - rho.sum(), 0.0), *rho], like=previous)
+
+
+def cached_aggregate(initial: Mapping[str, np.ndarray], latest: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[float], total: float) -> dict[str, np.ndarray]:
+    """Full aggregation over a cache of every client's last local model (as in the authors'
+    SAFA/CFCFM line of work): θ ← Σ_{k=1..N} ρ_k θ_k^last, where ``latest`` are the cached
+    models of the clients trained so far and a client never trained still holds the
+    ``initial`` model every client was seeded with (Alg. 1 line 3)."""
+    return full_aggregate(initial, latest, sizes, total)
 
 
 def partial_aggregate(models: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[float], total: float, num_clients: int, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

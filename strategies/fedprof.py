@@ -4,8 +4,10 @@ the server's baseline profile of the same global model version on its validation
 
 Before round 1 every client profiles the initial model (line 4). Each round K clients are
 drawn without replacement by score (:mod:`core.sampling`); only they refresh their
-profiles, an unselected client keeps its last score. Aggregation is ``full`` or
-``partial`` (:mod:`core.profiles`). The maths lives in :mod:`core.profiles`.
+profiles, an unselected client keeps its last score. Aggregation is ``full`` (an
+unselected client counts with the current global model), ``full-cache`` (with its last
+local model, which the server keeps: N models in server memory) or ``partial``. The maths
+lives in :mod:`core.profiles`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from core import protocol as P
 from core.config import ConfigError
 from core.data import DatasetSpec
 from core.models import build_model
-from core.profiles import divergence, full_aggregate, model_profile, partial_aggregate, profile_problem, score
+from core.profiles import cached_aggregate, divergence, full_aggregate, model_profile, partial_aggregate, profile_problem, score
 from strategies.base import Step, mean_finite
 from strategies.engine import Engine
 from strategies.fedavg import FedAvg, to_numpy, to_record
@@ -89,6 +91,7 @@ class FedProf(FedAvg):
         self.engine = engine
         self.new_version(0, arrays)
         self.sent = to_numpy(arrays)
+        self.initial = self.sent  # what a client never trained holds (full-cache)
         content = self.content(0, arrays, **{P.PHASE: P.PHASE_PROFILE})
         replies = engine.exchange(P.PHASE_PROFILE, {n: content for n in engine.nodes()}, MessageType.TRAIN, self.profile_layout())
         for reply in replies:
@@ -100,6 +103,8 @@ class FedProf(FedAvg):
         if self.version not in self.baselines:  # no profiling round ran (e.g. a round driven on its own)
             self.new_version(self.version, arrays)
         self.sent = to_numpy(arrays)
+        if not hasattr(self, "initial"):
+            self.initial = self.sent
         content = self.content(server_round, arrays, **{P.PHASE: P.PHASE_TRAIN})
         scores = self.scores(engine)
         self.round_scores = {engine.partition_of(n): v for n, v in scores.items()}  # λ the sampler used, for rounds.jsonl
@@ -138,8 +143,14 @@ class FedProf(FedAvg):
         sizes = [r.count for r in replies]
         known = {n: c.state["n"] for n, c in engine.registry.clients.items() if "n" in c.state}
         total = float(sum(known.values()))
-        if self.cfg["fedprof-aggregation"] == "full":
+        mode = self.cfg["fedprof-aggregation"]
+        if mode == "full":
             new = full_aggregate(self.sent, models, sizes, total)
+        elif mode == "full-cache":
+            for reply, model in zip(replies, models):
+                engine.registry.clients[reply.node_id].state["model"] = model
+            cached = [c.state for n, c in engine.registry.clients.items() if n in known and "model" in c.state]
+            new = cached_aggregate(self.initial, [s["model"] for s in cached], [s["n"] for s in cached], total)
         else:
             new = partial_aggregate(models, sizes, total, len(known), like=self.sent)
         arrays = to_record(new)

@@ -84,6 +84,40 @@ def test_partial_aggregation_is_scheme_two():
     assert np.allclose(partial_aggregate(models, [10, 30], 100, 4, like)["w"], [0.2 * 3 + 0.6 * 1, 0.2 * 5 + 0.6 * 1])
 
 
+def test_full_cache_aggregation_counts_each_client_with_its_last_local_model(task_identity, data_dir):
+    """Hand computation over five rounds, 4 clients of sizes 10/20/30/40, K = 1 drawn uniformly:
+    the model sent in round r+1 is Σ_k ρ_k θ_k^last, a client never trained counting with θ_0."""
+    strategy = make_strategy("fedprof", **{"fedprof-val-size": 200, "data-dir": data_dir, "fraction-train": 0.25, "fedprof-alpha": 0.0,
+                                           "fedprof-aggregation": "full-cache", "num-server-rounds": 5, "num-clients": 4})
+    initial = strategy.initial_arrays()
+    sizes = {0: 10, 1: 20, 2: 30, 3: 40}
+    sent: dict[int, dict[int, dict[str, np.ndarray]]] = {}  # round -> partition -> the model it was sent
+
+    def answer(pid, msg):
+        cfg = msg.content["config"]
+        profile = strategy.baselines[strategy.version].astype(np.float32)
+        if cfg.get("phase") == "profile":
+            return reply({"profile": profile}, sizes[pid], pid)
+        if msg.metadata.message_type == "evaluate":
+            return RecordDict({"metrics": MetricRecord({"num-examples": 10, "correct": 5, "partition-id": pid})})
+        model = {k: v.numpy() for k, v in msg.content["arrays"].items()}
+        sent.setdefault(cfg["server-round"], {})[pid] = model
+        return reply({**{k: v + np.float32(0.01 * (pid + 1)) for k, v in model.items()}, "profile": profile}, sizes[pid], pid)
+
+    strategy.start(grid=FakeGrid(4, answer), initial_arrays=initial, num_rounds=5)
+    theta0 = {k: v.numpy() for k, v in initial.items()}
+    last = {}  # partition -> its last local model
+    untrained_after = []
+    for r in range(1, 5):
+        assert len(sent[r]) == 1
+        last.update({pid: {k: v + np.float32(0.01 * (pid + 1)) for k, v in m.items()} for pid, m in sent[r].items()})
+        want = {k: sum(sizes[p] / 100 * (last[p][k] if p in last else theta0[k]) for p in sizes) for k in theta0}
+        got = next(iter(sent[r + 1].values()))
+        assert all(np.allclose(got[k], want[k], atol=1e-6) for k in want), f"round {r + 1}"
+        untrained_after.append(len(sizes) - len(last))
+    assert untrained_after[1] > 0 and len(sent) == 5  # θ_0 still counted after round 2: the cache, not the last global
+
+
 # ----------------------------------------------------------------- data-quality scenarios
 
 
