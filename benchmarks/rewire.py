@@ -68,6 +68,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from core import protocol as P
 from core.config import SCHEMA, body_for, resolve
 from core.partition import make_partition
+from core.sampling import sample_size
 from server.app import build_strategy
 from server.results import plot_curves
 from strategies.engine import Engine
@@ -294,7 +295,7 @@ def replay(cfg: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[list[dict[s
         engine.begin_round(rnd)
         if rnd == 1:
             arrays, _ = strategy.prepare(arrays, engine)
-        sampled = max(1, int(round(cfg["fraction-train"] * len(engine.nodes()))))
+        sampled = sample_size(len(engine.nodes()), cfg["fraction-train"])
         grid.silent_train = max(0, sampled - int(row.get("clients", sampled)))
         step = strategy.train_round(rnd, arrays, engine)
         if step.arrays is not None:

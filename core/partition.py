@@ -13,6 +13,7 @@ from functools import lru_cache
 import numpy as np
 
 from core.data import Dataset
+from core.sampling import sample_size
 
 
 @dataclass(frozen=True)
@@ -34,11 +35,11 @@ def subsample(labels: np.ndarray, fraction: float, rng: np.random.Generator, str
     if fraction >= 1.0:
         return np.arange(n)
     if not stratify:
-        return np.sort(rng.permutation(n)[: max(1, int(round(fraction * n)))])
+        return np.sort(rng.permutation(n)[: sample_size(n, fraction)])
     keep = []
     for c in np.unique(labels):
         rows = np.flatnonzero(labels == c)
-        keep.append(rng.permutation(rows)[: max(1, int(round(fraction * len(rows))))])
+        keep.append(rng.permutation(rows)[: sample_size(len(rows), fraction)])
     return np.sort(np.concatenate(keep))
 
 

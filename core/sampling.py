@@ -21,6 +21,11 @@ def clean_weights(weights: Sequence[float]) -> np.ndarray:
     return np.where(np.isfinite(w) & (w > 0), w, 0.0)
 
 
+def sample_size(n: int, fraction: float) -> int:
+    """How many of ``n`` a ``fraction`` takes: max(1, round(n·fraction)), the K of FedAvg's C."""
+    return max(1, int(round(fraction * n)))
+
+
 def sample_positions(n: int, k: int, rng: np.random.Generator, weights: Sequence[float] | None = None) -> list[int]:
     """``min(k, n)`` distinct positions out of ``n``, uniformly or by successive sampling ∝ ``weights``.
 

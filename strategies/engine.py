@@ -24,7 +24,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from core import protocol as P
-from core.sampling import draw_with_replacement, sample_positions
+from core.sampling import draw_with_replacement, sample_positions, sample_size
 from strategies.replies import Layout, Reply, decode
 from strategies.services import Services
 from strategies.wire import WireMeter
@@ -244,7 +244,7 @@ class Engine:
         nodes = self.nodes()
         if not nodes:
             return []
-        k = max(1, int(round(fraction * len(nodes))))
+        k = sample_size(len(nodes), fraction)
         w = None if weights is None else [float(weights.get(n, 0.0)) for n in nodes]
         return [nodes[i] for i in sample_positions(len(nodes), k, self.services.sampling, w)]
 
@@ -254,7 +254,7 @@ class Engine:
         nodes = self.nodes()
         if not nodes:
             return {}
-        k = max(1, int(round(fraction * len(nodes))))
+        k = sample_size(len(nodes), fraction)
         counts = draw_with_replacement(len(nodes), k, self.services.sampling, [float(weights.get(n, 0.0)) for n in nodes])
         return {nodes[i]: int(c) for i, c in enumerate(counts) if c > 0}
 
