@@ -177,3 +177,21 @@ def test_cost_model_matches_a_hand_computation_of_eqs_9_to_16():
 def test_lenet5_outputs_84_features(shape):
     model = build_model("lenet5", shape, 0, 10)
     assert model.body(torch.zeros(2, *shape)).shape == (2, 84)
+
+
+def test_fedprof_benchmark_runs_full_cache_at_the_full_groups_length(monkeypatch, tmp_path):
+    """--modes full-cache is the paper's full group: it gets the FULL round count, FedProx
+    runs in the partial group only, and the report compares it with the full group's paper rows."""
+    import benchmarks.fedprof as bench
+    import benchmarks.fedprof_report as rep
+
+    calls = []
+    monkeypatch.setattr(bench, "simulate", lambda config, out, overrides, sets: calls.append((out.parent.name, out.name, overrides)))
+    monkeypatch.setattr(bench, "results_root", lambda name, tag: tmp_path)
+    monkeypatch.setattr(rep, "report", lambda root, task, paper_rounds: None)
+    bench.main(["mnist", "--modes", "full-cache", "partial", "--seeds", "0", "--rounds", "120", "60", "--tag", "t"])
+    runs = {(mode, name): o for mode, name, o in calls}
+    assert set(runs) == {("full-cache", "fedprof-s0"), ("full-cache", "fedavg-s0"), ("partial", "fedprof-s0"), ("partial", "fedavg-s0"), ("partial", "fedprox-s0")}
+    assert runs[("full-cache", "fedavg-s0")]["num-server-rounds"] == 120 and runs[("full-cache", "fedavg-s0")]["fedprof-aggregation"] == "full-cache"
+    assert runs[("partial", "fedprox-s0")]["num-server-rounds"] == 60
+    assert bench.GROUP["full-cache"] == "full" and ("full", "fedavg") in rep.PAPER["mnist"]
