@@ -175,13 +175,29 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def flower_path() -> str:
+    """PATH for Flower's commands: the folder of the Python this launcher runs under first
+    (a virtual environment's bin/, where pip put flwr, flower-superlink, flower-superexec,
+    flower-supernode, flwr-serverapp, flwr-clientapp), then the caller's PATH. Flower's own
+    commands start the others by bare name, so they need it too: ``.venv/bin/python -m
+    server.launch superlink`` must work without an activated environment."""
+    here = str(Path(sys.executable).parent)
+    parts = [here, *(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != here)]
+    return os.pathsep.join(parts)
+
+
+def flower_env() -> dict[str, str]:
+    """This process's environment with PATH from :func:`flower_path`."""
+    return {**os.environ, "PATH": flower_path()}
+
+
 def _flwr(args: list[str]) -> int:
     """Run the `flwr` command line next to this Python; its exit code."""
-    exe = shutil.which("flwr", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    exe = shutil.which("flwr", path=flower_path())
     if exe is None:
         print("error: flwr not found: install headway (pip install -e .) in this environment", file=sys.stderr)
         return 2
-    return subprocess.run([exe, *args]).returncode
+    return subprocess.run([exe, *args], env=flower_env()).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,14 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    exe = shutil.which(cmd[0], path=os.pathsep.join([os.environ.get("PATH", ""), str(Path(sys.executable).parent)]))
+    exe = shutil.which(cmd[0], path=flower_path())
     if exe is None:
-        print(f"error: {cmd[0]} not found on PATH: install headway (pip install -e .) in this environment", file=sys.stderr)
+        print(f"error: {cmd[0]} not found beside {sys.executable} nor on PATH: install headway (pip install -e .) in this environment",
+              file=sys.stderr)
         return 2
     if args.cmd == "superlink" and args.control_bind not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: the Control API listens on {args.control_bind}: whoever reaches port {args.control_port} can submit code "
               "that runs on this machine and every SuperNode" + (" (and TLS is off)" if args.insecure else ""), file=sys.stderr)
-    return supervise([exe, *cmd[1:]], grace=args.grace, pid_file=args.pid_file)
+    return supervise([exe, *cmd[1:]], grace=args.grace, pid_file=args.pid_file, env=flower_env())
 
 
 if __name__ == "__main__":

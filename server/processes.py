@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -131,9 +131,10 @@ class _Stop(Exception):
         self.signum = signum
 
 
-def supervise(cmd: list[str], grace: float = 10.0, pid_file: str = "") -> int:
-    """Run ``cmd`` until it exits or this process is told to stop; then stop every process
-    it left. Returns the command's exit code, or 128 + the signal that stopped us."""
+def supervise(cmd: list[str], grace: float = 10.0, pid_file: str = "", env: Mapping[str, str] | None = None) -> int:
+    """Run ``cmd`` (with environment ``env``; None: this process's) until it exits or this
+    process is told to stop; then stop every process it left. Returns the command's exit
+    code, or 128 + the signal that stopped us."""
     subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
     stopping: list[int] = []  # the first stop signal; once set, later ones are ignored
 
@@ -150,7 +151,8 @@ def supervise(cmd: list[str], grace: float = 10.0, pid_file: str = "") -> int:
             Path(pid_file).write_text(f"{os.getpid()}\n")
         # its own process group: Ctrl-C in a terminal reaches the supervisor only, which then
         # stops the processes in order (without a subreaper: its own session, to kill as a group)
-        child = subprocess.Popen(cmd, preexec_fn=_die_with_parent, process_group=0 if subreaper else None, start_new_session=not subreaper)
+        child = subprocess.Popen(cmd, env=None if env is None else dict(env), preexec_fn=_die_with_parent, process_group=0 if subreaper else None,
+                                 start_new_session=not subreaper)
         rc = child.wait()
         stopping.append(0)  # cleaning up after the command: no signal interrupts that
     except _Stop as stop:

@@ -1,5 +1,7 @@
 import os
+import shutil
 
+import pytest
 import tomllib
 
 from server.launch import main, make_certs
@@ -103,3 +105,86 @@ def test_node_keys_are_openssh_ec_keys_and_never_overwritten(tmp_path):
     assert isinstance(private, ec.EllipticCurvePrivateKey) and private.public_key().public_numbers() == public.public_numbers()
     assert oct((tmp_path / "node0").stat().st_mode & 0o777) == "0o600"
     assert main(["keys", str(tmp_path), "--name", "node0"]) == 2
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@pytest.mark.deployment
+def test_superlink_starts_from_the_venvs_python_with_a_path_that_lacks_the_venv(tmp_path):
+    """The README's `.venv/bin/python -m server.launch superlink --certs certs`, run with a
+    PATH that has no virtual environment on it (no activate): Flower's SuperLink starts its
+    SuperExec by bare name, so the launcher must put its interpreter's folder on the PATH
+    it hands Flower. Started for real, then stopped by PID (and its group, if anything is left)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from server.processes import descendants, running
+    from tests.cluster import Netns
+
+    here = os.path.realpath(os.path.dirname(sys.executable))
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+                           if p and os.path.realpath(p) != here and not os.path.exists(os.path.join(p, "flower-superexec")))
+    assert shutil.which("flower-superexec", path=path) is None and shutil.which("flwr", path=path) is None
+    assert main(["certs", str(tmp_path / "certs"), "--host", "127.0.0.1"]) == 0
+    try:  # a namespace of its own: Flower's fixed internal ports (9091, 9093) cannot clash with another test's SuperLink
+        netns, prefix = Netns(["server"]), None
+        prefix = netns.prefix("server")
+    except pytest.skip.Exception:
+        netns, prefix = None, []
+    pid_file, log = tmp_path / "superlink.pid", open(tmp_path / "superlink.log", "w")
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env.update(PATH=path, FLWR_HOME=str(tmp_path / "flwr-home"), PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "server.launch", "superlink", "--certs", str(tmp_path / "certs"), "--bind", "127.0.0.1",
+           "--pid-file", str(pid_file), "--grace", "5"]
+    if netns is None:
+        import socket
+
+        ports = []
+        for _ in range(2):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                ports.append(s.getsockname()[1])
+        cmd += ["--fleet-port", str(ports[0]), "--control-port", str(ports[1])]
+    sup = subprocess.Popen([*prefix, *cmd], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    tree: list[int] = []
+    try:
+        deadline, superexec = time.monotonic() + 60, []
+        while time.monotonic() < deadline and sup.poll() is None and not superexec:
+            tree = descendants(sup.pid)
+            superexec = [p for p in tree if "flower-superexec" in _cmdline(p)]
+            time.sleep(0.2)
+        time.sleep(1.0)  # a SuperLink that failed at startup exits at once
+        said = (tmp_path / "superlink.log").read_text()[-3000:]
+        assert sup.poll() is None, f"the launcher exited with {sup.returncode}:\n{said}"
+        assert superexec and all(running(p) for p in superexec), f"no flower-superexec started:\n{said}"
+        tree = descendants(sup.pid)
+        assert main(["stop", "--pid-file", str(pid_file), "--timeout", "30"]) == 0  # SIGTERM by PID, and wait
+        assert sup.wait(timeout=10) == 128 + signal.SIGTERM
+        time.sleep(0.5)
+        assert [p for p in tree if running(p)] == []
+    finally:
+        if sup.poll() is None:
+            os.kill(sup.pid, signal.SIGTERM)
+            try:
+                sup.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(sup.pid, signal.SIGKILL)  # whatever is left in the launcher's session
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in tree:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        if sup.poll() is None:
+            sup.wait(timeout=5)
+        log.close()
+        if netns is not None:
+            netns.close()
