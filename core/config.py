@@ -31,6 +31,13 @@ FAULT_MODES = (
 )
 
 
+# Bounds checked before anything starts (and without allocating anything):
+MAX_SEED = 2**32 - 1  # numpy's RandomState / np.random.seed and sklearn's random_state take 0..2**32-1; torch.manual_seed and default_rng take more
+MAX_FEATURE_DIM = 16384  # 12x the widest body here (EfficientNet-Lite0, 1280); a FedLog reply is classes x (m+1) floats
+# methods whose training rounds ask every client (the others ask a fraction-train sample of them)
+EVERY_CLIENT_EACH_ROUND = ("fedpft",)
+
+
 class ConfigError(ValueError):
     """A run-config key is unknown or has a value outside what it allows."""
 
@@ -65,11 +72,13 @@ SCHEMA: dict[str, Key] = {
     "body": Key("mnist-cnn", "default body architecture"),
     "inputs": Key("raw", "what clients train and are scored on: raw (the data set's inputs) or features (the frozen fedpft-extractor's features of them, "
                   "at fedpft-resolution, cached in fedpft-cache-dir as FedPFT's are; give body=linear for a linear model on them, or mlp)", choices=("raw", "features")),
-    "feature-dim": non_negative("m, the number of features a body outputs; 0: the body's own width", 0),
+    "feature-dim": Key(0, "m, the number of features a body outputs; 0: the body's own width", check=lambda v: 0 <= v <= MAX_FEATURE_DIM,
+                       rule=f"in [0, {MAX_FEATURE_DIM}] (0: the body's own width; the widest body here has 1280 features)"),
     "body-dropout": Key(0.5, "dropout in training of the papers' CNN bodies (mnist-cnn: after conv2 and on the features; cifar-cnn: on the features), as their authors train them; 0: off", check=lambda v: 0 <= v < 1, rule="in [0, 1)"),
     "bodies": Key("", "comma list of bodies cycled over partition ids; empty: every client runs `body`"),
     "body-init": Key("shared", "initial client models: one seed for all, or a seed per partition id (different initializations)", choices=("shared", "per-client")),
-    "seed": Key(0, "seed of partitions, initialization and sampling"),
+    "seed": Key(0, "seed of partitions, initialization and sampling", check=lambda v: 0 <= v <= MAX_SEED,
+                rule=f"in [0, 2**32 - 1 = {MAX_SEED}] (what numpy's legacy seeding and sklearn accept; torch and numpy's Generator take these too)"),
     "target-accuracy": Key(0.0, "accuracy for bytes_to_target; 0: none", check=lambda v: 0 <= v <= 1, rule="in [0, 1]"),
     "device": Key("auto", "torch device of clients", choices=DEVICES),
     "round-timeout": positive("deadline in seconds of each exchange of a round; a client that misses it is not waited for again that round", 600.0),
@@ -173,6 +182,12 @@ def _check_combinations(cfg: Mapping[str, Any]) -> None:
         parse_client_noise(cfg["client-noise"])
     except ValueError as exc:
         raise ConfigError(f"run-config key 'client-noise': {exc}") from None
+    most = max_replies(cfg)
+    if cfg["min-replies"] > most:
+        asked = ("every client" if cfg["algorithm"] in EVERY_CLIENT_EACH_ROUND else
+                 f"K = max(1, round(fraction-train x num-clients)) = max(1, round({cfg['fraction-train']:g} x {cfg['num-clients']}))")
+        raise ConfigError(f"run-config key 'min-replies' is {cfg['min-replies']}, but a round of {cfg['algorithm']} asks {asked} = {most} "
+                          f"client(s), so no round could ever update the model: set min-replies <= {most}")
     if cfg["inputs"] == "features" and cfg["algorithm"] == "fedpft":
         raise ConfigError("run-config key 'inputs' is 'features', but fedpft always works on its extractor's features: leave inputs 'raw'")
     if cfg["client-sampling"] != "uniform" and cfg["algorithm"] not in ("fedavg", "fedprox"):
@@ -198,6 +213,15 @@ def _check_combinations(cfg: Mapping[str, Any]) -> None:
             "class means, the server rebuilds sums as count x mean, so rounding grows with the count and one example "
             "can move a sum by more than the clip b the noise is calibrated to (and under local DP the counts are noised)"
         )
+
+
+def max_replies(cfg: Mapping[str, Any]) -> int:
+    """The most training replies one round can get: every client for the methods in
+    EVERY_CLIENT_EACH_ROUND, else the round's sample K = max(1, round(fraction-train x num-clients))."""
+    from core.sampling import sample_size
+
+    n = int(cfg["num-clients"])
+    return n if cfg["algorithm"] in EVERY_CLIENT_EACH_ROUND else min(n, sample_size(n, cfg["fraction-train"]))
 
 
 def check_against_spec(cfg: Mapping[str, Any], spec: Any) -> None:

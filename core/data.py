@@ -45,7 +45,7 @@ class DatasetMissingError(FileNotFoundError):
     """A data set is not on disk and could not be downloaded."""
 
     def __init__(self, dataset: str, searched: list[Path], expected: tuple[str, ...], why: str = ""):
-        dirs = ", ".join(str(p) for p in searched)
+        dirs = ", ".join(dict.fromkeys(str(p) for p in searched))  # each once: "mnist" and its "mnist".replace("-", "_") are one folder
         msg = (
             f"data set '{dataset}' not found: searched {dirs} for {', '.join(expected)}"
             + (f" ({why})" if why else "")

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from core.config import check_against_spec, resolve
+from core.config import ConfigError, check_against_spec, resolve
 from core.data import SPECS
 from core.extractors import input_spec
 from server.results import Recorder
@@ -29,9 +29,73 @@ def default_out_dir(cfg: Mapping[str, Any]) -> Path:
 
 
 def build_strategy(cfg: dict[str, Any]) -> HeadwayStrategy:
-    """The method's strategy for a resolved config; raises ConfigError when they cannot work together."""
+    """The method's strategy for a resolved config; raises ConfigError when they cannot work
+    together, before any client is asked: the config against the data set's spec, the
+    profiled layer of FedProf, and (where the server holds the data) the partition."""
     check_against_spec(cfg, SPECS[cfg["dataset"]])
-    return STRATEGIES[cfg["algorithm"]](cfg, input_spec(cfg), Services(cfg))
+    spec = input_spec(cfg)
+    if cfg["algorithm"] == "fedprof":
+        check_profiled_layer(cfg, spec)
+    strategy = STRATEGIES[cfg["algorithm"]](cfg, spec, Services(cfg))
+    check_partition(cfg, strategy.services.data.dataset)
+    return strategy
+
+
+def profiled_layers(cfg: Mapping[str, Any], spec: Any) -> list[str]:
+    """Modules of the run's model whose output is a tensor in a forward pass (what FedProf
+    can profile), found on a 2-row zero input in eval mode: no training, no data."""
+    import torch
+
+    from core.models import build_model
+
+    model = build_model(cfg["body"], spec.input_shape, cfg["feature-dim"], spec.num_classes, cfg["seed"], cfg["body-dropout"])
+    seen: list[str] = []
+    hooks = [module.register_forward_hook(lambda _m, _i, out, name=name: seen.append(name) if isinstance(out, torch.Tensor) else None)
+             for name, module in model.named_modules() if name]
+    try:
+        with torch.no_grad():
+            model(torch.zeros((2, *spec.input_shape)))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return list(dict.fromkeys(seen))
+
+
+def check_profiled_layer(cfg: Mapping[str, Any], spec: Any) -> None:
+    """ConfigError unless ``fedprof-layer`` names a module of the run's model that outputs a tensor."""
+    layer = cfg["fedprof-layer"]
+    names = profiled_layers(cfg, spec)
+    if layer not in names:
+        raise ConfigError(f"run-config key 'fedprof-layer' is {layer!r}, which is not a layer with an output in body {cfg['body']!r}; "
+                          f"choose one of: {', '.join(names)}")
+
+
+def check_partition(cfg: Mapping[str, Any], dataset: Any) -> None:
+    """ConfigError when the data set (None: the server holds no copy; nothing to check)
+    cannot be partitioned as configured: a server holdout (FedProf's ``fedprof-val-size``,
+    ``server-holdout``) must leave, after ``train-fraction``, at least one training row per
+    client; and whatever else the partition refuses (e.g. a natural partition's source
+    count) is refused here, before any client loads its share."""
+    if dataset is None:
+        return
+    import math
+
+    from core.partition import make_partition, server_holdout
+
+    key = "fedprof-val-size" if cfg["algorithm"] == "fedprof" else "server-holdout"
+    rows, holdout, clients, fraction = len(dataset.y_train), server_holdout(dict(cfg)), cfg["num-clients"], cfg["train-fraction"]
+    most = rows - math.ceil(clients / fraction)  # the largest holdout that leaves train-fraction x the rest >= one row per client
+    refusal = (f"run-config key '{key}' is {holdout}, but data set '{cfg['dataset']}' has {rows} training rows, and "
+               f"train-fraction={fraction:g} of what the holdout leaves must give each of {clients} clients at least one: "
+               + (f"set {key} <= {most}" if most >= 0 else "no holdout fits: lower num-clients or raise train-fraction"))
+    if holdout >= rows:
+        raise ConfigError(refusal)
+    try:
+        part = make_partition(dataset, dict(cfg))
+    except ValueError as exc:
+        raise ConfigError(f"run-config: the data cannot be partitioned as configured: {exc}") from None
+    if holdout > 0 and sum(len(t) for t in part.train) < clients:
+        raise ConfigError(refusal)
 
 
 def preflight(cfg: dict[str, Any]) -> None:
@@ -65,9 +129,27 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
         summary = recorder.finish({**strategy.summary_extra(), **strategy.participants()}, status="failed", reason=f"{type(exc).__name__}: {exc}")
         log.error("headway: run failed after %d rounds: %s", summary["rounds"], summary["reason"])
         raise
-    summary = recorder.finish({**strategy.summary_extra(), **strategy.participants()})
+    extra = {**strategy.summary_extra(), **strategy.participants(), "aggregated_rounds": sum(bool(r.get("aggregated")) for r in recorder.rounds)}
+    never = never_aggregated(recorder.rounds, cfg)
+    if never:  # the rounds ran, but the model (or head) never moved from where it started: not a complete run
+        summary = recorder.finish(extra, status="failed", reason=never)
+        log.error("headway: run failed after %d rounds: %s", summary["rounds"], never)
+        return summary
+    summary = recorder.finish(extra)
     log.info("headway: final accuracy %s, best %s, total bytes %d, %.1f s", summary["final_accuracy"], summary["best_accuracy"], summary["total_bytes"], summary["wall_seconds"])
     return summary
+
+
+def never_aggregated(rounds: list[dict[str, Any]], cfg: Mapping[str, Any]) -> str | None:
+    """Why a run whose rounds all ran is not complete: no round aggregated anything (each
+    had fewer valid replies than ``min-replies``, so every round kept the starting model);
+    None when some round did, or when rounds do not say (no ``aggregated`` flag)."""
+    flags = [r["aggregated"] for r in rounds if "aggregated" in r]
+    if not flags or any(flags):
+        return None
+    most = max((int(r.get("clients") or 0) for r in rounds), default=0)
+    return (f"no round aggregated: in each of the {len(rounds)} rounds fewer than min-replies={cfg['min-replies']} valid replies arrived "
+            f"(at most {most}), so the model never changed from its initialization; see failure_reasons in rounds.jsonl")
 
 
 def build_server_app(overrides: Mapping[str, Any] | None = None, out_dir: str | Path | None = None, overwrite: bool = False) -> ServerApp:

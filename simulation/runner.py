@@ -23,8 +23,11 @@ from server.results import Recorder, ResultsFolderError, check_out_dir, clear_re
 PREFLIGHT_ERRORS = (ConfigError, DatasetMissingError, ResultsFolderError)
 EXIT_PREFLIGHT = 2
 EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
 INTERRUPTED = "interrupted by Ctrl-C (SIGINT) in the simulation runner"
+TERMINATED = "interrupted by SIGTERM (e.g. timeout, docker stop or a job scheduler) in the simulation runner"
+STOP_REASONS = {signal.SIGINT: INTERRUPTED, signal.SIGTERM: TERMINATED}
 
 
 def parse_value(text: str) -> Any:
@@ -142,6 +145,10 @@ def simulate(cfg: dict[str, Any], out_dir: str | Path, verbose: bool = False, ov
     except KeyboardInterrupt:
         _ensure_summary(cfg, out, started, "interrupted", INTERRUPTED)
         raise
+    except SystemExit as exc:  # Ray's driver turns SIGTERM into sys.exit(15) (where the runner's own handler is not installed)
+        terminated = exc.code == signal.SIGTERM
+        _ensure_summary(cfg, out, started, "interrupted" if terminated else "failed", TERMINATED if terminated else _reason(exc))
+        raise
     except BaseException as exc:
         _ensure_summary(cfg, out, started, "failed", _reason(exc))
         raise
@@ -175,15 +182,19 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _stop_on_sigint(cfg: dict[str, Any], out: Path, started: float):
-    """A SIGINT handler for the command line: write the interrupted summary (and plots) at
-    once and end the process with 130. Letting KeyboardInterrupt unwind instead makes Flower
-    shut Ray down under its own worker threads (which can crash the process) and leaves
-    its ServerApp thread, not a daemon, waiting for replies that never come."""
+def _stop_on_signal(cfg: dict[str, Any], out: Path, started: float):
+    """A SIGINT/SIGTERM handler for the command line: write the interrupted summary (and
+    plots) with the rounds done, at once, stop Ray's processes and end the process with
+    128 + the signal (130 for Ctrl-C, 143 for SIGTERM: what `timeout`, `docker stop` and
+    schedulers send). Letting the signal unwind as an exception instead (KeyboardInterrupt,
+    or Ray's SIGTERM handler's sys.exit(15)) makes Flower shut Ray down under its own worker
+    threads, which can abort the process before a summary is written, and leaves its
+    ServerApp thread, not a daemon, waiting for replies that never come."""
 
     def handler(signum, frame):
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the process at once
-        _report_interrupted(out, _ensure_summary(cfg, out, started, "interrupted", INTERRUPTED))
+        for sig in STOP_REASONS:  # a second signal ends the process at once
+            signal.signal(sig, signal.SIG_DFL)
+        _report_interrupted(out, _ensure_summary(cfg, out, started, "interrupted", STOP_REASONS.get(signum, f"interrupted by signal {signum}")))
         sys.stdout.flush()
         sys.stderr.flush()
         for pid in _descendants(os.getpid()):  # Ray's processes; its agents would outlive us by a minute
@@ -191,14 +202,34 @@ def _stop_on_sigint(cfg: dict[str, Any], out: Path, started: float):
                 os.kill(pid, signal.SIGTERM)
             except OSError:
                 pass
-        os._exit(EXIT_INTERRUPTED)
+        os._exit(128 + signum)
 
     return handler
 
 
+def _keep_sigterm_handler():
+    """Stop ``ray.init`` from replacing the runner's SIGTERM handler with Ray's own (which
+    raises SystemExit(15) in the middle of Flower's engine); returns the undo. Ray installs
+    it through ``ray._private.utils.set_sigterm_handler``, looked up at call time."""
+    try:
+        from ray._private import utils as ray_utils
+    except ImportError:  # no Ray (or another layout): the SystemExit(15) fallback in simulate() still records the stop
+        return lambda: None
+    original = getattr(ray_utils, "set_sigterm_handler", None)
+    if original is None:
+        return lambda: None
+    ray_utils.set_sigterm_handler = lambda handler: None
+
+    def undo() -> None:
+        ray_utils.set_sigterm_handler = original
+
+    return undo
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit code: 0 complete, 1 failed, 2 stopped by a
-    pre-flight check (one ``error:`` line on stderr), 130 interrupted."""
+    pre-flight check (one ``error:`` line on stderr), 130 interrupted by Ctrl-C (SIGINT),
+    143 by SIGTERM (a stop by signal ends the process with that code at once)."""
     parser = argparse.ArgumentParser(prog="python -m simulation", description=sys.modules["simulation"].__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", help="TOML file of run-config keys")
     parser.add_argument("--out", required=True, help="results folder to write: new or empty, unless --overwrite")
@@ -216,17 +247,26 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted before the run started; nothing written", file=sys.stderr)
         return EXIT_INTERRUPTED
     out = Path(args.out)
-    # our SIGINT handler, unless SIGINT is ignored (a background job) or main runs off the main thread
-    own_sigint = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
-    previous = signal.signal(signal.SIGINT, _stop_on_sigint(cfg, out, time.monotonic())) if own_sigint else None
+    # our SIGINT and SIGTERM handler, unless main runs off the main thread; not for a signal that is ignored (SIGINT in a background job)
+    main_thread = threading.current_thread() is threading.main_thread()
+    owned = [sig for sig in STOP_REASONS if main_thread and signal.getsignal(sig) is not signal.SIG_IGN]
+    handler = _stop_on_signal(cfg, out, time.monotonic())
+    previous = {sig: signal.signal(sig, handler) for sig in owned}
+    undo_ray = _keep_sigterm_handler() if signal.SIGTERM in owned else (lambda: None)
     try:
         summary = simulate(cfg, out, args.verbose, args.overwrite, check=False)
     except KeyboardInterrupt:  # where the handler could not be installed: simulate wrote the summary
         _report_interrupted(out, _ensure_summary(cfg, out, time.monotonic(), "interrupted", INTERRUPTED))
         return EXIT_INTERRUPTED
+    except SystemExit as exc:
+        if exc.code != signal.SIGTERM:
+            raise
+        _report_interrupted(out, _ensure_summary(cfg, out, time.monotonic(), "interrupted", TERMINATED))
+        return EXIT_TERMINATED
     finally:
-        if own_sigint:
-            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+        undo_ray()
+        for sig, before in previous.items():
+            signal.signal(sig, before if before is not None else signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     print(json.dumps(summary, indent=2))
     if summary.get("status", "complete") != "complete":
         print(f"error: the run {summary.get('status')} after {summary.get('rounds')} round(s): {summary.get('reason')}", file=sys.stderr)

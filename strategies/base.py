@@ -234,6 +234,10 @@ class HeadwayStrategy(Strategy):
                 evaluation.update(self.final_evaluation(arrays, engine))
             evaluation.update(self.global_evaluation(arrays))
             record = self._round_record(rnd, step, {**extra, **evaluation}, engine.end_round(), time.monotonic() - t0, time.monotonic() - started)
+            # whether the server's state moved this round: new arrays, or (no arrays to return, e.g. FedPFT's chain) a quorum of
+            # replies; round 1 also counts a first model built before it (FedLog's statistics round)
+            record["aggregated"] = bool(step.arrays is not None or step.clients >= self.cfg["min-replies"]
+                                        or (rnd == 1 and prep is not None and prep.arrays is not None))
             result.arrays = arrays
             result.evaluate_metrics_clientapp[rnd] = MetricRecord({k: v for k, v in evaluation.items() if np.isfinite(v)})
             if on_round is not None:

@@ -210,6 +210,23 @@ def test_missing_data_set_exits_2(tmp_path, capsys, no_engine):
     assert not (tmp_path / "out").exists()
 
 
+def test_missing_mnist_lists_each_searched_folder_once(tmp_path, capsys, no_engine, monkeypatch):
+    """`make run` without ../shared: one error line naming every folder searched, each once
+    (mnist's folder and its underscore spelling are the same folder). Offline, as here."""
+    import core.data
+
+    def offline(tv_cls, root, name, searched, expected):
+        raise core.data.DatasetMissingError(name, searched, expected, "download failed: URLError")
+
+    monkeypatch.setattr(core.data, "_download", offline)
+    missing = tmp_path / "shared" / "data"
+    code, err = run_main(capsys, ["--out", tmp_path / "out", "--set", "dataset=mnist", "--set", f"data-dir={missing}"])
+    line = one_error_line(err)
+    assert code == 2 and "'mnist' not found" in line
+    searched = line.split("searched ", 1)[1].split(" for ", 1)[0].split(", ")
+    assert searched == [str(missing / "mnist"), str(missing / "MNIST" / "raw"), str(missing)], line
+
+
 def test_non_empty_out_without_overwrite_exits_2(tmp_path, capsys, no_engine, data_dir):
     out = tmp_path / "out"
     write_earlier_run(out)
