@@ -10,7 +10,9 @@ corrupted). Each mode is one attack or defect seen in practice:
 - ``scaled``: arrays × 1e6; ``huge-values``: arrays set to 1e30 (prototypes, statistics);
 - ``int-arrays``: arrays sent as int32; ``extra-array``: an extra 4 MB array;
 - ``oversized``: every expected array padded to 16 Mi values (64 MB a float32 array);
-- ``list-metric``: num-examples sent as a list [1, 2];
+- ``list-metric``: num-examples sent as a list [1, 2]; ``string-metric``: the loss sent as
+  a string, slipped past MetricRecord's own type check (a crafted client's Message);
+- ``sign-flip``: a model sent negated (-w: relative update norm 2), for model averaging;
 - ``bad-eval``: an evaluation reply claiming correct = 1e6;
 - ``error``: the procedure raises; ``silent``: the client hangs past any deadline
   (sleeps ``round-timeout`` + 5 s; for tests with short timeouts).
@@ -25,7 +27,8 @@ from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from core import protocol as P
 
-TRAIN_MODES = ("nan", "wrong-shape", "negative-count", "huge-count", "zero-model", "scaled", "huge-values", "int-arrays", "extra-array", "oversized", "list-metric")
+TRAIN_MODES = ("nan", "wrong-shape", "negative-count", "huge-count", "zero-model", "scaled", "huge-values", "int-arrays", "extra-array", "oversized", "list-metric", "string-metric")
+MODEL_MODES = ("sign-flip",)  # attacks on methods that average models (a negated statistic is caught by other checks)
 
 
 def _damage(a: np.ndarray, mode: str) -> np.ndarray:
@@ -46,6 +49,8 @@ def _damage(a: np.ndarray, mode: str) -> np.ndarray:
         a = np.full_like(a, 1e30)
     elif mode == "zero-model":
         a = np.zeros_like(a)
+    elif mode == "sign-flip":
+        a = -a
     elif mode == "int-arrays":
         return np.rint(a).astype(np.int32)
     elif mode == "oversized":
@@ -68,7 +73,7 @@ def corrupt(content: RecordDict, mode: str, kind: str = "train", timeout: float 
     metrics = dict(content.metric_records.get(P.METRICS, MetricRecord()))
     if mode == "bad-eval":
         metrics[P.CORRECT] = 1_000_000
-    elif mode in TRAIN_MODES and P.ARRAYS in content.array_records:
+    elif mode in TRAIN_MODES + MODEL_MODES and P.ARRAYS in content.array_records:
         damaged = {k: Array(np.asarray(_damage(v.numpy(), mode), order="C")) for k, v in content.array_records[P.ARRAYS].items()}
         if mode == "extra-array":
             damaged = dict(content.array_records[P.ARRAYS].items())
@@ -81,4 +86,6 @@ def corrupt(content: RecordDict, mode: str, kind: str = "train", timeout: float 
     elif mode == "list-metric":
         metrics[P.NUM_EXAMPLES] = [1, 2]
     out[P.METRICS] = MetricRecord(metrics)
+    if mode == "string-metric":  # what a client that builds its own Message can send in simulation
+        out[P.METRICS]._data[P.LOSS] = "0.1"  # pylint: disable=protected-access
     return out

@@ -33,11 +33,8 @@ def float_norm(arrays: Mapping[str, np.ndarray]) -> float:
     return float(np.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays.values() if np.issubdtype(np.asarray(a).dtype, np.floating))))
 
 
-def update_norm_problem(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray], bound: float) -> str | None:
-    """Why ``candidate`` moved too far from ``reference``: ‖candidate − reference‖ above
-    ``bound``·max(‖reference‖, 1) (float entries), or None."""
+def relative_update_norm(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray]) -> float:
+    """‖candidate − reference‖ / max(‖reference‖, 1) over the float entries: how far a
+    client moved the model it was sent, in units of that model's size (a sign flip is 2)."""
     delta = {k: np.asarray(candidate[k], np.float64) - np.asarray(v, np.float64) for k, v in reference.items() if np.issubdtype(np.asarray(v).dtype, np.floating)}
-    size, limit = float_norm(delta), bound * max(float_norm(reference), 1.0)
-    if not size <= limit:
-        return f"update norm {size:.4g} exceeds max-update-norm={bound:g} × max(|w_global|, 1) = {limit:.4g}"
-    return None
+    return float_norm(delta) / max(float_norm(reference), 1.0)

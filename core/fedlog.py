@@ -185,9 +185,12 @@ class StatsCheck:
     noise_sigma: float = 0.0  # local-DP noise on every entry (loosens the bounds)
     count_known: bool = True  # False under local DP: the count is the noised count row itself
     precision: float = 0.0  # relative rounding of the sent values (float16 means in the normal range: 2^-11), allowed past the bound
+    nonnegative: bool = False  # every body's features are >= 0 (a ReLU): no feature sum can be negative
 
-    def problem(self, stats: np.ndarray, count: float) -> str | None:
-        """Why a (stats, count) reply cannot be real, or None when it can."""
+    def problem(self, stats: np.ndarray, count: float, max_count: float = math.inf) -> str | None:
+        """Why a (stats, count) reply cannot be real, or None when it can. ``max_count`` is
+        the most examples the sender can hold; under local DP, where no count is sent, it
+        bounds the noised count row (each class, and their total, within 8σ of it)."""
         if stats.shape != (self.num_classes, self.m):
             return f"statistics have shape {stats.shape}, expected {(self.num_classes, self.m)}"
         if not np.all(np.isfinite(stats)):
@@ -207,10 +210,18 @@ class StatsCheck:
                 return "a class with no examples has non-zero feature sums"
         if self.count_known and abs(per_class.sum() - count) > slack * math.sqrt(self.num_classes) + 1e-4 * max(count, 1.0):
             return f"class counts sum to {per_class.sum():.6g}, not the reported count {count:g}"
-        if self.clip > 0:
-            # |feature sum| <= b * count; under local DP both sides carry noise, so the
-            # margin covers the feature noise and b times the count's: std σ·sqrt(1 + b²)
-            margin = slack * math.sqrt(1.0 + self.clip**2) + 1e-4 * (1.0 + per_class.max(initial=0.0))
+        if not self.count_known:  # the noised count row is all there is: bound it by what the client can hold
+            if np.any(per_class > max_count + slack):
+                return f"a class count ({per_class.max():.6g}) exceeds the {max_count:g} examples this client can hold plus 8 noise std ({slack:.4g})"
+            if per_class.sum() > max_count + slack * math.sqrt(self.num_classes):
+                return (f"class counts sum to {per_class.sum():.6g}, beyond the {max_count:g} examples this client can hold "
+                        f"plus 8 noise std of the sum ({slack * math.sqrt(self.num_classes):.4g})")
+        # under local DP both sides of a bound carry noise, so the margin covers the feature
+        # noise and b times the count's: std σ·sqrt(1 + b²)
+        margin = slack * math.sqrt(1.0 + self.clip**2) + 1e-4 * (1.0 + per_class.max(initial=0.0))
+        if self.nonnegative and np.any(stats[:, 1:] < -margin):
+            return "a feature sum is negative, but this run's bodies output features >= 0 (a ReLU): no data gives such a sum"
+        if self.clip > 0:  # |feature sum| <= b * count
             bound = self.clip * (1.0 + self.precision) * np.maximum(per_class, 0.0)[:, None] + margin
             if np.any(np.abs(stats[:, 1:]) > bound):
                 return f"a feature sum exceeds clip bound b={self.clip:g} times its class count (b: fedlog-clip, or max-feature-value when unclipped)"

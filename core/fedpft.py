@@ -146,9 +146,11 @@ def payload_values(counts: list[int], dim: int, k: int, covariance: str) -> int:
 class PayloadCheck:
     """The server's checks of one decoded GMM payload (every reply is untrusted)."""
 
-    def __init__(self, num_classes: int, dim: int, k: int, covariance: str, max_value: float, min_examples: int = 1):
+    def __init__(self, num_classes: int, dim: int, k: int, covariance: str, max_value: float, min_examples: int = 1,
+                 value_range: tuple[float, float] | None = None):
         self.num_classes, self.dim, self.k, self.covariance, self.max_value = num_classes, dim, k, covariance, max_value
         self.min_examples = min_examples
+        self.value_range = value_range  # where every feature lies (the extractor's range): means must lie there too
 
     def structure(self, arrays: dict[str, np.ndarray]) -> str | None:
         """Names, dtypes, shapes and finiteness (what the server's reply decoding already
@@ -198,6 +200,11 @@ class PayloadCheck:
             return None, "mixture weights outside [0, 1]"
         if np.any(np.abs(means) > self.max_value):
             return None, f"a mean entry beyond ±{self.max_value:g} (max-feature-value)"
+        if self.value_range is not None:
+            lo, hi = self.value_range
+            tol = 1e-3 + 2.0**-10 * max(abs(lo), abs(hi) if math.isfinite(hi) else 0.0, 1.0)  # float16 rounding of the sent means
+            if np.any(means < lo - tol) or np.any(means > hi + tol):
+                return None, f"a mean entry outside [{lo:.4g}, {hi:.4g}], the range of the extractor's features: no data gives such a mean"
         if self.covariance != "full" and np.any(covs <= 0):
             return None, "a variance <= 0"
         if np.any(np.abs(covs) > self.max_value**2):

@@ -18,6 +18,8 @@ class CNN(nn.Module):
     channel dropout after the last convolution and dropout on the output features, active
     in training only (parameter-free: the parameter names are the same with or without)."""
 
+    nonnegative_features = True  # its features leave a ReLU: a summary implying a negative one is not real
+
     def __init__(self, convs: list[nn.Module], fcs: list[nn.Linear], conv_dropout: float = 0.0, feature_dropout: float = 0.0):
         super().__init__()
         self.convs = nn.ModuleList(convs)
@@ -80,6 +82,8 @@ def lenet5(input_shape: tuple[int, ...], m: int) -> nn.Module:
 
 class MLP(nn.Module):
     """Fully connected layers with ReLU on flat inputs."""
+
+    nonnegative_features = True
 
     def __init__(self, sizes: list[int]):
         super().__init__()
@@ -241,6 +245,11 @@ def resolve_device(choice: str) -> torch.device:
     if choice == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device("cuda")
+
+
+def nonnegative_features(name: str, input_shape: tuple[int, ...], m: int = 0) -> bool:
+    """Whether every feature body ``name`` outputs is >= 0 (its last layer is a ReLU)."""
+    return bool(getattr(build_body(name, input_shape, m), "nonnegative_features", False))
 
 
 def common_width(bodies: list[str], input_shape: tuple[int, ...], m: int = 0) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import lru_cache
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -28,7 +29,7 @@ from flwr.serverapp.strategy.result import Result
 
 from core import protocol as P
 from core.data import DatasetSpec
-from core.models import build_model
+from core.models import build_model, common_width
 from core.training import predict, score
 from strategies.engine import Engine, RoundFailed, RoundMeter
 from strategies.replies import Layout, Reply
@@ -48,6 +49,12 @@ class Step:
     clients: int
     metrics: dict[str, float] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)  # non-scalar figures, e.g. FedProf's scores by partition id
+
+
+@lru_cache(maxsize=64)
+def _body_width(body: str, input_shape: tuple[int, ...], m: int) -> int:
+    """The feature width of ``body`` on ``input_shape`` (each body built once per process)."""
+    return common_width([body], input_shape, m)
 
 
 def mean_finite(values: list[float]) -> float:
@@ -72,6 +79,29 @@ class HeadwayStrategy(Strategy):
     def initial_arrays(self) -> ArrayRecord:
         """What the server holds before round 1 (a model, a head, or nothing)."""
         return ArrayRecord()
+
+    def body_problem(self, body: str) -> str | None:
+        """Why a node that registers with ``body`` cannot take part in this run, or None.
+        Default: the body must be one this server can build (a typo in a SuperNode's
+        ``--node-config body=...`` is refused for that node, not fatal to the run)."""
+        from core.models import BODIES
+
+        if body not in BODIES:
+            return f"registration names body {body!r}, which this server does not know; known bodies: {', '.join(sorted(BODIES))}"
+        return None
+
+    def width_problem(self, body: str, width: int) -> str | None:
+        """Why ``body`` (a known one) cannot send ``width`` features in this run, or None;
+        for methods whose replies are sized by the feature width (FedLog, FedProto)."""
+        if (problem := HeadwayStrategy.body_problem(self, body)) is not None:
+            return problem
+        try:
+            got = _body_width(body, tuple(self.spec.input_shape), self.cfg["feature-dim"])
+        except Exception as exc:
+            return f"registration names body {body!r}, which cannot be built for this data set: {exc}"
+        if got != width:
+            return f"registration names body {body!r} with {got} features, but this run's replies carry {width}: set feature-dim or run a body of that width"
+        return None
 
     def summary_extra(self) -> dict[str, Any]:
         """Method-specific figures for summary.json."""
@@ -206,7 +236,7 @@ class HeadwayStrategy(Strategy):
         Raises :class:`RoundFailed` when round 1 (or the work before it) gets no valid reply.
         """
         self.summary()
-        engine = self.engine = Engine(grid, self.cfg, self.services)
+        engine = self.engine = Engine(grid, self.cfg, self.services, admit=self.body_problem)
         result = Result()
         arrays = initial_arrays
         started = time.monotonic()
@@ -272,6 +302,7 @@ class HeadwayStrategy(Strategy):
             record[f"{prefix}_bytes_down"], record[f"{prefix}_bytes_up"] = meter.phase(phase)
         if meter.rejected_bytes_up:
             record["rejected_bytes_up"] = meter.rejected_bytes_up
+        record.update({f"rejected_{name}s": values for name, values in meter.rejected_figures.items()})
         record.update({k: v for k, v in figures.items() if k != "accuracy"})
         record.update({f"train_{k}" if k in ("loss",) else k: v for k, v in step.metrics.items()})
         record.update(step.details)

@@ -130,6 +130,7 @@ class RoundMeter:
     bytes: dict[str, list[int]] = field(default_factory=dict)
     values: dict[str, list[int]] = field(default_factory=dict)
     rejected_bytes_up: int = 0
+    rejected_figures: dict[str, list[float]] = field(default_factory=dict)  # figures of refused replies, e.g. their update norms
     failures: list[str] = field(default_factory=list)
     absent: list[int] = field(default_factory=list)  # partition ids of registered nodes not connected
     selected: set[int] = field(default_factory=set)  # partition ids sent a training message
@@ -167,8 +168,16 @@ def _short(reason: str, limit: int = 300) -> str:
 class Engine:
     """Exchanges of one run with its clients (see the module docstring)."""
 
-    def __init__(self, grid: Grid, cfg: dict[str, Any], services: Services, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        grid: Grid,
+        cfg: dict[str, Any],
+        services: Services,
+        clock: Callable[[], float] = time.monotonic,
+        admit: Callable[[str], str | None] | None = None,
+    ):
         self.grid = grid
+        self.admit = admit  # why a node's declared body cannot take part in this run, or None
         self.cfg = cfg
         self.services = services
         self.registry = ClientRegistry(cfg["num-clients"])
@@ -216,14 +225,10 @@ class Engine:
         connected = set(self.grid.get_node_ids())
         for reply in self._send(P.PHASE_REGISTER, {n: content for n in nodes}, MessageType.QUERY):
             node = reply.metadata.src_node_id
-            self.meter.add(P.PHASE_REGISTER, up=self.wire.message(reply))
-            if reply.has_error():
-                self.registry.refuse(node, f"registration failed: {_short(reply.error.reason)}")
-                self.meter.fail(f"node {node}: registration error {reply.error.code}: {_short(reply.error.reason)}")
-                continue
-            met = reply.content.metric_records.get(P.METRICS, {})
-            cfg = reply.content.config_records.get(P.CONFIG, {})
-            problem = self.registry.claim(node, met.get(P.PARTITION_ID), cfg.get(P.BODY, ""), connected)
+            try:  # everything read from a registration is untrusted: one bad one refuses that node only
+                problem = self._registration_problem(node, reply, connected)
+            except Exception as exc:
+                problem = f"registration cannot be read: {type(exc).__name__}: {_short(str(exc))}"
             if problem:
                 self.registry.refuse(node, problem)
                 self.meter.fail(f"node {node}: {problem}")
@@ -231,6 +236,20 @@ class Engine:
             if node not in self.registry.clients and node not in self.registry.refused:
                 self.registry.refuse(node, "did not answer its registration")  # asked again if it reconnects as a new node
         log.info("registry: %d clients registered (%d refused)", len(self.registry.clients), len(self.registry.refused))
+
+    def _registration_problem(self, node: int, reply: Message, connected: Collection[int]) -> str | None:
+        """Register ``node`` from its reply; why it cannot take part, or None."""
+        self.meter.add(P.PHASE_REGISTER, up=self.wire.message(reply))
+        if reply.has_error():
+            return f"registration error {reply.error.code}: {_short(reply.error.reason)}"
+        met = reply.content.metric_records.get(P.METRICS, {})
+        cfg = reply.content.config_records.get(P.CONFIG, {})
+        body = cfg.get(P.BODY, "")
+        if not isinstance(body, str):
+            return f"registration gives body {body!r}, expected a body name"
+        if self.admit is not None and (problem := self.admit(body)):
+            return problem
+        return self.registry.claim(node, met.get(P.PARTITION_ID), body, connected)
 
     def nodes(self) -> list[int]:
         """Registered, connected nodes that have not missed a deadline this round, by partition id."""
@@ -285,22 +304,31 @@ class Engine:
         return f"node {node}" + ("" if pid is None else f" (partition {pid})")
 
     def _accept(self, phase: str, reply: Message, layout: Layout | Callable[[int], Layout], split: str) -> Reply | None:
-        """Decode one reply; meter it as the method's bytes if valid, as rejected if not."""
+        """Decode one reply; meter it as the method's bytes if valid, as rejected if not.
+
+        Everything computed from the reply (its size, its layout, its values) is behind one
+        guard: a reply that trips any of it is a rejected reply, never a crash."""
         node = reply.metadata.src_node_id
-        nbytes = self.wire.message(reply)
-        if reply.has_error():
-            problem = f"error {reply.error.code}: {_short(reply.error.reason)}"
-            decoded = None
-        else:
-            pid = self.partition_of(node)
-            layout = layout if isinstance(layout, Layout) else layout(node)
-            decoded, problem = decode(reply, layout, pid, self.services.data.max_count(pid, split), nbytes)
+        nbytes, values = 0, 0
+        try:
+            nbytes = self.wire.message(reply)
+            if reply.has_error():
+                decoded, problem = None, f"error {reply.error.code}: {_short(reply.error.reason)}"
+            else:
+                pid = self.partition_of(node)
+                layout = layout if isinstance(layout, Layout) else layout(node)
+                decoded, problem = decode(reply, layout, pid, self.services.data.max_count(pid, split), nbytes)
+                values = self.wire.values(reply) if decoded is not None else 0
+        except Exception as exc:
+            decoded, problem = None, f"reply cannot be read: {type(exc).__name__}: {_short(str(exc))}"
         if decoded is None:
             self.meter.rejected_bytes_up += nbytes
+            for name, value in getattr(problem, "figures", {}).items():
+                self.meter.rejected_figures.setdefault(name, []).append(value)
             self.meter.fail(f"{phase}: {self._who(node)}: {problem}")
             self.registry.failed(node)
             return None
-        self.meter.add(phase, up=nbytes, values_up=self.wire.values(reply))
+        self.meter.add(phase, up=nbytes, values_up=values)
         self.registry.seen(node, self.round)
         return decoded
 
@@ -310,9 +338,11 @@ class Engine:
 
         Ends when every node has answered or at the ``round-timeout`` deadline; silent,
         erroring and invalid replies are counted with their reason. ``split`` names the
-        data a reply's count is about (train or test), for its bound."""
+        data a reply's count is about (train or test), for its bound. Replies come back in
+        partition-id order, whatever order they arrived in, so one config gives one result."""
         replies = self._send(phase, contents, kind)
-        return [r for r in (self._accept(phase, m, layout, split) for m in replies) if r is not None]
+        accepted = [r for r in (self._accept(phase, m, layout, split) for m in replies) if r is not None]
+        return sorted(accepted, key=lambda r: r.partition_id)  # arrival order must not change a result (sums, draws)
 
     def quorum(self, phase: str, replies: list[Reply]) -> bool:
         """Whether ``replies`` reach ``min-replies``; a shortfall is counted as a failure."""

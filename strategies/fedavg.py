@@ -13,13 +13,13 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from core import protocol as P
-from core.aggregate import update_norm_problem, weighted_average
+from core.aggregate import relative_update_norm, weighted_average
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.models import build_model
 from strategies.base import HeadwayStrategy, Step, mean_finite
 from strategies.engine import Engine
-from strategies.replies import ArraySpec, Layout, Reply
+from strategies.replies import ArraySpec, Layout, Rejection, Reply
 from strategies.services import Services
 
 
@@ -47,6 +47,12 @@ class FedAvg(HeadwayStrategy):
     def initial_arrays(self) -> ArrayRecord:
         model = build_model(self.cfg["body"], self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"], self.cfg["body-dropout"])
         return ArrayRecord(model.state_dict())
+
+    def body_problem(self, body: str) -> str | None:
+        """Whole models are averaged: a node must run the run's one body."""
+        if body != self.cfg["body"]:
+            return f"registration names body {body!r}, but {self.name} averages whole models of body {self.cfg['body']!r}: every client must run it"
+        return None
 
     def shared(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
         """The part of the server's arrays exchanged in ``server_round`` (FedAvg: all)."""
@@ -83,7 +89,16 @@ class FedAvg(HeadwayStrategy):
     def check_update(self, arrays: dict[str, np.ndarray], reply: Reply) -> tuple[dict[str, np.ndarray] | None, str | None]:
         if reply.count == 0:
             return None, "num-examples is 0: nothing to weigh the update by"
-        return arrays, update_norm_problem(self.sent, arrays, self.cfg["max-update-norm"])
+        norm = relative_update_norm(self.sent, arrays)
+        if not norm <= self.cfg["max-update-norm"]:
+            return None, Rejection(f"update norm {norm:.4g} × max(|w_global|, 1) exceeds max-update-norm={self.cfg['max-update-norm']:g}", update_norm=norm)
+        return arrays, None
+
+    def update_norms(self, replies: list[Reply]) -> dict[str, float]:
+        """Largest and mean relative update norm of the accepted replies, for rounds.jsonl
+        (beside ``rejected_update_norms``): what honest clients produce, against the bound."""
+        norms = [relative_update_norm(self.sent, r.payload) for r in replies]
+        return {"update_norm_max": max(norms), "update_norm_mean": float(np.mean(norms))} if norms else {}
 
     def aggregate_train(self, server_round: int, replies: list[Reply]) -> Step:
         if self.cfg["client-sampling"] == "data-ratio":  # scheme I: every draw weighs the same
@@ -94,4 +109,4 @@ class FedAvg(HeadwayStrategy):
             weights = [r.count for r in replies]
         avg = weighted_average([r.payload for r in replies], weights, like=self.sent)
         losses = [r.metrics.get(P.LOSS, float("nan")) for r in replies]
-        return Step(to_record(avg), len(replies), {"loss": mean_finite(losses)})
+        return Step(to_record(avg), len(replies), {"loss": mean_finite(losses), **self.update_norms(replies)})

@@ -14,7 +14,7 @@ from core import protocol as P
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.fedlog import StatsCheck, add_noise, class_means, dense_statistics, noise_sigma, releases, solve_head, sum_rows
-from core.models import common_width
+from core.models import common_width, nonnegative_features
 from strategies.base import HeadwayStrategy, Step, mean_finite
 from strategies.engine import Engine
 from strategies.replies import ArraySpec, Layout, Reply
@@ -42,10 +42,19 @@ class FedLog(HeadwayStrategy):
         bound = cfg["fedlog-clip"] if cfg["fedlog-clip"] > 0 else cfg["max-feature-value"]
         self.half_up = cfg["fedlog-uplink-dtype"] == "float16"  # statistics come up as [count, means] rows
         precision = 2.0**-11 if self.half_up else 0.0  # float16's relative rounding of a mean
-        self.checker = StatsCheck(self.classes, self.m, bound, self.sigma if self.local_dp else 0.0, count_known=not self.local_dp, precision=precision)
+        self.nonnegative = all(nonnegative_features(b, spec.input_shape, cfg["feature-dim"]) for b in body_names(cfg))
+        self.checker = StatsCheck(self.classes, self.m, bound, self.sigma if self.local_dp else 0.0, count_known=not self.local_dp,
+                                  precision=precision, nonnegative=self.nonnegative)
         self.eta = np.random.default_rng(cfg["seed"]).normal(0.0, 1.0 / np.sqrt(self.m), size=(self.classes, self.m))
         self.phi_sum: np.ndarray | None = None  # last aggregate Φ (FedLog-C sends it)
         self.solve_seconds: list[float] = []
+
+    def body_problem(self, body: str) -> str | None:
+        if problem := self.width_problem(body, self.m - 1):
+            return problem
+        if self.nonnegative and not nonnegative_features(body, self.spec.input_shape, self.cfg["feature-dim"]):
+            return f"registration names body {body!r}, whose features can be negative, but this run checks statistics for the non-negative features of {body_names(self.cfg)}"
+        return None
 
     def initial_arrays(self) -> ArrayRecord:
         return self.head_record()
@@ -112,7 +121,7 @@ class FedLog(HeadwayStrategy):
                 return None, "a class with no examples has non-zero feature means"
             stats = sum_rows(stats)
         count = float(reply.count) if reply.count is not None else float(np.sum(stats[:, 0]))
-        return stats, self.checker.problem(stats, count)
+        return stats, self.checker.problem(stats, count, reply.max_count)
 
     def aggregate_train(self, server_round: int, replies: list[Reply]) -> Step:
         phi = np.sum([r.payload for r in replies], axis=0)  # Eq. 11

@@ -18,7 +18,7 @@ from flwr.app import Array, ArrayRecord, MessageType, RecordDict
 from core import protocol as P
 from core.config import ConfigError
 from core.data import DatasetSpec
-from core.extractors import feature_dim
+from core.extractors import feature_dim, feature_range
 from core.fedpft import (
     PayloadCheck,
     capped_counts,
@@ -65,7 +65,9 @@ class FedPFT(HeadwayStrategy):
         self.dim = feature_dim(cfg["fedpft-extractor"], spec.input_shape)
         self.k = cfg["fedpft-components"]
         self.covariance = cfg["fedpft-covariance"]
-        self.checker = PayloadCheck(self.classes, self.dim, self.k, self.covariance, cfg["max-feature-value"], cfg["fedpft-min-class-examples"])
+        # under DP the released means carry noise, so only max-feature-value bounds them
+        value_range = None if cfg["fedpft-dp"] == "on" else feature_range(cfg["fedpft-extractor"], cfg["dataset"])
+        self.checker = PayloadCheck(self.classes, self.dim, self.k, self.covariance, cfg["max-feature-value"], cfg["fedpft-min-class-examples"], value_range)
         self.head: tuple[np.ndarray, np.ndarray] | None = None
         self.received: list[tuple[int, int]] = []  # (class, count) of every mixture received
         self.payload_bytes: list[int] = []  # wire bytes of each valid reply

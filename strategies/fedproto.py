@@ -39,6 +39,9 @@ class FedProto(HeadwayStrategy):
         self.protos: np.ndarray | None = None
         self.counts: np.ndarray | None = None
 
+    def body_problem(self, body: str) -> str | None:
+        return self.width_problem(body, self.m)
+
     def global_record(self) -> ArrayRecord:
         """The global prototypes and counts (empty before the first aggregation)."""
         if self.protos is None:

@@ -16,6 +16,7 @@ from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.layers import select
 from core.models import Net, build_model
+from strategies.base import HeadwayStrategy
 from strategies.fedavg import FedAvg, to_numpy, to_record
 from strategies.services import Services
 
@@ -32,15 +33,37 @@ class LayerSharing(FedAvg):
             raise ConfigError(f"{self.name} averages body layers, so every client must run the same body: leave 'bodies' empty")
         super(FedAvg, self).__init__(cfg, spec, services)  # FedAvg's single-body rule is relaxed above
         self.sent = {}
+        self._admitted: dict[str, str | None] = {}  # body name -> why it cannot take part (None: it can)
         self.template = self._model(cfg["body"])
         try:
-            reference = self._shared_shapes(self.template)
+            self.reference = self._shared_shapes(self.template)
         except ValueError as exc:
             raise ConfigError(f"{self.name}: {exc}") from None
         for body in bodies:
-            shapes = self._shared_shapes(self._model(body))
-            if shapes != reference:
-                raise ConfigError(f"{self.name}: the shared layers of body {body!r} do not match those of {cfg['body']!r} ({shapes} vs {reference}); use bodies whose shared layers agree")
+            if problem := self._mismatch(body):
+                raise ConfigError(f"{self.name}: {problem}")
+
+    def _mismatch(self, body: str) -> str | None:
+        """Why ``body``'s shared layers differ from the run body's, or None."""
+        shapes = self._shared_shapes(self._model(body))
+        if shapes != self.reference:
+            return (f"the shared layers of body {body!r} do not match those of {self.cfg['body']!r} ({shapes} vs {self.reference}); "
+                    "use bodies whose shared layers agree")
+        return None
+
+    def body_problem(self, body: str) -> str | None:
+        """A node may run any known body whose shared layers match the run body's (with
+        ``mixed_bodies``), else the run body itself; checked once, at registration."""
+        if not self.mixed_bodies:
+            return FedAvg.body_problem(self, body)
+        if problem := HeadwayStrategy.body_problem(self, body):
+            return problem
+        if body not in self._admitted:
+            try:
+                self._admitted[body] = self._mismatch(body)
+            except Exception as exc:  # a known body that cannot be built for this data set
+                self._admitted[body] = f"registration names body {body!r}, which cannot be built for this data set: {exc}"
+        return self._admitted[body]
 
     def shared_layers(self, model: Net, server_round: int) -> list[str] | None:
         """Layers averaged in ``server_round``; None means every layer."""

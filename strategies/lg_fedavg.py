@@ -24,6 +24,7 @@ from core.layers import top_layers
 from core.models import Net
 from core.training import ensemble_logits, score
 from strategies.engine import Engine
+from strategies.fedavg import FedAvg
 from strategies.layer_sharing import LayerSharing
 from strategies.replies import ArraySpec, Layout, Reply
 from strategies.services import Services
@@ -39,6 +40,11 @@ class LGFedAvg(LayerSharing):
         if cfg["lg-warmup-rounds"] > 0 and len(body_names(cfg)) > 1:
             raise ConfigError("lg-fedavg: warm-up rounds average whole models, so every client must run the same body: set lg-warmup-rounds=0 or leave 'bodies' empty")
         super().__init__(cfg, spec, services)
+
+    def body_problem(self, body: str) -> str | None:
+        if self.cfg["lg-warmup-rounds"] > 0:  # warm-up rounds average whole models
+            return FedAvg.body_problem(self, body)
+        return super().body_problem(body)
 
     def shared_layers(self, model: Net, server_round: int) -> list[str] | None:
         if server_round <= self.cfg["lg-warmup-rounds"]:

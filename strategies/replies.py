@@ -82,6 +82,17 @@ class Layout:
         return sum(s.nbytes_max(self.dims) for s in arrays.values()) + self.slack_bytes + PER_ARRAY_BYTES * len(arrays)
 
 
+class Rejection(str):
+    """Why a reply was refused, carrying figures the round reports (e.g. its update norm)."""
+
+    figures: dict[str, float]
+
+    def __new__(cls, reason: str, **figures: float) -> "Rejection":
+        out = super().__new__(cls, reason)
+        out.figures = figures
+        return out
+
+
 @dataclass
 class Reply:
     """A decoded, valid reply: who sent it and what it holds."""
@@ -94,6 +105,7 @@ class Reply:
     config: dict[str, Any] = field(default_factory=dict)
     payload: Any = None  # what the layout's check made of the arrays
     nbytes: int = 0
+    max_count: float = math.inf  # the most examples the sender can hold (its partition's size, or the cap)
 
 
 def _metric_problem(name: str, value: Any) -> str | None:
@@ -189,7 +201,7 @@ def decode(reply: Message, layout: Layout, partition_id: int, max_count: int, nb
             if np.issubdtype(value.dtype, np.floating) and not np.all(np.isfinite(value)):
                 return None, f"array {name!r} contains NaN or Inf"
             arrays[name] = value
-    out = Reply(reply.metadata.src_node_id, partition_id, arrays, count, metrics, config, nbytes=nbytes)
+    out = Reply(reply.metadata.src_node_id, partition_id, arrays, count, metrics, config, nbytes=nbytes, max_count=max_count)
     if layout.check is not None:
         try:
             out.payload, problem = layout.check(arrays, out)

@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 
-from core.config import resolve
+from core.config import body_for, resolve
 from core.extractors import input_spec
 from strategies.engine import Engine
 from strategies.registry import STRATEGIES
@@ -24,7 +24,7 @@ class FakeGrid:
     def __init__(self, n: int = 3, answer: Answer | None = None, bodies: list[str] | None = None):
         self.nodes = [101 + i for i in range(n)]
         self.answer = answer or (lambda pid, msg: None)
-        self.bodies = bodies or ["mnist-cnn"] * n
+        self.bodies = bodies  # None: the bodies the run config gives each partition (set by engine_for)
         self.sent: list[Message] = []
         self.timeouts: list[float] = []
 
@@ -38,7 +38,7 @@ class FakeGrid:
             self.sent.append(msg)
             pid = msg.metadata.dst_node_id - 101
             if msg.metadata.message_type == MessageType.QUERY:
-                content = RecordDict({"metrics": MetricRecord({"partition-id": pid}), "config": ConfigRecord({"body": self.bodies[pid]})})
+                content = RecordDict({"metrics": MetricRecord({"partition-id": pid}), "config": ConfigRecord({"body": self.bodies[pid] if self.bodies else "mnist-cnn"})})
             else:
                 content = self.answer(pid, msg)
             if isinstance(content, Error):
@@ -61,7 +61,10 @@ def make_strategy(algorithm: str, **cfg):
 
 
 def engine_for(strategy, grid: FakeGrid, server_round: int = 1) -> Engine:
-    """An engine on ``grid`` whose nodes have registered, in ``server_round``."""
-    engine = Engine(grid, strategy.cfg, strategy.services)
+    """An engine on ``grid`` whose nodes have registered, in ``server_round``; nodes
+    register with the bodies the run config gives them unless ``grid`` names others."""
+    if grid.bodies is None:
+        grid.bodies = [body_for(strategy.cfg, pid) for pid in range(len(grid.nodes))]
+    engine = Engine(grid, strategy.cfg, strategy.services, admit=strategy.body_problem)
     engine.begin_round(server_round)
     return engine

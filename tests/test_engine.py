@@ -8,7 +8,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.serde import recorddict_to_proto
 
-from core.aggregate import update_norm_problem, weighted_average
+from core.aggregate import relative_update_norm, weighted_average
 from core.sampling import draw_with_replacement, inclusion_probabilities, sample_positions
 from strategies.replies import ArraySpec, Layout
 from strategies.wire import WireMeter, values_bytes, wire_bytes
@@ -26,10 +26,12 @@ def test_weighted_average_casts_to_the_servers_dtype_and_rounds_integers():
         weighted_average([a], [0])
 
 
-def test_update_norm_bound_is_relative_to_the_global_model():
-    ref = {"w": np.full(100, 0.5, np.float32)}  # norm 5
-    assert update_norm_problem(ref, {"w": ref["w"] * 3}, 10.0) is None  # moved by 10 <= 50
-    assert "exceeds" in update_norm_problem(ref, {"w": ref["w"] * 1e6}, 10.0)
+def test_update_norm_is_relative_to_the_global_model():
+    ref = {"w": np.full(100, 0.5, np.float32), "n": np.array(7, np.int64)}  # float norm 5; the int counter is not a weight
+    assert relative_update_norm(ref, {"w": ref["w"] * 3, "n": np.array(9, np.int64)}) == pytest.approx(2.0)  # moved by 10
+    assert relative_update_norm(ref, {"w": -ref["w"], "n": ref["n"]}) == pytest.approx(2.0)  # a sign flip is 2
+    small = {"w": np.full(4, 0.1, np.float32)}  # norm 0.2: measured against 1, not 0.2
+    assert relative_update_norm(small, {"w": small["w"] + 0.5}) == pytest.approx(1.0)
 
 
 def test_exchange_decodes_meters_both_ways_and_counts_errors_silence_and_bad_replies(task_identity):

@@ -18,6 +18,7 @@ from core.extractors import (
     ExtractorUnavailable,
     cached_extract,
     extract,
+    feature_range,
     load_extractor,
 )
 from core.fedpft import (
@@ -231,7 +232,7 @@ def test_a_hostile_reply_is_counted_and_the_head_is_trained_from_the_valid_ones(
     def payload(pid):
         mix = []
         for c in (pid, pid + 3):
-            means = rng.normal(0, 1, (1, 784)) + 3 * c
+            means = np.clip(rng.normal(0.4 * c, 0.3, (1, 784)), -0.4, 2.8)  # inside MNIST's normalized pixel range
             mix.append(ClassMixture(c, 20, np.ones(1), means, np.full((1, 784), 0.5), "diag"))
         return encode(mix, 784, "diag")
 
@@ -262,6 +263,8 @@ def test_efficientnet_lite0_loads_offline_and_gives_1280_features(data_dir):
     x, _ = to_tensors(ds, ds.x_train[:3], ds.y_train[:3])  # grayscale: repeated to three channels
     f = extract(x, "mnist", "efficientnet-lite0", resolution=32)
     assert f.shape == (3, 1280) and torch.isfinite(f).all() and f.abs().sum() > 0
+    lo, hi = feature_range("efficientnet-lite0", "mnist")  # the range the server holds mixture means to
+    assert f.min() >= lo and f.max() <= hi
     assert not load_extractor("efficientnet-lite0", "", 32, "cpu").training
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flwr.app import MetricRecord, RecordDict
 
-from client.faults import TRAIN_MODES, corrupt
+from client.faults import MODEL_MODES, TRAIN_MODES, corrupt
 from core.fedpft import ClassMixture, encode
 from core.methods import ALGORITHMS
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
@@ -22,7 +22,10 @@ EXPECTED_REASON = {
     "extra-array": "over this phase's cap",
     "oversized": "over this phase's cap",
     "list-metric": "is a list",
+    "string-metric": "cannot be read: TypeError",
+    "sign-flip": "exceeds max-update-norm",
 }
+MODEL_AVERAGING = ("fedavg", "fedprox", "lg-fedavg", "fedper", "fedrep", "fedprof")
 
 
 # keys a method needs before its strategy can be built on MNIST's spec
@@ -48,8 +51,8 @@ def honest(algorithm: str, pid: int, msg) -> RecordDict:
     return reply(model, 10, pid, loss=0.7)
 
 
-@pytest.mark.parametrize("mode", TRAIN_MODES + ("scaled", "huge-values"))
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize(("algorithm", "mode"), [(a, m) for a in ALGORITHMS for m in TRAIN_MODES + ("scaled", "huge-values")]
+                         + [(a, m) for a in MODEL_AVERAGING for m in MODEL_MODES])
 def test_a_bad_training_reply_is_rejected_and_the_round_goes_on(task_identity, data_dir, algorithm, mode):
     s = make_strategy(algorithm, **{"data-dir": data_dir, **SETUP.get(algorithm, {})})
 
