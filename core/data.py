@@ -28,6 +28,7 @@ NORMALIZATION = {
     "mnist": ((0.1307,), (0.3081,)),
     "fashion-mnist": ((0.2860,), (0.3530,)),
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar10-gray": ((0.4808,), (0.2318,)),  # of the converted training images (load_cifar10_gray)
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
 GAS_TURBINE_FEATURES = ("AT", "AP", "AH", "AFDP", "GTEP", "TIT", "TAT", "TEY", "CDP")
@@ -174,6 +175,28 @@ def load_cifar10(root: Path) -> Dataset:
     return _cifar("cifar10", root, 10)
 
 
+def to_gray28(x: np.ndarray) -> np.ndarray:
+    """(n, 3, 32, 32) uint8 RGB -> (n, 1, 28, 28) uint8: ITU-R BT.601 luma
+    (0.299 R + 0.587 G + 0.114 B), then an antialiased bilinear resize to 28×28."""
+    import torch
+    import torch.nn.functional as F
+
+    out = []
+    weights = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
+    for i in range(0, len(x), 10_000):
+        luma = (torch.from_numpy(np.ascontiguousarray(x[i : i + 10_000])).float() * weights).sum(1, keepdim=True)
+        small = F.interpolate(luma, size=(28, 28), mode="bilinear", antialias=True, align_corners=False)
+        out.append(small.round_().clamp_(0, 255).to(torch.uint8).numpy())
+    return np.concatenate(out) if out else np.zeros((0, 1, 28, 28), np.uint8)
+
+
+def load_cifar10_gray(root: Path) -> Dataset:
+    """CIFAR-10 as a 28×28 grayscale data set (MNIST's shape, not MNIST's content): the
+    published split, every image through :func:`to_gray28`; no augmentation."""
+    rgb = load_cifar10(root)
+    return Dataset("cifar10-gray", "classification", 10, (1, 28, 28), to_gray28(rgb.x_train), rgb.y_train, to_gray28(rgb.x_test), rgb.y_test)
+
+
 def load_cifar100(root: Path) -> Dataset:
     return _cifar("cifar100", root, 100)
 
@@ -263,6 +286,7 @@ LOADERS: dict[str, Callable[..., Dataset]] = {
     "mnist": load_mnist,
     "fashion-mnist": load_fashion_mnist,
     "cifar10": load_cifar10,
+    "cifar10-gray": load_cifar10_gray,
     "cifar100": load_cifar100,
     "uci-adult": load_uci_adult,
     "uci-gas-turbine": load_uci_gas_turbine,
@@ -337,6 +361,7 @@ SPECS: dict[str, DatasetSpec] = {
     "mnist": DatasetSpec("classification", 10, (1, 28, 28)),
     "fashion-mnist": DatasetSpec("classification", 10, (1, 28, 28)),
     "cifar10": DatasetSpec("classification", 10, (3, 32, 32)),
+    "cifar10-gray": DatasetSpec("classification", 10, (1, 28, 28)),
     "cifar100": DatasetSpec("classification", 100, (3, 32, 32)),
     "uci-adult": DatasetSpec("classification", 2, (108,)),
     "uci-gas-turbine": DatasetSpec("regression", 2, (9,)),

@@ -16,7 +16,12 @@ import numpy as np
 
 from core.aggregate import weighted_average
 
-VARIANCE_FLOOR = 1e-8  # a unit that never varies (e.g. a dead ReLU) must not divide by zero
+VARIANCE_FLOOR = 1e-8  # absolute floor: a layer whose every unit is dead must not divide by zero
+# Variances are floored relative to the layer's scale: at this fraction of the baseline's mean
+# unit variance. A unit (nearly) dead in the baseline has a variance of ~0 whatever the data;
+# against an absolute floor of 1e-8, a client on which it fires for a few rows gets a KL of
+# var_k / 2e-8 (thousands), so the divergence measured dead units, not data (issue 23, item 11).
+RELATIVE_VARIANCE_FLOOR = 0.01
 
 
 def representation_profile(outputs: np.ndarray) -> np.ndarray:
@@ -32,6 +37,19 @@ def representation_profile(outputs: np.ndarray) -> np.ndarray:
     if x.shape[0] == 0:
         return np.zeros((x.shape[1], 2))
     return np.stack([x.mean(axis=0), x.var(axis=0)], axis=1)
+
+
+def private_validation_rows(held_out: int, rng: np.random.Generator) -> np.ndarray:
+    """Positions of D^V among the ``held_out`` rows the server keeps from clients: a
+    uniformly random half (at least one row), drawn from ``rng``, which must be private to
+    the server. The held-out rows follow from the run config, so a client knows them all;
+    it cannot tell which half is D^V (there are C(h, h/2) halves). What remains: a profile
+    of all h rows shares half its rows with D^V, so its means differ from the baseline's by
+    a sampling variance of σ²/(2|D^V|), half that of any independent clean sample (σ²/|D^V|
+    and more): close to the baseline, never equal to it."""
+    if held_out <= 0:
+        raise ValueError("the server holds out no rows to draw D^V from")
+    return np.sort(rng.choice(held_out, size=max(1, held_out // 2), replace=False))
 
 
 def model_profile(model, layer: str, x, device=None, batch_size: int = 1000) -> np.ndarray:
@@ -68,11 +86,25 @@ def gaussian_kl(mu_p: np.ndarray, var_p: np.ndarray, mu_q: np.ndarray, var_q: np
     return 0.5 * np.log(vq / vp) + (vp + (np.asarray(mu_p) - np.asarray(mu_q)) ** 2) / (2.0 * vq) - 0.5
 
 
-def divergence(profile: np.ndarray, baseline: np.ndarray) -> float:
-    """div(RP_k, RP^B) of Eq. 3: the mean over units of the per-unit KL divergence."""
+def variance_floor(baseline: np.ndarray) -> float:
+    """The variance below which a unit's spread is not told apart, for profiles compared
+    with ``baseline``: RELATIVE_VARIANCE_FLOOR times the baseline's mean unit variance (the
+    layer's scale; it scales with the layer, so the divergence does not depend on the units'
+    scale), and at least VARIANCE_FLOOR. Taken from the server's baseline only: a client
+    cannot raise it by reporting large variances."""
+    return max(RELATIVE_VARIANCE_FLOOR * float(np.mean(baseline[:, 1])), VARIANCE_FLOOR)
+
+
+def unit_divergences(profile: np.ndarray, baseline: np.ndarray) -> np.ndarray:
+    """The per-unit KL(RP_k ‖ RP^B) terms of Eq. 3, variances floored at :func:`variance_floor`."""
     if profile.shape != baseline.shape:
         raise ValueError(f"profile shape {profile.shape} does not match the baseline's {baseline.shape}")
-    return float(np.mean(gaussian_kl(profile[:, 0], profile[:, 1], baseline[:, 0], baseline[:, 1])))
+    return gaussian_kl(profile[:, 0], profile[:, 1], baseline[:, 0], baseline[:, 1], floor=variance_floor(baseline))
+
+
+def divergence(profile: np.ndarray, baseline: np.ndarray) -> float:
+    """div(RP_k, RP^B) of Eq. 3: the mean over units of the per-unit KL divergence."""
+    return float(np.mean(unit_divergences(profile, baseline)))
 
 
 def score(div: float, alpha: float) -> float:

@@ -8,11 +8,28 @@ profiles, an unselected client keeps its last score. Aggregation is ``full`` (an
 unselected client counts with the current global model), ``full-cache`` (with its last
 local model, which the server keeps: N models in server memory) or ``partial``. The maths
 lives in :mod:`core.profiles`.
+
+What a client cannot game (issue 23, item 4):
+
+- D^V is a private draw. The rows the server holds out (``fedprof-val-size``, drawn by
+  the run seed before partitioning, so every client computes its own partition without
+  them) are public knowledge to anyone with the run config; D^V is a uniformly random
+  half of them, drawn once from OS entropy (or, for reproducible benchmarks, from
+  ``$HEADWAY_FEDPROF_SECRET`` in the server's environment, never from the run config), so
+  no client can rebuild the baseline exactly. summary.json names the source, not the draw.
+- A client without a valid profile scores 0, the lowest score: it is drawn only when
+  fewer than K clients have a profile. A client that has never been asked (it joined
+  after the profiling before round 1) is asked for a profile of the current model before
+  the round's draw (Alg. 1 line 4 for late joiners); one that was asked and gave none, or
+  was selected and returned no valid reply, loses its profile and is asked again after 1,
+  2, 4, … rounds.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -22,7 +39,7 @@ from core import protocol as P
 from core.config import ConfigError
 from core.data import DatasetSpec
 from core.models import build_model
-from core.profiles import cached_aggregate, divergence, full_aggregate, model_profile, partial_aggregate, profile_problem, score
+from core.profiles import cached_aggregate, divergence, full_aggregate, model_profile, partial_aggregate, private_validation_rows, profile_problem, score
 from strategies.base import Step, mean_finite
 from strategies.engine import Engine
 from strategies.fedavg import FedAvg, to_numpy, to_record
@@ -30,6 +47,17 @@ from strategies.replies import ArraySpec, Layout, Reply
 from strategies.services import Services
 
 log = logging.getLogger("headway")
+
+SECRET_ENV = "HEADWAY_FEDPROF_SECRET"  # server-side only: makes the private draw of D^V reproducible
+
+
+def validation_stream(seed: int, secret: str | None) -> tuple[np.random.Generator, str]:
+    """The stream D^V is drawn from, and its name for summary.json: OS entropy, or, when the
+    server's environment holds ``secret``, a stream of (run seed, SHA-256 of the secret)."""
+    if not secret:
+        return np.random.default_rng(), "os-entropy"
+    digest = hashlib.sha256(secret.encode()).digest()
+    return np.random.default_rng([int(seed), *(int.from_bytes(digest[i : i + 4], "little") for i in range(0, 32, 4))]), f"${SECRET_ENV}"
 
 
 class FedProf(FedAvg):
@@ -44,17 +72,28 @@ class FedProf(FedAvg):
         self.units = 0  # q, the profiled layer's width
         self.selections: dict[int, int] = {}  # partition id -> rounds selected
         self.round_scores: dict[int, float] = {}  # partition id -> λ this round's sampling used
+        self.chosen: list[int] = []  # node ids sent a training request this round
+        self.validation: tuple[Any, str, int] | None = None  # (D^V inputs, the draw's source, rows held out)
 
     # ----- the baseline -------------------------------------------------------------
+    def validation_inputs(self):
+        """D^V's inputs: a private half of the rows the server holds out (drawn once)."""
+        if self.validation is None:
+            held = self.services.data.validation_tensors()
+            if held is None:
+                raise ConfigError("fedprof needs the server to hold the data set for its validation set D^V (fedprof-val-size rows); "
+                                  "give the server a data-dir with the data")
+            rng, source = validation_stream(self.cfg["seed"], os.environ.get(SECRET_ENV))
+            rows = private_validation_rows(len(held[0]), rng)
+            self.validation = (held[0][rows], source, len(held[0]))
+        return self.validation[0]
+
     def baseline(self, arrays: ArrayRecord) -> np.ndarray:
         """RP^B of the global model ``arrays`` on the server's validation set."""
-        val = self.services.data.validation_tensors()
-        if val is None:
-            raise ConfigError("fedprof needs the server to hold the data set for its validation set D^V (fedprof-val-size rows); "
-                              "give the server a data-dir with the data")
+        val = self.validation_inputs()
         model = build_model(self.cfg["body"], self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"], self.cfg["body-dropout"])
         model.load_state_dict(arrays.to_torch_state_dict())
-        return model_profile(model, self.cfg["fedprof-layer"], val[0])
+        return model_profile(model, self.cfg["fedprof-layer"], val)
 
     def new_version(self, version: int, arrays: ArrayRecord) -> None:
         """Record global version ``version`` and its baseline; drop baselines no client's profile refers to."""
@@ -66,8 +105,9 @@ class FedProf(FedAvg):
 
     # ----- scores -------------------------------------------------------------------
     def scores(self, engine: Engine) -> dict[int, float]:
-        """λ_k of every available node (Alg. 1 lines 8-9). A node with no profile yet scores
-        1, as if it matched the baseline, so that it is sampled and profiled."""
+        """λ_k of every available node (Alg. 1 lines 8-9). A node without a valid profile
+        scores 0, the lowest: the sampler takes it only when fewer than K nodes score above
+        0 (a node never asked is profiled before the draw: :meth:`profile_missing`)."""
         alpha = self.cfg["fedprof-alpha"]
         out = {}
         for node in engine.nodes():
@@ -76,14 +116,50 @@ class FedProf(FedAvg):
                 state["div"] = divergence(state["profile"], self.baselines[state["version"]])
                 out[node] = score(state["div"], alpha)
             else:
-                out[node] = 1.0
+                out[node] = 0.0
         return out
 
     def remember(self, engine: Engine, reply: Reply, version: int) -> None:
         state = engine.registry.clients[reply.node_id].state
         state["profile"], state["version"] = reply.payload[P.PROFILE].astype(np.float64), version
+        state["asked"], state["misses"] = engine.round, 0
         if reply.count is not None:
             state["n"] = int(reply.count)
+
+    def forget(self, engine: Engine, node: int) -> None:
+        """``node`` was asked for a profile and gave no valid one: it has none until it does."""
+        state = engine.registry.clients[node].state
+        for key in ("profile", "version", "div"):
+            state.pop(key, None)
+        state["asked"], state["misses"] = engine.round, state.get("misses", 0) + 1
+
+    def due(self, engine: Engine, node: int) -> bool:
+        """Whether ``node`` is to be asked for a profile before this round's draw: never asked,
+        or without a profile since its last ask 2^(misses-1) or more rounds ago."""
+        state = engine.registry.clients[node].state
+        if "asked" not in state:
+            return True
+        return "profile" not in state and engine.round - state["asked"] >= 2 ** max(state.get("misses", 1) - 1, 0)
+
+    def ask_profiles(self, engine: Engine, nodes: list[int], server_round: int, arrays: ArrayRecord, version: int) -> list[Reply]:
+        """A profile-only exchange (no training) with ``nodes``: who answers validly is
+        remembered, who does not is forgotten."""
+        if not nodes:
+            return []
+        content = self.content(server_round, arrays, **{P.PHASE: P.PHASE_PROFILE})
+        replies = engine.exchange(P.PHASE_PROFILE, {n: content for n in nodes}, MessageType.TRAIN, self.profile_layout())
+        for reply in replies:
+            self.remember(engine, reply, version)
+        answered = {r.node_id for r in replies}
+        for node in nodes:
+            if node not in answered and node in engine.registry.clients:
+                self.forget(engine, node)
+        return replies
+
+    def profile_missing(self, engine: Engine, server_round: int, arrays: ArrayRecord) -> None:
+        """Alg. 1 line 4 for nodes that were not there before round 1 (and the retries of
+        nodes that gave no valid profile): profile the current global model before the draw."""
+        self.ask_profiles(engine, [n for n in engine.nodes() if self.due(engine, n)], server_round, arrays, self.version)
 
     # ----- rounds ---------------------------------------------------------------------
     def prepare(self, arrays: ArrayRecord, engine: Engine) -> tuple[ArrayRecord, Step | None]:
@@ -92,10 +168,7 @@ class FedProf(FedAvg):
         self.new_version(0, arrays)
         self.sent = to_numpy(arrays)
         self.initial = self.sent  # what a client never trained holds (full-cache)
-        content = self.content(0, arrays, **{P.PHASE: P.PHASE_PROFILE})
-        replies = engine.exchange(P.PHASE_PROFILE, {n: content for n in engine.nodes()}, MessageType.TRAIN, self.profile_layout())
-        for reply in replies:
-            self.remember(engine, reply, 0)
+        replies = self.ask_profiles(engine, engine.nodes(), 0, arrays, 0)
         return arrays, Step(None, len(replies), {"clients": float(len(replies))})
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine):
@@ -105,6 +178,7 @@ class FedProf(FedAvg):
         self.sent = to_numpy(arrays)
         if not hasattr(self, "initial"):
             self.initial = self.sent
+        self.profile_missing(engine, server_round, arrays)
         content = self.content(server_round, arrays, **{P.PHASE: P.PHASE_TRAIN})
         scores = self.scores(engine)
         self.round_scores = {engine.partition_of(n): v for n, v in scores.items()}  # λ the sampler used, for rounds.jsonl
@@ -112,7 +186,24 @@ class FedProf(FedAvg):
         for node in chosen:
             pid = engine.partition_of(node)
             self.selections[pid] = self.selections.get(pid, 0) + 1
+        self.chosen = list(chosen)
         return {node: content for node in chosen}
+
+    def train_round(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> Step:
+        """As every strategy's round, and then: a selected node whose reply was missing or
+        refused has no valid profile of this version, so it loses its score (line 15 takes
+        only the profiles that arrived), even when too few replies came to aggregate."""
+        contents = self.configure_train(server_round, arrays, engine)
+        replies = engine.exchange(P.PHASE_TRAIN, contents, MessageType.TRAIN, self.train_layout(server_round))
+        answered = {r.node_id for r in replies}
+        for reply in replies:
+            self.remember(engine, reply, self.version)
+        for node in contents:
+            if node not in answered and node in engine.registry.clients:
+                self.forget(engine, node)
+        if not engine.quorum(P.PHASE_TRAIN, replies):
+            return Step(None, len(replies))
+        return self.aggregate_train(server_round, replies)
 
     def profile_layout(self) -> Layout:
         return Layout({P.PROFILE: ArraySpec((self.units, 2))}, count=True, optional=(P.LOSS,), check=self.check_profile)
@@ -170,4 +261,7 @@ class FedProf(FedAvg):
             "fedprof_aggregation": self.cfg["fedprof-aggregation"],
             "fedprof_selections": {str(k): v for k, v in sorted(self.selections.items())},
             "fedprof_last_divergence": divs,
+            # where D^V came from, never the draw itself: a client must not be able to rebuild it
+            "fedprof_validation": None if self.validation is None else {
+                "rows": int(len(self.validation[0])), "held_out": self.validation[2], "drawn_from": self.validation[1]},
         }

@@ -171,7 +171,9 @@ def test_client_noise_corrupts_the_chosen_clients_training_data_only(data_dir):
 
 def test_selection_favours_matching_profiles_and_malformed_profiles_are_counted(task_identity, data_dir):
     """Client 2's profile is far from the baseline: it is picked far less often; client 1
-    sends a profile with a negative variance from round 2 on: rejected, counted, the run goes on."""
+    sends a profile with a negative variance from round 2 on: rejected, counted, the run goes
+    on, and client 1 (no valid profile now) scores 0 and is no longer drawn; it is asked for
+    a profile again after 1, 2, 4, … rounds, each refusal counted."""
     strategy = make_strategy("fedprof", **{"fedprof-val-size": 200, "data-dir": data_dir, "fraction-train": 0.34, "num-server-rounds": 30})
     arrays = strategy.initial_arrays()
 
@@ -193,10 +195,16 @@ def test_selection_favours_matching_profiles_and_malformed_profiles_are_counted(
     records = []
     strategy.start(grid=grid, initial_arrays=arrays, num_rounds=30, on_round=records.append)
     picks = strategy.selections
-    assert picks.get(2, 0) <= 3 and picks[0] >= 8 and picks[1] >= 8  # λ_2 = e^{-α·div} ≈ 0
-    rejected = [r for r in records if any("negative variance" in f for f in r.get("failure_reasons", []))]
-    assert rejected and all(r["clients"] == 0 and r["failures"] >= 1 for r in rejected)  # only client 1 was picked there
+    assert picks.get(2, 0) <= 3 and picks[0] >= 20  # λ_2 = e^{-α·div} ≈ 0
+    reasons = [(r["round"], f) for r in records for f in r.get("failure_reasons", []) if "min-replies" not in f]
+    assert all("negative variance" in f and "partition 1" in f for _, f in reasons), reasons
+    refused_training = [rnd for rnd, f in reasons if f.startswith("train")]
+    assert len(refused_training) == 1  # selected once with an invalid profile, then never drawn again
+    assert picks[1] == sum(1 for r in records if 1 in r["selected"]) and max(r["round"] for r in records if 1 in r["selected"]) == refused_training[0]
+    retries = [rnd for rnd, f in reasons if f.startswith("profile")]
+    first = refused_training[0]
+    assert retries == [first + 1, first + 3, first + 7, first + 15][: len(retries)] and len(retries) >= 3
     assert len(records) == 30  # the run went on
-    assert len(rejected) + sum(r["clients"] for r in records) == 30  # one pick a round: a good reply, or a counted rejection
+    assert sum(r["clients"] for r in records) + len(refused_training) == 30  # one pick a round: a good reply, or a counted rejection
     summary = strategy.summary_extra()
     assert summary["fedprof_last_divergence"]["2"] > 1.0 > summary["fedprof_last_divergence"]["0"]
