@@ -63,10 +63,11 @@ def test_a_client_cannot_rebuild_the_baseline_from_the_run_config(task_identity,
 
     strategy.start(grid=FakeGrid(3, answer), initial_arrays=strategy.initial_arrays(), num_rounds=2)
     attacker, honest = divs[2][0], min(divs[0][0], divs[1][0])
-    assert strategy.summary_extra()["fedprof_validation"] == {"rows": 200, "held_out": 400, "drawn_from": "os-entropy"}
     # with D^V = the held-out rows the attacker's divergence was 0 (float32 rounding: < 1e-6) and its score 1.0
-    assert attacker > 1e-3 and score(attacker, 10.0) < 0.99
-    assert attacker > 0.2 * honest  # sampling noise of the same order as a clean client's (expected: about half)
+    assert attacker > 1e-3 and score(attacker, 10.0) < 0.99, (attacker, honest)
+    # sampling noise of the same order as a clean client's: over 500 private draws the ratio had median 0.47, 1st percentile 0.22
+    assert attacker > 0.1 * honest, (attacker, honest)
+    assert strategy.summary_extra()["fedprof_validation"] == {"rows": 200, "held_out": 400, "drawn_from": "os-entropy"}
     assert len(strategy.validation[0]) == 200 and not torch.equal(strategy.validation[0], x_held[:200])
 
 
@@ -119,7 +120,7 @@ def test_a_client_whose_profile_is_always_invalid_is_not_selected(task_identity,
     strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(), num_rounds=16, on_round=on_round)
     picks = strategy.selections
     assert picks.get(2, 0) == 0 and picks[0] + picks[1] + picks.get(3, 0) == 16  # one pick a round (K = 1), never the invalid client
-    assert [r for r, _ in asked[2]] == [0, 2, 4, 8, 16] and {p for _, p in asked[2]} == {"profile"}  # retries back off
+    assert [r for r, _ in asked[2]] == [0, 2, 4, 8, 16] and {p for _, p in asked[2]} == {"profile"}  # before round 1 (sent as round 0), then backing off
     assert sum(r["failures"] for r in records) == 5 and all("negative variance" in f for r in records for f in r.get("failure_reasons", []))
     assert asked[3][0] == (6, "profile") and picks.get(3, 0) >= 3  # the newcomer scores 1 (exactly the baseline) and is drawn
     assert records[5]["fedprof_scores"]["3"] == pytest.approx(1.0) and records[15]["fedprof_scores"]["2"] == 0.0
@@ -178,9 +179,9 @@ def test_a_nearly_dead_unit_does_not_outweigh_the_data():
     base, clean, noisy = _near_dead_profiles(np.random.default_rng(0))
     old = [float(np.mean(gaussian_kl(p[:, 0], p[:, 1], base[:, 0], base[:, 1], floor=1e-8))) for p in (clean, noisy)]
     assert old[0] > 10 * old[1]  # the mechanism of the inversion
-    assert variance_floor(base) == pytest.approx(0.01 * base[:, 1].mean())
     assert divergence(clean, base) < 0.01 < 0.4 < divergence(noisy, base)  # one-σ shifts: 0.5 per live unit
     assert score(divergence(clean, base), 10.0) > 0.9 > 0.02 > score(divergence(noisy, base), 10.0)
+    assert variance_floor(base) == pytest.approx(0.01 * base[:, 1].mean())
     # the floor follows the layer's scale: scaling every output by s changes nothing
     s = 1e-3
     scaled = lambda p: p * np.array([s, s * s])  # noqa: E731
