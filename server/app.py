@@ -55,6 +55,9 @@ def profiled_layers(cfg: Mapping[str, Any], spec: Any) -> list[str]:
     try:
         with torch.no_grad():
             model(torch.zeros((2, *spec.input_shape)))
+    except Exception as exc:  # e.g. a body built for another input shape
+        raise ConfigError(f"run-config key 'body' is {cfg['body']!r}, which cannot run on data set '{cfg['dataset']}' inputs of shape "
+                          f"{tuple(spec.input_shape)}: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
     finally:
         for hook in hooks:
             hook.remove()

@@ -34,6 +34,7 @@ def no_engine(monkeypatch):
     ([f"feature-dim={MAX_FEATURE_DIM + 1}"], "'feature-dim'"),
     (["algorithm=fedprof", "fedprof-layer=nope"], "'fedprof-layer'"),
     (["algorithm=fedprof", "fedprof-layer=body.fcs"], "'fedprof-layer'"),  # a container: it has no output of its own
+    (["algorithm=fedprof", "dataset=cifar10"], "'body'"),  # mnist-cnn cannot take 3x32x32 images: FedProf's profile would fail at round 0
     (["algorithm=fedprof", "fedprof-val-size=1e8"], "'fedprof-val-size'"),
     (["algorithm=fedprof", "fedprof-val-size=59999"], "'fedprof-val-size'"),  # leaves rows, but not one per client after train-fraction
     (["algorithm=fedavg", "server-holdout=60000"], "'server-holdout'"),
