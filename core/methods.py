@@ -98,7 +98,7 @@ METHODS: dict[str, Method] = {
                {
                    "fedprof-layer": Key("body", "FedProf: the module whose outputs are profiled (a name from the model's named_modules; body: the feature layer)"),
                    "fedprof-alpha": non_negative("FedProf: penalty alpha of the score exp(-alpha * div); 0: uniform selection", 10.0),
-                   "fedprof-val-size": positive("FedProf: training rows the server keeps as its validation set D^V for baseline profiles (never given to a client)", 1000),
+                   "fedprof-val-size": positive("FedProf: training rows the server holds out (never given to a client); its validation set D^V for baseline profiles is a private random half of them", 1000),
                    "fedprof-aggregation": Key("full", "FedProf: full (unselected clients count with the previous global model), full-cache (unselected clients count with "
                                               "their last local model, which the server keeps) or partial (scheme II of Li et al. 2020)", choices=("full", "full-cache", "partial")),
                }),
