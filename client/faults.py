@@ -74,7 +74,8 @@ def corrupt(content: RecordDict, mode: str, kind: str = "train", timeout: float 
     if mode == "bad-eval":
         metrics[P.CORRECT] = 1_000_000
     elif mode in TRAIN_MODES + MODEL_MODES and P.ARRAYS in content.array_records:
-        damaged = {k: Array(np.asarray(_damage(v.numpy(), mode), order="C")) for k, v in content.array_records[P.ARRAYS].items()}
+        keep = (P.PROFILE,) if mode == "sign-flip" else ()  # FedProf: the model flipped behind an honest profile
+        damaged = {k: v if k in keep else Array(np.asarray(_damage(v.numpy(), mode), order="C")) for k, v in content.array_records[P.ARRAYS].items()}
         if mode == "extra-array":
             damaged = dict(content.array_records[P.ARRAYS].items())
             damaged["padding"] = Array(np.zeros(1_000_000, np.float32))

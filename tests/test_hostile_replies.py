@@ -45,9 +45,12 @@ def honest(algorithm: str, pid: int, msg) -> RecordDict:
         protos, counts = np.zeros((10, 50), np.float32), np.zeros(10, np.float32)
         protos[pid], counts[pid] = 1.0 + pid, 10
         return reply({"prototypes": protos, "class-counts": counts}, 10, pid, loss=0.7)
+    profile = np.tile(np.array([[0.5, 1.0]], np.float32), (50, 1))  # FedProf: mnist-cnn's 50 features
+    if algorithm == "fedprof" and msg.content["config"].get("phase") == "profile":  # a profile request: no training
+        return reply({"profile": profile}, 10, pid)
     model = {k: v.numpy() * 0.9 + 0.01 * pid for k, v in msg.content["arrays"].items()}
-    if algorithm == "fedprof":  # the model and the profile of mnist-cnn's 50 features
-        model["profile"] = np.tile(np.array([[0.5, 1.0]], np.float32), (50, 1))
+    if algorithm == "fedprof":  # the model and its profile
+        model["profile"] = profile
     return reply(model, 10, pid, loss=0.7)
 
 
@@ -58,7 +61,8 @@ def test_a_bad_training_reply_is_rejected_and_the_round_goes_on(task_identity, d
 
     def answer(pid, msg):
         content = honest(algorithm, pid, msg)
-        return corrupt(content, mode, "train") if pid == 2 else content
+        training = msg.content["config"].get("phase") != "profile"  # FedProf profiles newcomers first: only the training reply is bad
+        return corrupt(content, mode, "train") if pid == 2 and training else content
 
     engine = engine_for(s, FakeGrid(3, answer))
     step = s.train_round(1, s.initial_arrays(), engine)
