@@ -309,9 +309,9 @@ class Engine:
         Everything computed from the reply (its size, its layout, its values) is behind one
         guard: a reply that trips any of it is a rejected reply, never a crash."""
         node = reply.metadata.src_node_id
-        nbytes, values = 0, 0
+        nbytes, values, step = 0, 0, "measured"
         try:
-            nbytes = self.wire.message(reply)
+            nbytes, step = self.wire.message(reply), "read"
             if reply.has_error():
                 decoded, problem = None, f"error {reply.error.code}: {_short(reply.error.reason)}"
             else:
@@ -320,7 +320,9 @@ class Engine:
                 decoded, problem = decode(reply, layout, pid, self.services.data.max_count(pid, split), nbytes)
                 values = self.wire.values(reply) if decoded is not None else 0
         except Exception as exc:
-            decoded, problem = None, f"reply cannot be read: {type(exc).__name__}: {_short(str(exc))}"
+            decoded, problem = None, f"reply cannot be {step}: {type(exc).__name__}: {_short(str(exc))}"
+            if step == "measured":  # serializing it failed: a record holds what Flower's records never allow
+                problem += " (a record holds a value of a type Flower's records do not allow)"
         if decoded is None:
             self.meter.rejected_bytes_up += nbytes
             for name, value in getattr(problem, "figures", {}).items():

@@ -22,7 +22,7 @@ EXPECTED_REASON = {
     "extra-array": "over this phase's cap",
     "oversized": "over this phase's cap",
     "list-metric": "is a list",
-    "string-metric": "cannot be read: TypeError",
+    "string-metric": "cannot be measured: TypeError",
     "sign-flip": "exceeds max-update-norm",
 }
 MODEL_AVERAGING = ("fedavg", "fedprox", "lg-fedavg", "fedper", "fedrep", "fedprof")
