@@ -19,8 +19,10 @@ and figures are written beside them by :mod:`benchmarks.fedprof_report`.
 from __future__ import annotations
 
 import argparse
+import os
 
 from benchmarks.runner import add_run_arguments, results_root, simulate
+from strategies.fedprof import SECRET_ENV
 
 TASKS = {
     # task: (config, paper's T_max for full and partial aggregation)
@@ -48,6 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, nargs=2, metavar=("FULL", "PARTIAL"), help="rounds of full and partial runs (default: the paper's T_max); give a --tag when shortening")
     add_run_arguments(p)
     args = p.parse_args(argv)
+    # FedProf draws D^V from OS entropy unless the server has a secret: a benchmark must be
+    # repeatable, and in simulation the clients share the server's environment anyway
+    os.environ.setdefault(SECRET_ENV, "headway-benchmarks")
     config, paper_rounds = TASKS[args.task]
     group_rounds = dict(zip(MODES, args.rounds or paper_rounds))
     rounds = {mode: group_rounds[group] for mode, group in GROUP.items()}

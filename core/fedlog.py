@@ -213,9 +213,12 @@ class StatsCheck:
         if not self.count_known:  # the noised count row is all there is: bound it by what the client can hold
             if np.any(per_class > max_count + slack):
                 return f"a class count ({per_class.max():.6g}) exceeds the {max_count:g} examples this client can hold plus 8 noise std ({slack:.4g})"
-            if per_class.sum() > max_count + slack * math.sqrt(self.num_classes):
-                return (f"class counts sum to {per_class.sum():.6g}, beyond the {max_count:g} examples this client can hold "
-                        f"plus 8 noise std of the sum ({slack * math.sqrt(self.num_classes):.4g})")
+            total, spread = per_class.sum(), slack * math.sqrt(self.num_classes)  # the total's noise has std σ√C
+            if total > max_count + spread:
+                return (f"class counts sum to {total:.6g}, beyond the {max_count:g} examples this client can hold "
+                        f"plus 8 noise std of the sum ({spread:.4g})")
+            if total < -spread:  # each class may dip to -8σ by noise, but not all of them at once
+                return f"class counts sum to {total:.6g}, below 0 by more than 8 noise std of the sum ({spread:.4g})"
         # under local DP both sides of a bound carry noise, so the margin covers the feature
         # noise and b times the count's: std σ·sqrt(1 + b²)
         margin = slack * math.sqrt(1.0 + self.clip**2) + 1e-4 * (1.0 + per_class.max(initial=0.0))

@@ -27,6 +27,8 @@ What a client cannot game (issue 23, item 4):
 
 from __future__ import annotations
 
+from functools import partial
+
 import hashlib
 import logging
 import os
@@ -72,7 +74,6 @@ class FedProf(FedAvg):
         self.units = 0  # q, the profiled layer's width
         self.selections: dict[int, int] = {}  # partition id -> rounds selected
         self.round_scores: dict[int, float] = {}  # partition id -> λ this round's sampling used
-        self.chosen: list[int] = []  # node ids sent a training request this round
         self.validation: tuple[Any, str, int] | None = None  # (D^V inputs, the draw's source, rows held out)
 
     # ----- the baseline -------------------------------------------------------------
@@ -186,7 +187,6 @@ class FedProf(FedAvg):
         for node in chosen:
             pid = engine.partition_of(node)
             self.selections[pid] = self.selections.get(pid, 0) + 1
-        self.chosen = list(chosen)
         return {node: content for node in chosen}
 
     def train_round(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> Step:
@@ -196,7 +196,7 @@ class FedProf(FedAvg):
         contents = self.configure_train(server_round, arrays, engine)
         replies = engine.exchange(P.PHASE_TRAIN, contents, MessageType.TRAIN, self.train_layout(server_round))
         answered = {r.node_id for r in replies}
-        for reply in replies:
+        for reply in replies:  # line 15: selected clients' fresh profiles, of the version they were sent
             self.remember(engine, reply, self.version)
         for node in contents:
             if node not in answered and node in engine.registry.clients:
@@ -212,24 +212,22 @@ class FedProf(FedAvg):
         """The model it was sent (as FedAvg) plus its (q, 2) profile."""
         specs = {k: ArraySpec(tuple(v.shape), str(v.dtype)) for k, v in self.sent.items()}
         specs[P.PROFILE] = ArraySpec((self.units, 2))
-        return Layout(specs, count=True, optional=(P.LOSS,), check=self.check_update_and_profile)
+        return Layout(specs, count=True, optional=(P.LOSS,), check=partial(self.check_update_and_profile, bound=self.update_bound(server_round)))
 
     def check_profile(self, arrays: dict[str, np.ndarray], reply: Reply):
         problem = profile_problem(arrays[P.PROFILE], self.units)
         return (None, problem) if problem else (arrays, None)
 
-    def check_update_and_profile(self, arrays: dict[str, np.ndarray], reply: Reply):
+    def check_update_and_profile(self, arrays: dict[str, np.ndarray], reply: Reply, bound: tuple[str, float]):
         _, problem = self.check_profile(arrays, reply)
         if problem:
             return None, problem
         model = {k: v for k, v in arrays.items() if k != P.PROFILE}
-        checked, problem = self.check_update(model, reply)
+        checked, problem = self.check_update(model, reply, bound)
         return (None, problem) if problem else ({**checked, P.PROFILE: arrays[P.PROFILE]}, None)
 
     def aggregate_train(self, server_round: int, replies: list[Reply]) -> Step:
-        engine = self.engine
-        for reply in replies:  # line 15: selected clients' fresh profiles, of the version they were sent
-            self.remember(engine, reply, self.version)
+        engine = self.engine  # line 15 (selected clients' fresh profiles) ran in train_round, quorum or not
         models = [{k: v for k, v in r.payload.items() if k != P.PROFILE} for r in replies]
         sizes = [r.count for r in replies]
         known = {n: c.state["n"] for n, c in engine.registry.clients.items() if "n" in c.state}

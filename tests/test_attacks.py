@@ -92,10 +92,13 @@ def test_the_local_dp_count_rule_in_isolation():
     stats = np.zeros((3, 3))
     stats[0] = [100.0, 50.0, 50.0]
     assert check.problem(stats, 0.0, 100) is None
-    stats[0] = [100.0 + 8.0 * np.sqrt(3) + 1, 50.0, 50.0]  # total beyond size + 8σ√C, one class within size + 8σ... no: beyond both
+    stats[0] = [109.0, 50.0, 50.0]  # one class beyond size + 8σ = 108
     assert "can hold" in check.problem(stats, 0.0, 100)
     stats[0], stats[1] = [104.0, 0.0, 0.0], [12.0, 0.0, 0.0]  # each class within 100 + 8σ, total 116 > 100 + 8σ√3 = 113.9
-    assert "sum to" in check.problem(stats, 0.0, 100)
+    assert "beyond the 100 examples" in check.problem(stats, 0.0, 100)
+    stats[:, 0] = -7.9  # each class within its noise, but a total of -23.7 < -8σ√3 = -13.9: weight taken off every class
+    stats[:, 1:] = 0.0
+    assert "below 0" in check.problem(stats, 0.0, 100)
 
 
 # ----- 3. sign-flipped and ×10 models ----------------------------------------------
@@ -107,10 +110,10 @@ def test_sign_flipped_and_scaled_models_are_refused_by_the_default_bound(task_id
     def answer(pid, msg):
         return model_reply(msg, pid, scale=scale if pid == 1 else 0.98, shift=0.0)
 
-    engine = engine_for(s, FakeGrid(3, answer))
-    step = s.train_round(1, s.initial_arrays(), engine)
+    engine = engine_for(s, FakeGrid(3, answer), server_round=2)
+    step = s.train_round(2, s.initial_arrays(), engine)  # from round 2: round 1 has its own, looser bound (below)
     assert step.clients == 2 and len(engine.meter.failures) == 1, engine.meter.failures
-    assert "exceeds max-update-norm" in engine.meter.failures[0]
+    assert "exceeds max-update-norm=1.5" in engine.meter.failures[0]
     flipped = engine.meter.rejected_figures["update_norm"]
     assert flipped == [pytest.approx(abs(scale - 1.0), rel=1e-3)]  # -w moves the model by 2|w|, 10w by 9|w|
     assert step.metrics["update_norm_max"] == pytest.approx(0.02, rel=1e-3)  # the honest replies, reported beside
@@ -125,10 +128,30 @@ def test_rounds_report_honest_and_rejected_update_norms(task_identity, data_dir)
         return model_reply(msg, pid, scale=-1.0 if pid == 2 else 1.0 - 0.1 * (pid + 1))
 
     records: list[dict] = []
-    s.start(grid=FakeGrid(3, answer), initial_arrays=s.initial_arrays(), num_rounds=1, on_round=records.append)
-    rec = records[0]
-    assert rec["update_norm_max"] == pytest.approx(0.2, rel=1e-3) and rec["update_norm_mean"] == pytest.approx(0.15, rel=1e-3)
-    assert rec["rejected_update_norms"] == [pytest.approx(2.0, rel=1e-3)]
+    s.start(grid=FakeGrid(3, answer), initial_arrays=s.initial_arrays(), num_rounds=2, on_round=records.append)
+    first, second = records
+    assert first["clients"] == 3 and "rejected_update_norms" not in first  # round 1: -w is within max-first-update-norm=5
+    assert first["update_norm_max"] == pytest.approx(2.0, rel=1e-3)
+    assert second["update_norm_max"] == pytest.approx(0.2, rel=1e-3) and second["update_norm_mean"] == pytest.approx(0.15, rel=1e-3)
+    assert second["clients"] == 2 and second["rejected_update_norms"] == [pytest.approx(2.0, rel=1e-3)]
+
+
+def test_round_one_admits_the_long_moves_honest_training_makes_from_the_random_model(task_identity, data_dir):
+    """Honest clients with 4,000-20,000 examples moved 1.5-2.7 × |w| from the seeded initial
+    model in round 1 (mnist-cnn, 5 Adam epochs); after it, at most 0.66. Round 1 has its own key."""
+    s = make_strategy("fedavg", **{"data-dir": data_dir})
+
+    def answer(pid, msg):
+        return model_reply(msg, pid, scale=3.7)  # moved by 2.7 |w|
+
+    for rnd, accepted in ((1, 3), (2, 0)):
+        engine = engine_for(s, FakeGrid(3, answer), server_round=rnd)
+        step = s.train_round(rnd, s.initial_arrays(), engine)
+        assert step.clients == accepted, engine.meter.failures
+    assert "max-update-norm=1.5" in engine.meter.failures[0] and "raise it" in engine.meter.failures[0]
+    engine = engine_for(s, FakeGrid(3, lambda pid, msg: model_reply(msg, pid, scale=10.0)))  # ×10: 9 |w|, refused even in round 1
+    assert s.train_round(1, s.initial_arrays(), engine).clients == 0
+    assert all("max-first-update-norm=5" in f for f in engine.meter.failures[:3])
 
 
 # ----- 5. a metric of the wrong type -----------------------------------------------

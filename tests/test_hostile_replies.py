@@ -64,8 +64,9 @@ def test_a_bad_training_reply_is_rejected_and_the_round_goes_on(task_identity, d
         training = msg.content["config"].get("phase") != "profile"  # FedProf profiles newcomers first: only the training reply is bad
         return corrupt(content, mode, "train") if pid == 2 and training else content
 
-    engine = engine_for(s, FakeGrid(3, answer))
-    step = s.train_round(1, s.initial_arrays(), engine)
+    rnd = 2 if mode in MODEL_MODES else 1  # a sign flip is refused from round 2 (round 1's bound admits long honest moves)
+    engine = engine_for(s, FakeGrid(3, answer), server_round=rnd)
+    step = s.train_round(rnd, s.initial_arrays(), engine)
     assert step.clients == 2, engine.meter.failures
     assert len(engine.meter.failures) == 1
     if mode in EXPECTED_REASON:
