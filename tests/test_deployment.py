@@ -16,11 +16,13 @@ from tests.cluster import Cluster, free_port, read_rounds, run_folder
 pytestmark = pytest.mark.deployment
 
 
-def deploy(tmp_path: Path, data_dir: str, run_config: str, num_nodes: int = 2, probe: bool = False) -> tuple[Path, subprocess.CompletedProcess]:
+def deploy(tmp_path: Path, data_dir: str, run_config: str, num_nodes: int = 2, probe: bool = False,
+           node_args: dict[int, list[str]] | None = None) -> tuple[Path, subprocess.CompletedProcess]:
     """A SuperLink and ``num_nodes`` SuperNodes on 127.0.0.1 (insecure), one ``flwr run`` with
     ``run_config``; returns the run's results folder and what ``flwr run`` printed. With
     ``probe``, each SuperNode runs under :mod:`tests.wire_probe` and logs its Fleet bytes to
-    ``tmp_path/wire-<partition>.jsonl``. Every process is stopped by the harness."""
+    ``tmp_path/wire-<partition>.jsonl``. ``node_args`` adds launcher options to chosen
+    SuperNodes (by partition id). Every process is stopped by the harness."""
     path = []
     if probe:  # `server.launch supernode` runs the first flower-supernode on PATH: this one
         shim = tmp_path / "probe-bin"
@@ -36,7 +38,7 @@ def deploy(tmp_path: Path, data_dir: str, run_config: str, num_nodes: int = 2, p
         c.wait_for_port("superlink", control)
         for pid in range(num_nodes):
             c.launch(f"supernode{pid}", ["supernode", "--insecure", "--superlink", f"127.0.0.1:{fleet}", "--partition-id", str(pid),
-                                         "--num-partitions", str(num_nodes), "--port", str(free_port())],
+                                         "--num-partitions", str(num_nodes), "--port", str(free_port()), *(node_args or {}).get(pid, [])],
                      env={"HEADWAY_WIRE_LOG": str(tmp_path / f"wire-{pid}.jsonl")})
         c.command(c.launcher("connect", "test", "--address", f"127.0.0.1:{control}", "--insecure"))
         out = c.submit("test", run_config, results)
@@ -97,3 +99,17 @@ def test_fedpft_chain_over_grpc_keeps_each_clients_head_between_messages(tmp_pat
     assert summary["status"] == "complete" and summary["failures"] == 0, summary
     assert r["chain_order"] == [0, 1] and r["chain_bytes_up"] > 0 and r["chain_bytes_down"] > 0
     assert r["eval_clients"] == 2 and r["accuracy_p0"] > 0.3 and r["accuracy_p1"] > 0.3  # chance is 0.1
+
+
+def test_a_supernode_with_an_unknown_body_is_refused_and_lg_fedavg_runs_on(tmp_path, data_dir):
+    """Issue 23: a typo in one SuperNode's --body ended an LG-FedAvg run (status failed, 0
+    rounds). Its registration is now refused and counted; the other two nodes finish the run,
+    the new test included."""
+    run_config = ("algorithm='lg-fedavg' dataset='mnist' num-clients=3 num-server-rounds=1 train-fraction=0.01 local-epochs=1 "
+                  "batch-size=10 partition='iid' lg-global-layers=1 sample-timeout=60.0 round-timeout=120.0")
+    folder, _ = deploy(tmp_path, data_dir, run_config, num_nodes=3, node_args={1: ["--body", "mnist-cnnn"]})
+    summary = json.loads((folder / "summary.json").read_text())
+    r = read_rounds(folder)[0]
+    assert summary["status"] == "complete", summary
+    assert r["clients"] == 2 and r["failures"] == 1 and "mnist-cnnn" in r["failure_reasons"][0]
+    assert r["new_test_models"] == 2.0
