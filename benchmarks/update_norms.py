@@ -3,6 +3,7 @@
 
     .venv/bin/python -m benchmarks.update_norms                       # Table 1 (MNIST, CIFAR-10), MNIST IID, FedProf's setups
     .venv/bin/python -m benchmarks.update_norms --setups mnist --rounds 10
+    .venv/bin/python -m benchmarks.update_norms --local-sizes 1000 4000 20000   # in-process, bigger clients
     .venv/bin/python -m benchmarks.update_norms --summarize-only
 
 Every model-averaging method of FedLog's Table 1 (FedAvg, FedProx, LG-FedAvg, FedPer,
@@ -42,6 +43,44 @@ METHODS: dict[str, dict[str, object]] = {
 ROUNDS = {"mnist": 10, "mnist-iid3": 10, "cifar10": 3, "fedprof-mnist": 10, "fedprof-gasturbine": 10, "fedprof-cifar10": 2}  # the largest updates come first: round 1 moves furthest
 
 
+def local_sizes(size: int, rounds: int, data_dir: str = "") -> list[dict]:
+    """FedAvg of 3 IID MNIST clients of ``size`` examples each, in this process (no Flower,
+    the project's own training with the run defaults: mnist-cnn, Adam 1e-3, batch 10, 5
+    epochs): each round's relative update norms. Bigger clients move further from the
+    random initial model in round 1; this is what ``max-first-update-norm`` must admit."""
+    import numpy as np
+    import torch
+
+    from core.aggregate import relative_update_norm, weighted_average
+    from core.config import resolve
+    from core.data import load_dataset, to_tensors
+    from core.models import build_model
+    from core.training import task_loss, train_epochs
+
+    cfg = resolve({})
+    ds = load_dataset("mnist", data_dir, 0)
+    order = np.random.default_rng(0).permutation(len(ds.y_train))
+    clients = [to_tensors(ds, ds.x_train[order[i * size:(i + 1) * size]], ds.y_train[order[i * size:(i + 1) * size]]) for i in range(3)]
+
+    def model() -> torch.nn.Module:
+        return build_model(cfg["body"], (1, 28, 28), cfg["feature-dim"], 10, cfg["seed"], cfg["body-dropout"])
+
+    glob = {k: v.detach().numpy().copy() for k, v in model().state_dict().items()}
+    out = []
+    for rnd in range(1, rounds + 1):
+        trained = []
+        for x, y in clients:
+            m = model()
+            m.load_state_dict({k: torch.as_tensor(v) for k, v in glob.items()})
+            train_epochs(m, list(m.parameters()), x, y, epochs=cfg["local-epochs"], batch_size=cfg["batch-size"], lr=cfg["lr"],
+                         optimizer=cfg["optimizer"], loss_fn=task_loss("classification"), seed=rnd, modules=[m])
+            trained.append({k: v.detach().numpy().copy() for k, v in m.state_dict().items()})
+        out.append({"size": size, "round": rnd, "norms": [relative_update_norm(glob, w) for w in trained]})
+        print(json.dumps(out[-1]), flush=True)
+        glob = weighted_average(trained, [1.0] * len(trained), like=glob)
+    return out
+
+
 def table(root) -> str:
     """Markdown: per run, the largest and median per-round maximum, and round 1's."""
     lines = ["| setup | method | rounds | max over rounds | median of round maxima | round 1 | last round |", "|---|---|---|---|---|---|---|"]
@@ -57,7 +96,14 @@ def table(root) -> str:
         ordered = sorted(norms)
         setup, method = folder.name.split("--")
         lines.append(f"| {setup} | {method} | {len(norms)} | {max(norms):.3f} | {ordered[len(ordered) // 2]:.3f} | {norms[0]:.3f} | {norms[-1]:.3f} |")
-    lines.append(f"\nLargest honest relative update norm seen: {overall:.3f}")
+    lines.append(f"\nLargest honest relative update norm seen in these runs: {overall:.3f}")
+    local = root / "local-sizes.jsonl"
+    if local.exists():
+        lines += ["", "In-process FedAvg, 3 IID MNIST clients of N examples, run defaults (`--local-sizes`):", "",
+                  "| examples a client | round | relative update norms |", "|---|---|---|"]
+        for line in local.read_text().splitlines():
+            r = json.loads(line)
+            lines.append(f"| {r['size']} | {r['round']} | {', '.join(f'{n:.3f}' for n in r['norms'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -66,11 +112,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--rounds", type=int, default=0, help="rounds per run; 0: 10 on MNIST, 3 on CIFAR-10")
+    p.add_argument("--local-sizes", type=int, nargs="*", default=[], metavar="N",
+                   help="instead of the simulations: in-process FedAvg of 3 MNIST clients of N examples each, 3 rounds")
     add_run_arguments(p)
     args = p.parse_args(argv)
     root = results_root("update-norms", args.tag)
     root.mkdir(parents=True, exist_ok=True)
-    if not args.summarize_only:
+    if args.local_sizes:
+        with (root / "local-sizes.jsonl").open("a") as f:
+            for size in args.local_sizes:
+                for row in local_sizes(size, args.rounds or 3):
+                    f.write(json.dumps(row) + "\n")
+    elif not args.summarize_only:
         for setup in args.setups:
             dataset, overrides = SETUPS[setup]
             for method in [m for m in args.methods if setup not in ONLY_FEDAVG or m == "fedavg"]:
