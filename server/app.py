@@ -76,8 +76,8 @@ def check_profiled_layer(cfg: Mapping[str, Any], spec: Any) -> None:
 def check_partition(cfg: Mapping[str, Any], dataset: Any) -> None:
     """ConfigError when the data set (None: the server holds no copy; nothing to check)
     cannot be partitioned as configured: a server holdout (FedProf's ``fedprof-val-size``,
-    ``server-holdout``) must leave, after ``train-fraction``, at least one training row per
-    client; and whatever else the partition refuses (e.g. a natural partition's source
+    ``server-holdout``) must leave, after ``train-fraction``, at least as many training rows
+    as clients (in total: a partition scheme may still leave a client empty); and whatever else the partition refuses (e.g. a natural partition's source
     count) is refused here, before any client loads its share."""
     if dataset is None:
         return
@@ -89,7 +89,7 @@ def check_partition(cfg: Mapping[str, Any], dataset: Any) -> None:
     rows, holdout, clients, fraction = len(dataset.y_train), server_holdout(dict(cfg)), cfg["num-clients"], cfg["train-fraction"]
     most = rows - math.ceil(clients / fraction)  # the largest holdout that leaves train-fraction x the rest >= one row per client
     refusal = (f"run-config key '{key}' is {holdout}, but data set '{cfg['dataset']}' has {rows} training rows, and "
-               f"train-fraction={fraction:g} of what the holdout leaves must give each of {clients} clients at least one: "
+               f"train-fraction={fraction:g} of what the holdout leaves must be at least one row per client ({clients}): "
                + (f"set {key} <= {most}" if most >= 0 else "no holdout fits: lower num-clients or raise train-fraction"))
     if holdout >= rows:
         raise ConfigError(refusal)

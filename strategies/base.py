@@ -29,7 +29,7 @@ from flwr.serverapp.strategy.result import Result
 
 from core import protocol as P
 from core.data import DatasetSpec
-from core.models import build_model, common_width
+from core.models import BODIES, build_model, common_width
 from core.training import predict, score
 from strategies.engine import Engine, RoundFailed, RoundMeter
 from strategies.replies import Layout, Reply
@@ -51,9 +51,17 @@ class Step:
     details: dict[str, Any] = field(default_factory=dict)  # non-scalar figures, e.g. FedProf's scores by partition id
 
 
+def unknown_body(body: str) -> str | None:
+    """Why a node's declared ``body`` is not one this server can build, or None."""
+    if body not in BODIES:
+        return f"registration names body {body!r}, which this server does not know; known bodies: {', '.join(sorted(BODIES))}"
+    return None
+
+
 @lru_cache(maxsize=64)
 def _body_width(body: str, input_shape: tuple[int, ...], m: int) -> int:
-    """The feature width of ``body`` on ``input_shape`` (each body built once per process)."""
+    """The feature width of ``body`` on ``input_shape``, building each body once per process
+    (registration asks it for every node)."""
     return common_width([body], input_shape, m)
 
 
@@ -84,16 +92,12 @@ class HeadwayStrategy(Strategy):
         """Why a node that registers with ``body`` cannot take part in this run, or None.
         Default: the body must be one this server can build (a typo in a SuperNode's
         ``--node-config body=...`` is refused for that node, not fatal to the run)."""
-        from core.models import BODIES
-
-        if body not in BODIES:
-            return f"registration names body {body!r}, which this server does not know; known bodies: {', '.join(sorted(BODIES))}"
-        return None
+        return unknown_body(body)
 
     def width_problem(self, body: str, width: int) -> str | None:
         """Why ``body`` (a known one) cannot send ``width`` features in this run, or None;
         for methods whose replies are sized by the feature width (FedLog, FedProto)."""
-        if (problem := HeadwayStrategy.body_problem(self, body)) is not None:
+        if (problem := unknown_body(body)) is not None:
             return problem
         try:
             got = _body_width(body, tuple(self.spec.input_shape), self.cfg["feature-dim"])

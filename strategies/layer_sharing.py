@@ -16,7 +16,7 @@ from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.layers import select
 from core.models import Net, build_model
-from strategies.base import HeadwayStrategy
+from strategies.base import unknown_body
 from strategies.fedavg import FedAvg, to_numpy, to_record
 from strategies.services import Services
 
@@ -55,8 +55,8 @@ class LayerSharing(FedAvg):
         """A node may run any known body whose shared layers match the run body's (with
         ``mixed_bodies``), else the run body itself; checked once, at registration."""
         if not self.mixed_bodies:
-            return FedAvg.body_problem(self, body)
-        if problem := HeadwayStrategy.body_problem(self, body):
+            return super().body_problem(body)  # FedAvg's: the run's one body
+        if problem := unknown_body(body):
             return problem
         if body not in self._admitted:
             try:
