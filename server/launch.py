@@ -180,9 +180,12 @@ def flower_path() -> str:
     (a virtual environment's bin/, where pip put flwr, flower-superlink, flower-superexec,
     flower-supernode, flwr-serverapp, flwr-clientapp), then the caller's PATH. Flower's own
     commands start the others by bare name, so they need it too: ``.venv/bin/python -m
-    server.launch superlink`` must work without an activated environment."""
+    server.launch superlink`` must work without an activated environment.
+    ``$HEADWAY_FLOWER_PATH`` (folders) comes before both: wrappers of Flower's commands,
+    such as the tests' byte probe around flower-supernode."""
     here = str(Path(sys.executable).parent)
-    parts = [here, *(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != here)]
+    first = [p for p in os.environ.get("HEADWAY_FLOWER_PATH", "").split(os.pathsep) if p]
+    parts = [*first, here, *(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != here and p not in first)]
     return os.pathsep.join(parts)
 
 

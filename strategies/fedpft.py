@@ -65,8 +65,10 @@ class FedPFT(HeadwayStrategy):
         self.dim = feature_dim(cfg["fedpft-extractor"], spec.input_shape)
         self.k = cfg["fedpft-components"]
         self.covariance = cfg["fedpft-covariance"]
-        # under DP the released means carry noise, so only max-feature-value bounds them
-        value_range = None if cfg["fedpft-dp"] == "on" else feature_range(cfg["fedpft-extractor"], cfg["dataset"])
+        # under DP the released means carry noise, and in the chain a client fits its mixtures on
+        # Gaussian samples of the ones relayed to it as well (unbounded): only max-feature-value bounds them
+        unbounded = cfg["fedpft-dp"] == "on" or cfg["fedpft-topology"] == "chain"
+        value_range = None if unbounded else feature_range(cfg["fedpft-extractor"], cfg["dataset"])
         self.checker = PayloadCheck(self.classes, self.dim, self.k, self.covariance, cfg["max-feature-value"], cfg["fedpft-min-class-examples"], value_range)
         self.head: tuple[np.ndarray, np.ndarray] | None = None
         self.received: list[tuple[int, int]] = []  # (class, count) of every mixture received

@@ -257,3 +257,6 @@ def test_fedpft_means_outside_the_extractors_range_are_refused(task_identity, da
     dp = make_strategy("fedpft", **{"num-server-rounds": 1, "fedpft-extractor": "identity", "fedpft-covariance": "diag", "data-dir": data_dir,
                                     "fedpft-dp": "on", "fedpft-components": 1})
     assert dp.checker.value_range is None  # noised means may leave the range
+    chain = make_strategy("fedpft", **{"num-server-rounds": 1, "fedpft-extractor": "identity", "fedpft-covariance": "diag", "data-dir": data_dir,
+                                       "fedpft-topology": "chain"})
+    assert chain.checker.value_range is None  # a chain client also fits Gaussian samples of what it was relayed

@@ -5,6 +5,7 @@ by PID afterwards, even when the test fails (:mod:`tests.cluster`)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ def deploy(tmp_path: Path, data_dir: str, run_config: str, num_nodes: int = 2, p
     ``tmp_path/wire-<partition>.jsonl``. ``node_args`` adds launcher options to chosen
     SuperNodes (by partition id). Every process is stopped by the harness."""
     path = []
-    if probe:  # `server.launch supernode` runs the first flower-supernode on PATH: this one
+    if probe:  # `server.launch supernode` runs the flower-supernode found first on $HEADWAY_FLOWER_PATH: this one
         shim = tmp_path / "probe-bin"
         shim.mkdir()
         (shim / "flower-supernode").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tests.wire_probe "$@"\n')
@@ -33,6 +34,7 @@ def deploy(tmp_path: Path, data_dir: str, run_config: str, num_nodes: int = 2, p
     fleet, control = free_port(), free_port()
     results = tmp_path / "results"
     with Cluster(tmp_path, data_dir, path=path) as c:
+        c.env["HEADWAY_FLOWER_PATH"] = os.pathsep.join(path)  # before the launcher's own interpreter folder
         c.launch("superlink", ["superlink", "--insecure", "--bind", "127.0.0.1", "--fleet-port", str(fleet), "--control-port", str(control)])
         c.wait_for_port("superlink", fleet)
         c.wait_for_port("superlink", control)
