@@ -103,6 +103,7 @@ def test_fedpft_chain_over_grpc_keeps_each_clients_head_between_messages(tmp_pat
     assert r["eval_clients"] == 2 and r["accuracy_p0"] > 0.3 and r["accuracy_p1"] > 0.3  # chance is 0.1
 
 
+@pytest.mark.system  # a fault through real processes: `make test-system`, as the other deployment faults
 def test_a_supernode_with_an_unknown_body_is_refused_and_lg_fedavg_runs_on(tmp_path, data_dir):
     """Issue 23: a typo in one SuperNode's --body ended an LG-FedAvg run (status failed, 0
     rounds). Its registration is now refused and counted; the other two nodes finish the run,
