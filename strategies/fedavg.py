@@ -89,8 +89,8 @@ class FedAvg(HeadwayStrategy):
 
     def update_bound(self, server_round: int) -> tuple[str, float]:
         """The key and value bounding ``server_round``'s relative update norms. Round 1 starts
-        from the seeded random model, and training moves far from it (measured: 1.0 with
-        1,000 examples a client, 2.7 with 20,000): it gets ``max-first-update-norm``."""
+        from the seeded random model, and long training moves far from it (measured: 1.0 with
+        1,000 examples a client, 2.7 with 20,000): it has its own key, to loosen on its own."""
         key = "max-first-update-norm" if server_round <= 1 else "max-update-norm"
         return key, float(self.cfg[key])
 
