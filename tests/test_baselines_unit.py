@@ -49,7 +49,7 @@ def test_layers_are_named_in_forward_order_and_selected_by_prefix():
     ],
 )
 def test_each_method_sends_its_shared_layers_and_averages_them_by_count(task_identity, algorithm, cfg, shared):
-    s = strategy(algorithm, **cfg, **{"max-update-norm": 100.0})  # constant arrays are far from the initial model: this test is about the average
+    s = strategy(algorithm, **cfg, **{"max-first-update-norm": 100.0})  # constant arrays are far from the initial model: this test is about the average
 
     def answer(pid, msg):
         sent = {k: v.numpy() for k, v in msg.content["arrays"].items()}
