@@ -21,12 +21,13 @@ $(STAMP): pyproject.toml
 run: setup
 	$(PY) -m simulation benchmarks/configs/mnist-table1.toml --set algorithm=fedlog --out results/main --overwrite
 
-# Everything but the slow fault tests (about 10 minutes on 2 cores).
+# Everything but the slow fault tests (about 15 minutes on 2 cores).
 test: setup
 	$(PY) -m pytest -q -m "not system"
 
-# Faults survived by a real deployment: a SuperNode killed mid-round and restarted, a hung
-# ClientApp, a SuperLink restarted on its database (about 5 minutes; CI runs it after `test`).
+# Faults survived by real processes: a SuperNode killed mid-round and restarted, a hung ClientApp,
+# a SuperLink restarted on its database, an unknown body, SIGTERM; FedProf on a second data set
+# (about 10 minutes; CI runs it after `test`).
 test-system: setup
 	$(PY) -m pytest -q -m system
 

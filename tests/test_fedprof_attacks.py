@@ -197,6 +197,7 @@ def test_a_nearly_dead_unit_does_not_outweigh_the_data():
 
 
 @pytest.mark.integration
+@pytest.mark.system  # a ~1 min simulation on a second data set: make test-system (CI runs it)
 def test_clean_clients_outrank_salt_and_pepper_on_grayscale_cifar10(tmp_path, data_dir, monkeypatch):
     """FedProf on a 28×28 grayscale data set that is not MNIST (CIFAR-10 through luma and a
     resize), mnist-cnn, fedprof-layer=body, α = 10: 10 iid clients of 300 images, 3 with

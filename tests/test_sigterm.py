@@ -16,7 +16,7 @@ import pytest
 from server.processes import descendants, running
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.system]  # a real process sent a signal: make test-system
 
 
 def _cmdline(pid: int) -> str:
