@@ -13,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,fedpft]"
+	$(PY) -m pip install --quiet -e ".[test,fedpft,data]"
 	touch $(STAMP)
 
 # The main job: FedLog on FedLog's Table 1 MNIST setup (50 clients, 100 rounds).

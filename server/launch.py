@@ -169,6 +169,15 @@ def parser() -> argparse.ArgumentParser:
     reg = sub.add_parser("register", help="allow a SuperNode's public key on a SuperLink (run where `flwr run` runs)")
     reg.add_argument("public_key", help="the SuperNode's NAME.pub")
     reg.add_argument("connection", help="the connection name given to `connect`")
+    spl = sub.add_parser("split", help="write a data set's partition as one data folder per node (deployment demo data)")
+    spl.add_argument("source", help="a built-in data set (mnist, uci-adult, ...) or a user path (image folder, .csv, .parquet, .npz, HF folder)")
+    spl.add_argument("--out", required=True, help="folder to write node-0/, node-1/, ... into")
+    spl.add_argument("--format", default="npz", choices=("npz", "images", "csv"), help="npz (default), images (PNG class folders) or csv")
+    spl.add_argument("--partition", help="run-config 'partition' (default: the run config's)")
+    spl.add_argument("--num-clients", type=int, help="run-config 'num-clients': number of node folders")
+    spl.add_argument("--seed", type=int, help="run-config 'seed'")
+    spl.add_argument("--train-fraction", type=float, help="run-config 'train-fraction' (default 0.05, as in a run)")
+    spl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any other run-config key (repeat)")
     stop = sub.add_parser("stop", help="stop a launched SuperLink or SuperNode and all its processes")
     stop.add_argument("--pid-file", required=True)
     stop.add_argument("--timeout", type=float, default=45.0, help="seconds to wait (the launcher may take 2 × --grace + 15)")
@@ -203,6 +212,28 @@ def _flwr(args: list[str]) -> int:
     return subprocess.run([exe, *args], env=flower_env()).returncode
 
 
+def _split(args: argparse.Namespace) -> int:
+    """The `split` subcommand: run-config items from --set and the flags, then server.split."""
+    from server.split import run_config, split  # local import: loads numpy, torch and the data code
+
+    settings = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            print(f"error: --set {item!r} is not KEY=VALUE", file=sys.stderr)
+            return 2
+        settings[key.strip()] = value.strip().strip("'\"")
+    flags = {"partition": args.partition, "num-clients": args.num_clients, "seed": args.seed, "train-fraction": args.train_fraction}
+    settings.update({k: v for k, v in flags.items() if v is not None})
+    try:
+        folders = split(args.source, run_config(args.source, settings), args.out, args.format)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(folders)} node folders ({args.format}) to {args.out}: give each SuperNode its folder (supernode --data {args.out}/node-K)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.cmd == "certs":
@@ -219,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {private} (stays on this SuperNode: --auth-key {private}) and {public} "
               f"(register it: python -m server.launch register {public} CONNECTION)")
         return 0
+    if args.cmd == "split":
+        return _split(args)
     if args.cmd == "register":
         return _flwr(["supernode", "register", args.public_key, args.connection])
     if args.cmd == "stop":

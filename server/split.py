@@ -1,0 +1,107 @@
+"""Split a data set into one folder per node (demo data for a deployment): the partition a run
+config asks for, written to disk as node-0/, node-1/, ... with each node's training and test rows
+and labels as class names, in a format core.sources reads back (npz, PNG folders or CSV).
+
+    python -m server.launch split mnist --partition dirichlet --num-clients 3 --out nodes/
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from core.config import SCHEMA, resolve
+from core.data import Dataset, load_dataset
+from core.partition import make_partition
+from core.sources import (
+    RawSource, RawSplit, encode, is_path_source, merge, options_from_config, profile, read_source,
+    write_csv, write_image_folder, write_npz,
+)
+
+FORMATS = ("npz", "images", "csv")
+# keys that only say how a user source is read; passed to resolve() once the run-config schema knows them
+SOURCE_KEYS = ("label-column", "image-size", "channels", "test-fraction", "classes")
+
+
+def run_config(source: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved run config of a split: `settings` (run-config keys, as --set gives them) with
+    dataset=source for a built-in; source-reading keys the schema does not know yet ride along."""
+    items = dict(settings)
+    if not is_path_source(source):
+        items["dataset"] = source
+    known = {k: v for k, v in items.items() if k in SCHEMA or k not in SOURCE_KEYS}
+    return {**items, **resolve(known)}
+
+
+def _load(source: str, cfg: Mapping[str, Any]) -> tuple[Dataset, list[str], RawSource | None]:
+    """The data set to split, its class names in index order, and the raw source of a user path."""
+    if is_path_source(source):
+        opts = options_from_config(cfg)
+        raw = read_source(source, opts)
+        schema = merge([profile(raw, opts)], opts)
+        return encode(raw, schema, opts, Path(source).name), list(schema.classes), raw
+    ds = load_dataset(source, cfg["data-dir"], cfg["seed"])
+    if ds.task != "classification":
+        raise ValueError(f"split writes class labels, and data set '{source}' is a {ds.task} task: split a classification data set")
+    return ds, [str(c) for c in range(ds.num_classes)], None
+
+
+def _check_format(ds: Dataset, fmt: str, source: str) -> None:
+    """Refuse a format that cannot hold this kind of data."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
+    if fmt == "images" and not ds.is_image:
+        raise ValueError(f"--format images needs images, and '{source}' is a table: use npz or csv")
+    if fmt == "csv" and ds.is_image:
+        raise ValueError(f"--format csv is for tables, and '{source}' holds images: use npz or images")
+
+
+def _check_free(out: Path, num_clients: int) -> None:
+    """Refuse to write into node folders that already hold files (old rows would mix with new ones)."""
+    for k in range(num_clients):
+        folder = out / f"node-{k}"
+        if folder.exists() and any(folder.iterdir()):
+            raise FileExistsError(f"{folder} already holds files: remove it or pick another --out")
+
+
+def _write_node(folder: Path, fmt: str, ds: Dataset, raw: RawSource | None, train: np.ndarray, test: np.ndarray,
+                names: np.ndarray, label_column: str) -> None:
+    """One node's rows in `fmt`; a user table as CSV keeps its own columns, cells and label column."""
+    y_train, y_test = names[ds.y_train[train]], names[ds.y_test[test]]
+    if fmt == "npz":
+        write_npz(folder, ds.x_train[train], y_train, ds.x_test[test], y_test)
+    elif fmt == "images":
+        write_image_folder(folder, ds.x_train[train], y_train, ds.x_test[test], y_test)
+    elif raw is not None:
+        write_csv(folder, _raw_columns(raw.train.take(train), ds), y_train, _raw_columns(raw.test.take(test), ds), y_test, label_column)
+    else:
+        write_csv(folder, ds.x_train[train], y_train, ds.x_test[test], y_test)
+
+
+def _raw_columns(split: RawSplit, ds: Dataset) -> dict[str, Any]:
+    """A user table's feature columns and its natural column, as read."""
+    columns = dict(split.x)
+    if ds.natural_column and split.attrs is not None:
+        columns[ds.natural_column] = split.attrs
+    return columns
+
+
+def split(source: str, cfg: Mapping[str, Any], out: str | Path, fmt: str = "npz") -> list[Path]:
+    """Write out/node-k/ for every client k of `cfg`'s partition of `source` (a built-in name or a
+    user path): its training rows part.train[k] and test rows part.test[k], labels as class names
+    (built-ins: str(index)). The node folders, in partition order."""
+    ds, classes, raw = _load(source, cfg)
+    _check_format(ds, fmt, source)
+    part = make_partition(ds, dict(cfg))
+    out = Path(out)
+    _check_free(out, part.num_clients)
+    names = np.array(classes, dtype=str)
+    label_column = options_from_config(cfg).label_column if raw is not None else "label"
+    folders = []
+    for k, (train, test) in enumerate(zip(part.train, part.test)):
+        folder = out / f"node-{k}"
+        _write_node(folder, fmt, ds, raw, train, test, names, label_column)
+        folders.append(folder)
+    return folders
