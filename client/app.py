@@ -8,20 +8,25 @@ remote traceback), so the server can count it with a readable reason.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Mapping
 
-from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client.env import ClientEnv, client_env
+from client.env import ClientEnv, client_env, local_data, node_cfg
 from client.faults import corrupt
 from client.registry import PROCEDURES
 from client.state_store import restore_state, save_state, state_path
 from core import protocol as P
-from core.config import fault_ids
+from core.config import body_for, fault_ids
+from core.run_data import node_profile
 
 log = logging.getLogger("headway")
+
+
+JOINED = "headway-joined"  # context.state record of a dataset=local node: the schema and client index it registered with
 
 
 def registration(env: ClientEnv) -> RecordDict:
@@ -29,18 +34,50 @@ def registration(env: ClientEnv) -> RecordDict:
     return RecordDict({P.METRICS: MetricRecord({P.PARTITION_ID: env.partition_id}), P.CONFIG: ConfigRecord({P.BODY: env.body})})
 
 
+def description(cfg: Mapping[str, Any], data: str, body: str) -> RecordDict:
+    """What a node with its own data states: its body and its data's profile (class names
+    and counts, columns and their summed moments; never rows)."""
+    profile = json.dumps(node_profile(data, cfg), sort_keys=True)
+    return RecordDict({P.CONFIG: ConfigRecord({P.BODY: body or body_for(cfg, 0), P.DATA_PROFILE: profile})})
+
+
+def joined(msg: Message, context: Context) -> tuple[str, int] | None:
+    """The (schema JSON, client index) of a dataset=local node: from a registration query
+    (kept in ``context.state`` for the run's later messages), else from that state."""
+    config = msg.content.config_records.get(P.CONFIG, {}) if msg.metadata.message_type == MessageType.QUERY else {}
+    if P.DATA_SCHEMA in config:
+        context.state[JOINED] = ConfigRecord({P.DATA_SCHEMA: str(config[P.DATA_SCHEMA]), P.CLIENT_INDEX: int(config[P.CLIENT_INDEX])})
+    record = context.state.config_records.get(JOINED)
+    return None if record is None else (str(record[P.DATA_SCHEMA]), int(record[P.CLIENT_INDEX]))
+
+
 def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, Any]) -> Message:
+    run_config = {**dict(context.run_config), **overrides}
     try:
-        env = client_env({**dict(context.run_config), **overrides}, context.node_config)
-    except Exception as exc:  # a node that cannot find its data or partition says so
+        cfg = node_cfg(run_config, context.node_config)
+        data = local_data(cfg, context.node_config)
+        phase = msg.content.config_records.get(P.CONFIG, {}).get(P.PHASE) if kind == "query" else None
+        if data is not None and phase == P.PHASE_DESCRIBE:
+            return Message(content=description(cfg, data, str(context.node_config.get("body", ""))), reply_to=msg)
+        if data is not None:
+            store = state_path(context.node_config, context.run_id, "local")
+            if store is not None and JOINED not in context.state:  # a restarted node picks up its registration from disk
+                restore_state(context.state, store)
+            node = joined(msg, context)
+            if node is None:
+                return Message(Error(code=P.ERROR_UNREGISTERED, reason="this node holds no schema of this run (it restarted): register it again"), reply_to=msg)
+        env = client_env(run_config, context.node_config, node if data is not None else None)
+    except Exception as exc:  # a node that cannot find or read its data or partition says so
         return Message(Error(code=P.ERROR_BAD_INPUT, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
     faulty = env.partition_id in fault_ids(env.cfg)
-    store = state_path(context.node_config, context.run_id, env.partition_id)
+    store = state_path(context.node_config, context.run_id, "local" if data is not None else env.partition_id)
     try:
         if store is not None:
             restore_state(context.state, store)
         if kind == "query":
-            content = registration(env)
+            content = registration(env) if data is None else description(cfg, data, env.body)
+            if data is not None and store is not None:
+                save_state(context.state, store)
         else:
             procedure = PROCEDURES[env.cfg["algorithm"]]
             handler = procedure.train if kind == "train" else procedure.evaluate

@@ -11,11 +11,12 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from core.config import body_for, resolve
-from core.data import Dataset, load_dataset, to_tensors
+from core.config import LOCAL, body_for, resolve
+from core.data import Dataset, to_tensors
 from core.models import Net, build_model, resolve_device
 from core.noise import corrupt, noise_assignment
 from core.partition import make_partition
+from core.run_data import load_node_data, load_run_dataset
 
 
 @dataclass
@@ -70,18 +71,34 @@ def _config_key(cfg: Mapping[str, Any]) -> str:
 
 @lru_cache(maxsize=64)
 def _env(cfg_json: str, partition_id: int, body_override: str) -> ClientEnv:
+    """A simulated client: partition ``partition_id`` of the run's whole data set."""
     cfg = json.loads(cfg_json)
-    ds = load_dataset(cfg["dataset"], cfg["data-dir"], cfg["seed"])
+    ds = load_run_dataset(cfg)
     part = make_partition(ds, cfg)
     if not 0 <= partition_id < part.num_clients:
         raise ValueError(f"partition-id {partition_id} is outside 0..{part.num_clients - 1} (num-clients={cfg['num-clients']})")
     tr, te = part.train[partition_id], part.test[partition_id]
-    x_raw = ds.x_train[tr]
+    return _make_env(cfg, partition_id, body_override, ds, (ds.x_train[tr], ds.y_train[tr]), (ds.x_test[te], ds.y_test[te]))
+
+
+@lru_cache(maxsize=8)
+def _local_env(cfg_json: str, data: str, schema_json: str, slot: int, body_override: str) -> ClientEnv:
+    """A node that owns its data: all of the source at ``data``, encoded with the run's
+    agreed schema; ``slot`` is the client index the server gave it at registration."""
+    cfg = json.loads(cfg_json)
+    ds = load_node_data(data, cfg, schema_json)
+    return _make_env(cfg, slot, body_override, ds, (ds.x_train, ds.y_train), (ds.x_test, ds.y_test))
+
+
+def _make_env(cfg: dict[str, Any], partition_id: int, body_override: str, ds: Dataset,
+              train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray]) -> ClientEnv:
+    """Tensors, body and device of client ``partition_id`` from its raw train and test rows."""
+    x_raw = train[0]
     kind = noise_assignment(cfg["client-noise"], cfg["num-clients"], cfg["seed"]).get(partition_id)
     if kind is not None:  # a low-quality client: its training data only, deterministically from the seed
         x_raw = corrupt(x_raw, kind, np.random.default_rng([int(cfg["seed"]), partition_id, 0x6E6F6973]))
-    xtr, ytr = to_tensors(ds, x_raw, ds.y_train[tr])
-    xte, yte = to_tensors(ds, ds.x_test[te], ds.y_test[te])
+    xtr, ytr = to_tensors(ds, x_raw, train[1])
+    xte, yte = to_tensors(ds, *test)
     body = body_for(cfg, partition_id, body_override or None)
     device = resolve_device(cfg["device"])
     if cfg["inputs"] == "features":  # the frozen extractor's features stand in for the inputs (noise applied before)
@@ -92,15 +109,43 @@ def _env(cfg_json: str, partition_id: int, body_override: str) -> ClientEnv:
     return ClientEnv(cfg, partition_id, body, ds, xtr, ytr, xte, yte, device)
 
 
-def client_env(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> ClientEnv:
+def node_cfg(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The run config as this node reads it: a SuperNode's ``data-dir`` overrides the run's."""
+    overrides = {k: node_config[k] for k in ("data-dir",) if k in node_config}
+    return resolve({**dict(run_config), **overrides})
+
+
+def local_data(cfg: Mapping[str, Any], node_config: Mapping[str, Any]) -> str | None:
+    """The path of this node's own data with ``dataset=local`` (node config ``data``), None
+    in a run that partitions one data set; ValueError when the two do not match."""
+    data = str(node_config.get("data", "") or "")
+    if cfg["dataset"] == LOCAL and not data:
+        raise ValueError("the run has dataset='local', so every node reads its own data, but this node's config has no 'data': "
+                         "start the SuperNode with --node-config \"data=PATH\" (the launcher: --data PATH)")
+    if data and cfg["dataset"] != LOCAL:
+        raise ValueError(f"this node was started with its own data (data={data!r}), but the run partitions dataset={cfg['dataset']!r} "
+                         "by partition id: submit the run with dataset='local', or start the node with --partition-id instead")
+    return data or None
+
+
+def client_env(run_config: Mapping[str, Any], node_config: Mapping[str, Any], joined: tuple[str, int] | None = None) -> ClientEnv:
     """Build (or reuse, within one process) the environment of the client on this node.
 
     In simulation ``node_config`` holds ``partition-id``; in deployment a SuperNode's
-    ``--node-config`` gives ``partition-id`` and may give ``body`` and ``data-dir``.
+    ``--node-config`` gives either ``partition-id`` (a demo: its share of one data set) or
+    ``data`` (the node's own data; ``joined`` is then the schema JSON and client index the
+    server sent at registration), and may give ``body`` and ``data-dir``.
     """
-    overrides = {k: node_config[k] for k in ("data-dir",) if k in node_config}
-    cfg = resolve({**dict(run_config), **overrides})
+    cfg = node_cfg(run_config, node_config)
+    body = str(node_config.get("body", ""))
+    data = local_data(cfg, node_config)
+    if data is not None:
+        if joined is None:
+            raise ValueError("this node has not registered with the server in this run (no schema received): it is asked again when it reconnects")
+        schema_json, slot = joined
+        return _local_env(_config_key(cfg), data, schema_json, int(slot), body)
     if "partition-id" not in node_config:
-        raise ValueError("node config has no 'partition-id': start the SuperNode with --node-config \"partition-id=N num-partitions=M\"")
+        raise ValueError("node config has no 'partition-id': start the SuperNode with --node-config \"partition-id=N num-partitions=M\", "
+                         "or with its own data: --node-config \"data=PATH\" and dataset='local'")
     pid = int(node_config["partition-id"])
-    return _env(_config_key(cfg), pid, str(node_config.get("body", "")))
+    return _env(_config_key(cfg), pid, body)

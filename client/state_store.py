@@ -26,7 +26,7 @@ log = logging.getLogger("headway")
 STORE_RECORD = "state-store"  # in the state itself: how often it was restored from disk
 
 
-def state_path(node_config: Mapping[str, Any], run_id: int, partition_id: int) -> Path | None:
+def state_path(node_config: Mapping[str, Any], run_id: int, partition_id: int | str) -> Path | None:
     """Where this client's state lives, or None when the node keeps none on disk."""
     folder = str(node_config.get("state-dir", "") or "")
     return Path(folder) / f"run-{run_id}" / f"partition-{partition_id}.state" if folder else None

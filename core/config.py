@@ -44,11 +44,39 @@ class ConfigError(ValueError):
     """A run-config key is unknown or has a value outside what it allows."""
 
 
+LOCAL = "local"  # dataset value: every SuperNode reads its own data (node config 'data')
+PATH_SUFFIXES = (".csv", ".parquet", ".npz")
+
+
+def dataset_kind(name: str) -> str | None:
+    """'builtin', 'path' (the user's own source), 'local' (each node's own), or None when
+    ``name`` is none of these (an unknown built-in name)."""
+    if name in DATASETS:
+        return "builtin"
+    if name == LOCAL:
+        return "local"
+    if "/" in name or "\\" in name or name.startswith((".", "~")) or name.lower().endswith(PATH_SUFFIXES):
+        return "path"
+    return None
+
+
 SCHEMA: dict[str, Key] = {
     # what runs
     "algorithm": Key("fedlog", "federated method", choices=ALGORITHMS),
-    "dataset": Key("mnist", "data set", choices=DATASETS),
-    "data-dir": Key("", "data directory; empty: $HEADWAY_DATA_DIR, else the user cache"),
+    "dataset": Key("mnist", "data set: a built-in name, a path to your own data (image folders, a CSV/Parquet table, an .npz, a saved "
+                   "Hugging Face dataset; docs/your-data.md), or 'local': in a deployment every SuperNode reads its own (--node-config data=PATH)",
+                   check=lambda v: dataset_kind(v) is not None,
+                   rule=f"a built-in name ({', '.join(DATASETS)}), a path (containing '/', or ending in .csv, .parquet or .npz), or 'local'"),
+    "data-dir": Key("", "data directory of the built-in data sets; empty: $HEADWAY_DATA_DIR, else the user cache"),
+    # your own data (docs/your-data.md): how a path source, or every node's own source (dataset=local), is read
+    "classes": Key("", "comma list of the run's class names, in index order; empty: the sorted union of the names the data holds "
+                   "(every node's, with dataset=local)"),
+    "label-column": Key("label", "the label column of a table or Hugging Face dataset"),
+    "image-size": non_negative("side in pixels every image is resized to; 0: the images' own, where all share one", 0),
+    "channels": Key(0, "image channels (1: grayscale, 3: RGB); 0: 1 when every image is grayscale, else 3", check=lambda v: v in (0, 1, 3), rule="0, 1 or 3"),
+    "test-fraction": Key(0.2, "share of a source's rows held out, seeded, as its test split when it has none", check=lambda v: 0 < v < 1, rule="in (0, 1)"),
+    "server-data": Key("", "dataset=local: a source the server itself holds (its test split scores the global model and LG-FedAvg's new test, "
+                       "its training rows are FedProf's D^V); empty: the server holds no data"),
     "num-clients": positive("number of clients (partitions)", 50),
     "partition": Key("pathological", "how data is split over clients", choices=PARTITIONS),
     "classes-per-client": positive("classes per client (pathological); shards per client (shards)", 2),
@@ -170,14 +198,13 @@ def resolve(run_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
 
 
 def _check_combinations(cfg: Mapping[str, Any]) -> None:
-    from core.models import BODIES  # local import: models pulls in torch
+    from core.models import BodyError, body_factory  # local import: models pulls in torch
 
-    for body in body_names(cfg):
-        if body not in BODIES:
-            raise ConfigError(
-                f"run-config key 'body'/'bodies' names unknown body {body!r}; "
-                f"allowed values: {', '.join(sorted(BODIES))}"
-            )
+    for body in body_names(cfg):  # a registry name, torchvision:<arch>[@weights] or an import path that imports
+        try:
+            body_factory(body)
+        except BodyError as exc:
+            raise ConfigError(f"run-config key '{body_key(cfg, body)}': {exc}") from None
     try:
         fault_ids(cfg)
     except ValueError:
@@ -194,6 +221,12 @@ def _check_combinations(cfg: Mapping[str, Any]) -> None:
                  f"K = max(1, round(fraction-train x num-clients)) = max(1, round({cfg['fraction-train']:g} x {cfg['num-clients']}))")
         raise ConfigError(f"run-config key 'min-replies' is {cfg['min-replies']}, but a round of {cfg['algorithm']} asks {asked} = {most} "
                           f"client(s), so no round could ever update the model: set min-replies <= {most}")
+    if cfg["server-data"] and cfg["dataset"] != LOCAL:
+        raise ConfigError(f"run-config key 'server-data' applies to dataset='local' (each node holds its own data); with dataset={cfg['dataset']!r} "
+                          "the server reads the data set itself: leave server-data empty")
+    if cfg["dataset"] == LOCAL and cfg["algorithm"] == "fedprof" and not cfg["server-data"]:
+        raise ConfigError("run-config key 'server-data' is empty, but fedprof with dataset='local' needs a validation set D^V on the server: "
+                          "set server-data to a source the server holds (its training rows become D^V)")
     if cfg["inputs"] == "features" and cfg["algorithm"] == "fedpft":
         raise ConfigError("run-config key 'inputs' is 'features', but fedpft always works on its extractor's features: leave inputs 'raw'")
     if cfg["client-sampling"] != "uniform" and cfg["algorithm"] not in ("fedavg", "fedprox"):
@@ -246,6 +279,37 @@ def check_against_spec(cfg: Mapping[str, Any], spec: Any) -> None:
         if (kind in IMAGE_KINDS) != image:
             raise ConfigError(f"run-config key 'client-noise': kind {kind!r} is for {'images' if kind in IMAGE_KINDS else 'tabular data'}, "
                               f"and data set '{cfg['dataset']}' is {'images' if image else 'tabular'}")
+
+
+# methods that never build the config's body (FedPFT: a frozen extractor and a linear head)
+BODILESS = ("fedpft",)
+
+
+def check_bodies(cfg: Mapping[str, Any], input_shape: tuple[int, ...]) -> None:
+    """Build every body the config names once (as clients will: feature-dim, seed, body-dropout)
+    and run it on a 2-row zero batch of ``input_shape``: ConfigError naming the key when its
+    module cannot be imported, its factory raises, it outputs no (batch, width) tensor, or its
+    width differs from feature-dim. Nothing for the methods in BODILESS."""
+    if cfg["algorithm"] in BODILESS:
+        return
+    from core.models import BodyError, build_body, output_width
+
+    shape = tuple(input_shape)
+    for body in body_names(cfg):
+        try:
+            built = build_body(body, shape, cfg["feature-dim"], cfg["seed"], cfg["body-dropout"])
+            output_width(body, built, shape, cfg["feature-dim"])
+        except BodyError as exc:
+            raise ConfigError(f"run-config key '{body_key(cfg, body)}': {exc}") from None
+        except Exception as exc:  # a registry body that refuses these inputs or this feature-dim
+            text = " ".join(str(exc).split())
+            raise ConfigError(f"run-config key '{body_key(cfg, body)}': body {body!r} cannot be built for inputs of shape {shape} "
+                              f"with feature-dim={cfg['feature-dim']}: {type(exc).__name__}: {text}") from None
+
+
+def body_key(cfg: Mapping[str, Any], body: str) -> str:
+    """The run-config key that names ``body``: 'bodies' where its comma list does, else 'body'."""
+    return "bodies" if body in [b.strip() for b in str(cfg["bodies"]).split(",")] else "body"
 
 
 def body_names(cfg: Mapping[str, Any]) -> list[str]:

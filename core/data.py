@@ -31,6 +31,18 @@ NORMALIZATION = {
     "cifar10-gray": ((0.4808,), (0.2318,)),  # of the converted training images (load_cifar10_gray)
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
+USER_IMAGE_NORMALIZATION = (0.5, 0.25)  # per channel, of pixels in [0, 1]: the user's images, whose statistics no one holds
+
+
+def image_normalization(name: str, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel (mean, std) images of data set ``name`` are normalized with: a built-in's
+    published figures, else a fixed one for the user's images (the same at every node)."""
+    if name in NORMALIZATION:
+        return NORMALIZATION[name]
+    mean, std = USER_IMAGE_NORMALIZATION
+    return (mean,) * channels, (std,) * channels
+
+
 GAS_TURBINE_FEATURES = ("AT", "AP", "AH", "AFDP", "GTEP", "TIT", "TAT", "TEY", "CDP")
 GAS_TURBINE_TARGETS = ("CO", "NOX")
 ADULT_COLUMNS = (
@@ -320,7 +332,7 @@ def to_tensors(ds: Dataset, x: np.ndarray, y: np.ndarray):
 
     xt = torch.from_numpy(np.ascontiguousarray(x))
     if ds.is_image:
-        mean, std = NORMALIZATION[ds.name]
+        mean, std = image_normalization(ds.name, ds.input_shape[0])
         xt = xt.float().div_(255.0)
         xt = (xt - torch.tensor(mean).view(1, -1, 1, 1)) / torch.tensor(std).view(1, -1, 1, 1)
     else:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from core.data import NORMALIZATION, SPECS, DatasetSpec
+from core.data import NORMALIZATION, DatasetSpec, image_normalization
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))  # EfficientNet-Lite's TF preprocessing, (x − 127) / 128
@@ -156,7 +156,7 @@ def load_extractor(name: str, weights: str = "", resolution: int = 0, device: st
 
 def _pixels(x: torch.Tensor, dataset: str) -> torch.Tensor:
     """Normalized image tensors back to [0, 1] pixels (the data set's own normalization undone)."""
-    mean, std = NORMALIZATION[dataset]
+    mean, std = image_normalization(dataset, x.shape[1])
     return x * torch.tensor(std, dtype=x.dtype).view(1, -1, 1, 1) + torch.tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
 
 
@@ -245,10 +245,15 @@ def configured_features(cfg: Mapping[str, Any], dataset: str, x: torch.Tensor, d
     return cached_extract(x, dataset, cfg["fedpft-extractor"], cfg["fedpft-extractor-weights"], cfg["fedpft-resolution"], device, cache_dir(cfg["fedpft-cache-dir"]))
 
 
-def input_spec(cfg: Mapping[str, Any]) -> DatasetSpec:
-    """What the run's models take in: the data set's own spec, or with ``inputs=features``
-    the extractor's feature vectors (the server builds models from this without the data)."""
-    spec = SPECS[cfg["dataset"]]
+def input_spec(cfg: Mapping[str, Any], data_spec: DatasetSpec | None = None) -> DatasetSpec:
+    """What the run's models take in: the data's own spec (``data_spec``, else the run's:
+    :func:`core.run_data.run_spec`), or with ``inputs=features`` the extractor's feature
+    vectors (the server builds models from this without the data)."""
+    if data_spec is None:
+        from core.run_data import run_spec
+
+        data_spec = run_spec(cfg)
+    spec = data_spec
     if cfg["inputs"] != "features":
         return spec
     return DatasetSpec(spec.task, spec.num_classes, (feature_dim(cfg["fedpft-extractor"], spec.input_shape),))

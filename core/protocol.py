@@ -10,6 +10,9 @@ METRICS = "metrics"  # MetricRecord: counts and measurements
 ROUND = "server-round"
 PHASE = "phase"
 BODY = "body"  # config field of a registration or upload reply: the client's body architecture
+DATA_PROFILE = "data-profile"  # config field of a dataset=local node's describe/registration reply: what its data holds (JSON, no rows)
+DATA_SCHEMA = "data-schema"  # config field of a dataset=local registration query: the run's agreed classes and encoding (JSON)
+CLIENT_INDEX = "client-index"  # config field of a dataset=local registration query: the index the server gives the node
 
 # metric fields
 NUM_EXAMPLES = "num-examples"
@@ -21,9 +24,11 @@ SQUARED_ERROR = "squared-error"
 # error codes clients put in error replies
 ERROR_BAD_INPUT = 4001  # the server's message could not be used (wrong layers, unknown phase)
 ERROR_CLIENT = 4002  # the local procedure failed
+ERROR_UNREGISTERED = 4003  # a dataset=local node holds no schema (it restarted): the server registers it again
 
 # phases: what an exchange is for (config field PHASE; also the byte meter's keys)
 PHASE_REGISTER = "register"  # before round 1: every client states its partition id and body
+PHASE_DESCRIBE = "describe"  # dataset=local, before the strategy exists: every node describes its data (classes, columns, counts)
 PHASE_STATS = "stats"  # FedLog fedlog-init=stats: statistics of the untrained bodies
 PHASE_TRAIN = "train"
 PHASE_EVALUATE = "evaluate"

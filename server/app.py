@@ -12,11 +12,12 @@ from typing import Any, Mapping
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from core.config import ConfigError, check_against_spec, resolve
-from core.data import SPECS
+from core.config import LOCAL, ConfigError, check_against_spec, check_bodies, resolve
 from core.extractors import input_spec
+from core.run_data import dataset_label, run_spec
 from server.results import Recorder
 from strategies.base import HeadwayStrategy
+from strategies.discovery import discover
 from strategies.registry import STRATEGIES
 from strategies.services import Services
 
@@ -25,19 +26,23 @@ log = logging.getLogger("headway")
 
 def default_out_dir(cfg: Mapping[str, Any]) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path(cfg["results-dir"]) / f"{cfg['algorithm']}-{cfg['dataset']}-{stamp}"
+    return Path(cfg["results-dir"]) / f"{cfg['algorithm']}-{dataset_label(cfg)}-{stamp}"
 
 
-def build_strategy(cfg: dict[str, Any]) -> HeadwayStrategy:
+def build_strategy(cfg: dict[str, Any], schema: Any = None) -> HeadwayStrategy:
     """The method's strategy for a resolved config; raises ConfigError when they cannot work
     together, before any client is asked: the config against the data set's spec, the
-    profiled layer of FedProf, and (where the server holds the data) the partition."""
-    check_against_spec(cfg, SPECS[cfg["dataset"]])
-    spec = input_spec(cfg)
+    profiled layer of FedProf, and (where the server holds the data) the partition.
+    ``schema``: with dataset=local, what the nodes' descriptions fixed (:mod:`strategies.discovery`)."""
+    data_spec = run_spec(cfg, schema)
+    check_against_spec(cfg, data_spec)
+    spec = input_spec(cfg, data_spec)
+    check_bodies(cfg, spec.input_shape)
     if cfg["algorithm"] == "fedprof":
         check_profiled_layer(cfg, spec)
-    strategy = STRATEGIES[cfg["algorithm"]](cfg, spec, Services(cfg))
-    check_partition(cfg, strategy.services.data.dataset)
+    strategy = STRATEGIES[cfg["algorithm"]](cfg, spec, Services(cfg, schema))
+    if cfg["dataset"] != LOCAL:
+        check_partition(cfg, strategy.services.data.dataset)
     return strategy
 
 
@@ -116,7 +121,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = resolve(run_config)
     out = Path(out_dir) if out_dir else default_out_dir(cfg)
-    strategy = build_strategy(cfg)
+    found = discover(grid, cfg) if cfg["dataset"] == LOCAL else None  # nodes that own their data agree on a schema first
+    strategy = build_strategy(cfg, None if found is None else found.schema)
     recorder = Recorder(out, cfg, overwrite=overwrite)
     log.info("headway: %s on %s, %d clients, %d rounds -> %s", cfg["algorithm"], cfg["dataset"], cfg["num-clients"], cfg["num-server-rounds"], out)
     try:
@@ -132,7 +138,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
         summary = recorder.finish({**strategy.summary_extra(), **strategy.participants()}, status="failed", reason=f"{type(exc).__name__}: {exc}")
         log.error("headway: run failed after %d rounds: %s", summary["rounds"], summary["reason"])
         raise
-    extra = {**strategy.summary_extra(), **strategy.participants(), "aggregated_rounds": sum(bool(r.get("aggregated")) for r in recorder.rounds)}
+    extra = {**strategy.summary_extra(), **strategy.participants(), "aggregated_rounds": sum(bool(r.get("aggregated")) for r in recorder.rounds),
+             **({} if found is None else found.summary()), **server_data_note(strategy)}
     never = never_aggregated(recorder.rounds, cfg)
     if never:  # the rounds ran, but the model (or head) never moved from where it started: not a complete run
         summary = recorder.finish(extra, status="failed", reason=never)
@@ -141,6 +148,13 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     summary = recorder.finish(extra)
     log.info("headway: final accuracy %s, best %s, total bytes %d, %.1f s", summary["final_accuracy"], summary["best_accuracy"], summary["total_bytes"], summary["wall_seconds"])
     return summary
+
+
+def server_data_note(strategy: HeadwayStrategy) -> dict[str, Any]:
+    """Where the server holds no data, summary.json says what that leaves out."""
+    if strategy.services.data.test_tensors() is not None:
+        return {}
+    return {"server_data": "none: no global score (global_* figures), no LG-FedAvg new test; accuracy is the clients' own test splits"}
 
 
 def never_aggregated(rounds: list[dict[str, Any]], cfg: Mapping[str, Any]) -> str | None:

@@ -10,7 +10,8 @@ Server machine (TLS and SuperNode authentication are the defaults):
 Client machine:
     python -m server.launch keys keys --name node0                        # send keys/node0.pub to the server
     python -m server.launch supernode --superlink SERVER_HOST:9092 --root-cert ca.crt --auth-key keys/node0 \
-        --partition-id 0 --num-partitions 2 [--body mlp] [--state-dir state]
+        --data /srv/site-a [--body mlp] [--state-dir state]         # its own data; runs with dataset='local'
+    (a demo instead: --partition-id 0 --num-partitions 2, its share of one data set every node holds)
 On a trusted network, `--insecure` on both sides drops TLS and authentication.
 
 `superlink` and `supernode` run Flower's own command (flower-superlink, flower-supernode;
@@ -58,13 +59,20 @@ def superlink_command(args: argparse.Namespace) -> list[str]:
 
 
 def supernode_command(args: argparse.Namespace) -> list[str]:
-    """flower-supernode with this machine's partition, body, data and state folders."""
-    node_config = f"partition-id={args.partition_id} num-partitions={args.num_partitions}"
-    for key, value in (("body", args.body), ("data-dir", args.data_dir), ("state-dir", args.state_dir)):
+    """flower-supernode with this machine's own data (or its partition of one data set), body, and data and state folders."""
+    if args.data:
+        node_config = ""
+        data = str(Path(args.data).expanduser().absolute())  # the ClientApp process may start elsewhere
+    elif args.partition_id is not None and args.num_partitions is not None:
+        node_config, data = f"partition-id={args.partition_id} num-partitions={args.num_partitions}", ""
+    else:
+        raise SystemExit("error: give the node its own data (--data PATH, for runs with dataset='local'), "
+                         "or its share of one data set (--partition-id N --num-partitions M)")
+    for key, value in (("data", data), ("body", args.body), ("data-dir", args.data_dir), ("state-dir", args.state_dir)):
         if value:
             if "'" in value or '"' in value:
                 raise SystemExit(f"error: --{key} must not contain quotes: {value!r}")
-            node_config += f" {key}='{value}'"
+            node_config += f"{' ' if node_config else ''}{key}='{value}'"
     cmd = ["flower-supernode", "--superlink", args.superlink, "--host", "127.0.0.1", "--port", str(args.port), "--node-config", node_config,
            "--isolation", "subprocess"]
     cmd += ["--insecure"] if args.insecure else ["--root-certificates", args.root_cert]
@@ -134,8 +142,10 @@ def parser() -> argparse.ArgumentParser:
     link.add_argument("--database", default="", help="SQLite state file (default: in memory)")
     node = sub.add_parser("supernode", help="start a SuperNode (client machine)")
     node.add_argument("--superlink", required=True, help="HOST:PORT of the SuperLink's Fleet API")
-    node.add_argument("--partition-id", type=int, required=True)
-    node.add_argument("--num-partitions", type=int, required=True)
+    share = node.add_mutually_exclusive_group()
+    share.add_argument("--data", default="", help="this node's own data (a folder or file; runs with dataset='local'): it reads nothing else")
+    share.add_argument("--partition-id", type=int, default=None, help="a demo: this node's share of one data set every node holds (with --num-partitions)")
+    node.add_argument("--num-partitions", type=int, default=None)
     node.add_argument("--body", default="", help="this client's body architecture (overrides the run config)")
     node.add_argument("--data-dir", default="", help="this machine's data directory")
     node.add_argument("--state-dir", default="", help="keep the client's local state (bodies, heads) here, so it survives a restart")

@@ -15,12 +15,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from core.config import ConfigError, check_against_spec, resolve
-from core.data import SPECS, DatasetMissingError, load_dataset
+from core.config import LOCAL, ConfigError, check_against_spec, dataset_kind, resolve
+from core.data import DatasetMissingError
+from core.run_data import load_run_dataset, run_spec
 from server.results import Recorder, ResultsFolderError, check_out_dir, clear_results
 
 # What pre-flight may raise; main() prints each as one line and exits 2.
-PREFLIGHT_ERRORS = (ConfigError, DatasetMissingError, ResultsFolderError)
+PREFLIGHT_ERRORS = (ConfigError, DatasetMissingError, ResultsFolderError, ValueError)  # ValueError: core.sources.SourceError, an unreadable source
 EXIT_PREFLIGHT = 2
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
@@ -49,7 +50,10 @@ def load_config(path: str | None, sets: list[str]) -> dict[str, Any]:
             raise ConfigError(f"--set takes key=value, got {item!r}")
         key, value = item.split("=", 1)
         cfg[key.strip()] = parse_value(value.strip())
-    return resolve(cfg)
+    cfg = resolve(cfg)
+    if dataset_kind(cfg["dataset"]) == "path":  # Ray's workers run elsewhere than the cwd: every process reads the same absolute path
+        cfg["dataset"] = str(Path(cfg["dataset"]).expanduser().absolute())
+    return cfg
 
 
 def preflight(cfg: dict[str, Any], out_dir: str | Path, overwrite: bool = False) -> None:
@@ -57,9 +61,12 @@ def preflight(cfg: dict[str, Any], out_dir: str | Path, overwrite: bool = False)
     on disk. Raises ConfigError (the config against the data set's spec, and whatever the
     method's strategy refuses: ``server.app.preflight``), ResultsFolderError (``out_dir``
     holds files and ``overwrite`` is not set) or DatasetMissingError."""
-    check_against_spec(cfg, SPECS[cfg["dataset"]])
+    if cfg["dataset"] == LOCAL:
+        raise ConfigError("run-config key 'dataset' is 'local', which is for a deployment where every SuperNode reads its own data; "
+                          "in simulation give the path of your source as dataset, and it is split over the clients like a built-in")
     check_out_dir(out_dir, overwrite)
-    load_dataset(cfg["dataset"], cfg["data-dir"], cfg["seed"])  # a missing data set fails here, once
+    load_run_dataset(cfg)  # a missing data set or an unreadable source fails here, once
+    check_against_spec(cfg, run_spec(cfg))
     from server.app import preflight as server_preflight
 
     server_preflight(cfg)

@@ -29,7 +29,8 @@ from flwr.serverapp.strategy.result import Result
 
 from core import protocol as P
 from core.data import DatasetSpec
-from core.models import BODIES, build_model, common_width
+from core.config import body_names
+from core.models import BODIES, build_model, common_width, is_custom_body
 from core.training import predict, score
 from strategies.engine import Engine, RoundFailed, RoundMeter
 from strategies.replies import Layout, Reply
@@ -51,11 +52,20 @@ class Step:
     details: dict[str, Any] = field(default_factory=dict)  # non-scalar figures, e.g. FedProf's scores by partition id
 
 
-def unknown_body(body: str) -> str | None:
-    """Why a node's declared ``body`` is not one this server can build, or None."""
-    if body not in BODIES:
-        return f"registration names body {body!r}, which this server does not know; known bodies: {', '.join(sorted(BODIES))}"
-    return None
+def unknown_body(body: str, cfg: Mapping[str, Any]) -> str | None:
+    """Why a node's declared ``body`` is not one this server may build, or None. Registry
+    names are admitted; an import path or ``torchvision:`` name only when it is exactly one
+    of the run config's own ``body``/``bodies`` (checked, imported, at the server's preflight):
+    what a node declares never makes the server import a module."""
+    if body in BODIES:
+        return None
+    own = [b for b in body_names(cfg) if is_custom_body(b)]
+    if is_custom_body(body):
+        if body in own:
+            return None
+        return (f"registration names body {body!r}, an import path or torchvision body that is not one of this run config's own "
+                f"body/bodies ({', '.join(own) or 'none'}): the server builds only those, and imports nothing a node names")
+    return f"registration names body {body!r}, which this server does not know; known bodies: {', '.join(sorted(BODIES) + own)}"
 
 
 @lru_cache(maxsize=64)
@@ -92,12 +102,12 @@ class HeadwayStrategy(Strategy):
         """Why a node that registers with ``body`` cannot take part in this run, or None.
         Default: the body must be one this server can build (a typo in a SuperNode's
         ``--node-config body=...`` is refused for that node, not fatal to the run)."""
-        return unknown_body(body)
+        return unknown_body(body, self.cfg)
 
     def width_problem(self, body: str, width: int) -> str | None:
         """Why ``body`` (a known one) cannot send ``width`` features in this run, or None;
         for methods whose replies are sized by the feature width (FedLog, FedProto)."""
-        if (problem := unknown_body(body)) is not None:
+        if (problem := unknown_body(body, self.cfg)) is not None:
             return problem
         try:
             got = _body_width(body, tuple(self.spec.input_shape), self.cfg["feature-dim"])
@@ -117,10 +127,15 @@ class HeadwayStrategy(Strategy):
         if engine is None:
             return {}
         clients = sorted(engine.registry.clients.values(), key=lambda c: c.partition_id)
-        return {
+        out: dict[str, Any] = {
             "participants": {str(c.partition_id): c.body for c in clients},
             "refused_nodes": sorted(engine.registry.refused.values()),
         }
+        declared = {str(c.partition_id): {"classes": c.declared, "train_examples": c.declared_count("train"), "test_examples": c.declared_count("test")}
+                    for c in clients if c.declared is not None}
+        if declared:  # dataset=local: what each node said its own data holds (class -> [train, test])
+            out["declared_data"] = declared
+        return out
 
     def config(self, server_round: int, **fields: Any) -> ConfigRecord:
         return ConfigRecord({P.ROUND: server_round, **fields})

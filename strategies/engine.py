@@ -26,7 +26,7 @@ from flwr.serverapp import Grid
 from core import protocol as P
 from core.sampling import draw_with_replacement, sample_positions, sample_size
 from strategies.replies import Layout, Reply, decode
-from strategies.services import Services
+from strategies.services import DEFAULT_EXAMPLE_CAP, Services
 from strategies.wire import WireMeter
 
 log = logging.getLogger("headway")
@@ -50,6 +50,13 @@ class ClientInfo:
     last_round: int = 0
     consecutive_failures: int = 0
     state: dict[str, Any] = field(default_factory=dict)  # the method's per-client state
+    declared: dict[str, Any] | None = None  # dataset=local: the node's own data as it declared it (classes -> [train, test] counts)
+
+    def declared_count(self, split: str) -> int | None:
+        """The examples this node declared for ``split`` (train or test); None when it declared none."""
+        if self.declared is None:
+            return None
+        return int(sum(counts[0 if split == "train" else 1] for counts in self.declared.values()))
 
 
 class ClientRegistry:
@@ -91,6 +98,17 @@ class ClientRegistry:
         self.displaced.pop(node_id, None)
         self.clients[node_id] = ClientInfo(node_id, pid, str(body), last_seen=time.monotonic(), state=state)
         return None
+
+    def free_indices(self, count: int) -> list[int]:
+        """Up to ``count`` client indices no registered node holds, lowest first (dataset=local:
+        the server numbers nodes that own their data)."""
+        held = {c.partition_id for c in self.clients.values()}
+        return [i for i in range(self.num_partitions) if i not in held][:count]
+
+    def forget(self, node_id: int) -> None:
+        """Drop ``node_id`` so that it registers again (a dataset=local node that restarted and lost its schema)."""
+        self.clients.pop(node_id, None)
+        self.refused.pop(node_id, None)
 
     def release_conflicts(self, connected: Collection[int]) -> None:
         """Forget the refusal of nodes whose partition's holder has left, so they register again."""
@@ -220,13 +238,26 @@ class Engine:
             time.sleep(0.5)
 
     def register(self, nodes: list[int]) -> None:
-        """Ask ``nodes`` for their partition id and body (one query, within one deadline)."""
-        content = RecordDict({P.CONFIG: ConfigRecord({P.ROUND: self.round, P.PHASE: P.PHASE_REGISTER})})
+        """Ask ``nodes`` for their partition id and body (one query, within one deadline).
+        With ``dataset=local`` the query gives each node the run's schema and a free client
+        index instead, and the node answers with what its own data holds."""
+        schema = self.services.schema
+        fields = {P.ROUND: self.round, P.PHASE: P.PHASE_REGISTER}
+        if schema is None:
+            contents = {n: RecordDict({P.CONFIG: ConfigRecord(fields)}) for n in nodes}
+            offered: dict[int, int] = {}
+        else:
+            offered = dict(zip(nodes, self.registry.free_indices(len(nodes))))
+            for node in nodes:
+                if node not in offered:
+                    self.registry.refuse(node, f"every one of the num-clients={self.cfg['num-clients']} client indices is taken")
+            schema_json = schema.to_json()
+            contents = {n: RecordDict({P.CONFIG: ConfigRecord({**fields, P.DATA_SCHEMA: schema_json, P.CLIENT_INDEX: i})}) for n, i in offered.items()}
         connected = set(self.grid.get_node_ids())
-        for reply in self._send(P.PHASE_REGISTER, {n: content for n in nodes}, MessageType.QUERY):
+        for reply in self._send(P.PHASE_REGISTER, contents, MessageType.QUERY):
             node = reply.metadata.src_node_id
             try:  # everything read from a registration is untrusted: one bad one refuses that node only
-                problem = self._registration_problem(node, reply, connected)
+                problem = self._registration_problem(node, reply, connected, offered.get(node))
             except Exception as exc:
                 problem = f"registration cannot be read: {type(exc).__name__}: {_short(str(exc))}"
             if problem:
@@ -237,8 +268,9 @@ class Engine:
                 self.registry.refuse(node, "did not answer its registration")  # asked again if it reconnects as a new node
         log.info("registry: %d clients registered (%d refused)", len(self.registry.clients), len(self.registry.refused))
 
-    def _registration_problem(self, node: int, reply: Message, connected: Collection[int]) -> str | None:
-        """Register ``node`` from its reply; why it cannot take part, or None."""
+    def _registration_problem(self, node: int, reply: Message, connected: Collection[int], offered: int | None = None) -> str | None:
+        """Register ``node`` from its reply (as client index ``offered`` with dataset=local);
+        why it cannot take part, or None."""
         self.meter.add(P.PHASE_REGISTER, up=self.wire.message(reply))
         if reply.has_error():
             return f"registration error {reply.error.code}: {_short(reply.error.reason)}"
@@ -249,7 +281,36 @@ class Engine:
             return f"registration gives body {body!r}, expected a body name"
         if self.admit is not None and (problem := self.admit(body)):
             return problem
-        return self.registry.claim(node, met.get(P.PARTITION_ID), body, connected)
+        if offered is None:
+            return self.registry.claim(node, met.get(P.PARTITION_ID), body, connected)
+        declared, problem = self._declared(cfg.get(P.DATA_PROFILE))
+        if problem is None:  # the index is the server's to give: whatever the node says of itself, it holds the one offered
+            problem = self.registry.claim(node, offered, body, connected)
+        if problem is None:
+            self.registry.clients[node].declared = declared
+        return problem
+
+    def _declared(self, text: Any) -> tuple[dict[str, Any] | None, str | None]:
+        """A dataset=local node's profile read against the run's schema: its classes and their
+        (train, test) counts, or why it cannot take part (its data does not fit the run, or it
+        declares more examples than ``max-client-examples`` allows)."""
+        from core.run_data import read_profile
+        from core.sources import fits
+
+        profile = read_profile(text)
+        if (problem := fits(profile, self.services.schema)) is not None:
+            return None, f"its data does not fit the run: {problem}"
+        declared = {str(k): [int(v[0]), int(v[1])] for k, v in profile["classes"].items()}
+        cap = self.example_cap()
+        total = sum(a + b for a, b in declared.values())
+        if total > cap:
+            return None, f"it declares {total} examples, more than max-client-examples={cap} allows: raise that key if the node truly holds them"
+        return declared, None
+
+    def example_cap(self) -> int:
+        """The most examples one client may declare or report where the server holds no
+        partition sizes: ``max-client-examples``, else :data:`~strategies.services.DEFAULT_EXAMPLE_CAP`."""
+        return int(self.cfg["max-client-examples"]) or DEFAULT_EXAMPLE_CAP
 
     def nodes(self) -> list[int]:
         """Registered, connected nodes that have not missed a deadline this round, by partition id."""
@@ -317,12 +378,16 @@ class Engine:
             else:
                 pid = self.partition_of(node)
                 layout = layout if isinstance(layout, Layout) else layout(node)
-                decoded, problem = decode(reply, layout, pid, self.services.data.max_count(pid, split), nbytes)
+                declared = self.registry.clients[node].declared_count(split)
+                most = declared if declared is not None else self.services.data.max_count(pid, split)
+                decoded, problem = decode(reply, layout, pid, most, nbytes)
                 values = self.wire.values(reply) if decoded is not None else 0
         except Exception as exc:
             decoded, problem = None, f"reply cannot be {step}: {type(exc).__name__}: {_short(str(exc))}"
             if step == "measured":  # serializing it failed: a record holds what Flower's records never allow
                 problem += " (a record holds a value of a type Flower's records do not allow)"
+        if decoded is None and reply.has_error() and reply.error.code == P.ERROR_UNREGISTERED:
+            self.registry.forget(node)  # it restarted and lost the schema: registered afresh next round
         if decoded is None:
             self.meter.rejected_bytes_up += nbytes
             for name, value in getattr(problem, "figures", {}).items():

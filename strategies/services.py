@@ -12,8 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.data import Dataset, DatasetMissingError, load_dataset, to_tensors
+from core.config import LOCAL
+from core.data import Dataset, DatasetMissingError, to_tensors
 from core.partition import make_partition
+from core.run_data import load_run_dataset, load_server_data
 
 log = logging.getLogger("headway")
 
@@ -25,21 +27,32 @@ class ServerData:
     the way every client computes its own partition (deterministic in the run seed).
     A deployment server may hold no data; then every accessor returns None."""
 
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, cfg: dict[str, Any], schema: Any = None):
         self.cfg = cfg
+        self.schema = schema  # dataset=local: the nodes' agreed schema (core.sources.DataSchema)
+
+    @property
+    def local(self) -> bool:
+        """Whether every node owns its data (dataset=local): the server holds at most ``server-data``."""
+        return self.cfg["dataset"] == LOCAL
 
     @cached_property
     def dataset(self) -> Dataset | None:
+        """The data the server holds: the run's data set (a copy of what the clients split), or
+        with dataset=local its own ``server-data``; None when it holds none."""
+        if self.local:
+            return load_server_data(self.cfg, self.schema)
         try:
-            return load_dataset(self.cfg["dataset"], self.cfg["data-dir"], self.cfg["seed"])
+            return load_run_dataset(self.cfg)
         except DatasetMissingError as exc:
             log.warning("the server holds no copy of the data (no global test score, reply counts capped by max-client-examples): %s", exc)
             return None
 
     @cached_property
     def partition_sizes(self) -> list[tuple[int, int]] | None:
-        """(train, test) examples of every partition id, or None without data."""
-        if self.dataset is None:
+        """(train, test) examples of every partition id, or None without data (or with
+        dataset=local, where nothing is partitioned: nodes declare their own counts)."""
+        if self.dataset is None or self.local:
             return None
         part = make_partition(self.dataset, self.cfg)
         return [(len(tr), len(te)) for tr, te in zip(part.train, part.test)]
@@ -70,6 +83,8 @@ class ServerData:
         ds = self.dataset
         if ds is None:
             return None
+        if self.local:  # server-data's training rows are the server's own
+            return None if len(ds.y_train) == 0 else self._inputs(ds.x_train, ds.y_train)
         rows = make_partition(ds, self.cfg).validation
         return None if len(rows) == 0 else self._inputs(ds.x_train[rows], ds.y_train[rows])
 
@@ -93,11 +108,12 @@ class Services:
     """Handed to every strategy: data, the seeded sampling stream, the private stream."""
 
     cfg: dict[str, Any]
+    schema: Any = None  # dataset=local: the schema the nodes agreed on (core.sources.DataSchema)
     data: ServerData = field(init=False)
     sampling: np.random.Generator = field(init=False)
     private: np.random.Generator = field(init=False)
 
     def __post_init__(self) -> None:
-        self.data = ServerData(self.cfg)
+        self.data = ServerData(self.cfg, self.schema)
         self.sampling = np.random.default_rng([int(self.cfg["seed"]), 7919])  # reproducible choices
         self.private = private_rng()

@@ -1,0 +1,128 @@
+"""The data a run works on, wherever it lives: a built-in data set, the user's own source
+(a path, split over clients like a built-in in simulation), or each node's own source
+(``dataset=local``: a deployment where every SuperNode reads only its own folder).
+Plain functions, no Flower; readers and encoding are :mod:`core.sources`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping
+
+from core.config import LOCAL, ConfigError, dataset_kind
+from core.data import SPECS, Dataset, DatasetSpec, load_dataset, spec_of
+
+
+def source_options(cfg: Mapping[str, Any]):
+    """How the run reads a user source (its label column, image size, classes, ...)."""
+    from core.sources import options_from_config
+
+    return options_from_config(cfg)
+
+
+def source_name(path: str | Path) -> str:
+    """A short, stable name of a user source: its file or folder name and a hash of its
+    absolute path (names results folders and feature caches; never the rows)."""
+    full = Path(path).expanduser().absolute()
+    return f"{full.stem or 'data'}-{hashlib.sha1(str(full).encode()).hexdigest()[:8]}"
+
+
+def dataset_label(cfg: Mapping[str, Any]) -> str:
+    """The data set's name in logs and results folder names: a built-in's name, 'local', or a user source's :func:`source_name`."""
+    return source_name(cfg["dataset"]) if dataset_kind(cfg["dataset"]) == "path" else str(cfg["dataset"])
+
+
+@lru_cache(maxsize=8)
+def _read(path: str, opts: Any):
+    from core.sources import read_source
+
+    return read_source(path, opts)
+
+
+@lru_cache(maxsize=4)
+def _whole_source(path: str, opts: Any) -> tuple[Dataset, Any]:
+    from core.sources import encode, merge, profile
+
+    raw = _read(path, opts)
+    schema = merge([profile(raw, opts)], opts)
+    return encode(raw, schema, opts, source_name(path)), schema
+
+
+def load_run_dataset(cfg: Mapping[str, Any]) -> Dataset:
+    """The whole data set of a run that one machine holds: a built-in, or the user's source
+    at the path ``dataset`` (read, its class names and scaling fixed from all of it, encoded)."""
+    kind = dataset_kind(cfg["dataset"])
+    if kind == "builtin":
+        return load_dataset(cfg["dataset"], cfg["data-dir"], cfg["seed"])
+    if kind == "path":
+        return _whole_source(str(Path(cfg["dataset"]).expanduser()), source_options(cfg))[0]
+    raise ConfigError("run-config key 'dataset' is 'local': every SuperNode reads its own data (--node-config data=PATH), "
+                      "so there is no one data set to load or partition; in simulation give the path of a source instead")
+
+
+def local_spec(schema: Any) -> DatasetSpec:
+    """The spec of a ``dataset=local`` run, from the schema the nodes agreed on."""
+    return DatasetSpec("classification", len(schema.classes), tuple(schema.input_shape))
+
+
+def run_spec(cfg: Mapping[str, Any], schema: Any = None) -> DatasetSpec:
+    """What models of the run take in and put out: a built-in's spec, a user source's (read
+    once), or with ``dataset=local`` the nodes' agreed ``schema``."""
+    kind = dataset_kind(cfg["dataset"])
+    if kind == "builtin":
+        return SPECS[cfg["dataset"]]
+    if kind == "path":
+        return spec_of(load_run_dataset(cfg))
+    if schema is None:
+        raise ConfigError("dataset='local': the run's classes and input shape come from the nodes' registrations; none arrived yet")
+    return local_spec(schema)
+
+
+MAX_PROFILE_CHARS = 1_000_000  # a profile is class names, counts, column moments and levels: far below this
+
+
+def read_profile(text: Any) -> dict[str, Any]:
+    """A node's profile as sent (JSON text, untrusted): parsed, bounded in size, a JSON
+    object; ValueError saying what is wrong. Its content is checked by merge and fits."""
+    if not isinstance(text, str):
+        raise ValueError(f"the data profile is {type(text).__name__}, expected JSON text")
+    if len(text) > MAX_PROFILE_CHARS:
+        raise ValueError(f"the data profile has {len(text)} characters, more than {MAX_PROFILE_CHARS}")
+    profile = json.loads(text)
+    if not isinstance(profile, dict) or not isinstance(profile.get("classes"), dict):
+        raise ValueError("the data profile is not a JSON object with 'classes'")
+    return profile
+
+
+def node_profile(path: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What a node declares about its own source (classes and counts, columns and their
+    summed moments; no rows), for the server to fix the run's schema."""
+    from core.sources import profile
+
+    opts = source_options(cfg)
+    return profile(_read(str(Path(path).expanduser()), opts), opts)
+
+
+@lru_cache(maxsize=4)
+def _node_data(path: str, schema_json: str, opts: Any) -> Dataset:
+    from core.sources import DataSchema, encode
+
+    return encode(_read(path, opts), DataSchema.from_json(schema_json), opts, source_name(path))
+
+
+def load_node_data(path: str, cfg: Mapping[str, Any], schema_json: str) -> Dataset:
+    """A node's own source, encoded with the run's agreed schema (its JSON)."""
+    return _node_data(str(Path(path).expanduser()), schema_json, source_options(cfg))
+
+
+def load_server_data(cfg: Mapping[str, Any], schema: Any) -> Dataset | None:
+    """``server-data`` of a ``dataset=local`` run, encoded with the nodes' schema; None when unset."""
+    if not cfg["server-data"]:
+        return None
+    return load_node_data(cfg["server-data"], cfg, schema.to_json())
+
+
+__all__ = ["LOCAL", "dataset_label", "read_profile", "load_node_data", "load_run_dataset", "load_server_data", "local_spec", "node_profile",
+           "run_spec", "source_name", "source_options"]

@@ -1,0 +1,81 @@
+"""Before a ``dataset=local`` run can build its models, the nodes agree on what their data
+is: the server asks every connected node to describe its own data (class names and counts,
+columns with summed moments and levels; never rows) and merges the descriptions into one
+schema (classes in index order, the input shape, a federated scaling of table columns).
+
+A description that cannot be read or contradicts the ones merged before it is left out, and
+its node is refused later, at registration, if its data does not fit the schema. Listing
+``classes`` in the run config pins the class list, so no node can add to it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from flwr.app import ConfigRecord, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from core import protocol as P
+from core.run_data import read_profile, source_options
+from strategies.engine import Engine, RoundFailed, _short
+from strategies.services import Services
+
+log = logging.getLogger("headway")
+
+
+@dataclass
+class Discovery:
+    """What the description exchange gave: the schema, and figures for summary.json."""
+
+    schema: Any
+    nodes: int
+    bytes_down: int
+    bytes_up: int
+    left_out: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {"discovery": {"nodes": self.nodes, "bytes_down": self.bytes_down, "bytes_up": self.bytes_up, "left_out": self.left_out,
+                              "classes": list(self.schema.classes), "input_shape": list(self.schema.input_shape), "kind": self.schema.kind}}
+
+
+def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
+    """Wait for ``min-available-clients`` (0: ``num-clients``) nodes, ask each to describe its
+    data within ``round-timeout``, and merge the descriptions; RoundFailed when none can be used."""
+    from core.sources import merge
+
+    engine = Engine(grid, cfg, Services(cfg))
+    nodes = engine.wait_for_clients()
+    content = RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 0, P.PHASE: P.PHASE_DESCRIBE})})
+    replies = engine._send(P.PHASE_DESCRIBE, {n: content for n in nodes}, MessageType.QUERY)
+    opts = source_options(cfg)
+    described: list[tuple[str, int, dict[str, Any]]] = []
+    left_out: list[str] = list(engine.meter.failures)
+    for reply in replies:
+        node = reply.metadata.src_node_id
+        try:
+            engine.meter.add(P.PHASE_DESCRIBE, up=engine.wire.message(reply))
+            if reply.has_error():
+                raise ValueError(f"error {reply.error.code}: {_short(reply.error.reason)}")
+            text = reply.content.config_records.get(P.CONFIG, {}).get(P.DATA_PROFILE)
+            described.append((str(text), node, read_profile(text)))
+        except Exception as exc:
+            left_out.append(f"node {node}: {type(exc).__name__}: {_short(str(exc))}")
+    profiles: list[dict[str, Any]] = []
+    for _, node, profile in sorted(described, key=lambda d: d[0]):  # a fixed order: one set of descriptions, one schema
+        try:
+            merge(profiles + [profile], opts)
+        except Exception as exc:
+            left_out.append(f"node {node}: its description does not agree with the others: {_short(str(exc))}")
+            continue
+        profiles.append(profile)
+    for reason in left_out:
+        log.warning("discovery: %s", reason)
+    if not profiles:
+        raise RoundFailed("dataset=local: no node described its data" + (f"; first problem: {left_out[0]}" if left_out else ""))
+    schema = merge(profiles, opts)
+    down, up = engine.meter.phase(P.PHASE_DESCRIBE)
+    log.info("discovery: %d nodes described their data: %d classes %s, inputs %s", len(profiles), len(schema.classes),
+             list(schema.classes)[:20], tuple(schema.input_shape))
+    return Discovery(schema, len(profiles), down, up, left_out)
