@@ -7,7 +7,10 @@ they agree on m.
 
 from __future__ import annotations
 
-from typing import Callable
+import importlib
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -220,14 +223,219 @@ class Net(nn.Module):
 WITH_DROPOUT = ("mnist-cnn", "cifar-cnn")
 
 
+# ----- bodies users bring: an import path, or a torchvision architecture by name ------------
+TORCHVISION = "torchvision:"
+_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+FORMS = "a registry name, torchvision:<arch>[@weights.pth] or package.module:factory"
+
+
+class BodyError(ValueError):
+    """A body name that cannot be resolved or built; its message is one line naming the body and why."""
+
+
+def _line(exc: BaseException) -> str:
+    """``exc``'s message on one line, at most 300 characters."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def is_custom_body(name: str) -> bool:
+    """Whether ``name`` is a torchvision or import-path body (registry names have no colon):
+    resolving it imports code, which the server does only for its own run config's names."""
+    return ":" in name
+
+
+def body_factory(name: str) -> Callable[..., nn.Module]:
+    """The factory ``(input_shape, feature_dim) -> nn.Module`` that body ``name`` names: a
+    BODIES entry (the bodies in WITH_DROPOUT also take the dropout); ``torchvision:<arch>``
+    (optionally ``@weights.pth``, a local state dict of the full torchvision model); or
+    ``package.module:factory``, imported here. Torchvision and import-path factories come
+    wrapped: what they build is run once on a 2-row zero batch, must output a (batch, width)
+    tensor, gets ``out_dim`` set where it has none, and must output feature_dim features
+    when that is > 0. BodyError (one line naming the body and the reason) otherwise."""
+    if name in BODIES:
+        return BODIES[name]
+    if name.startswith(TORCHVISION):
+        return _checked(name, _torchvision_builder(name))
+    if is_custom_body(name):
+        return _checked(name, _imported(name))
+    raise BodyError(f"unknown body {name!r}; allowed: {', '.join(sorted(BODIES))}, torchvision:<arch>[@weights.pth] or package.module:factory")
+
+
+def _imported(name: str) -> Callable[..., nn.Module]:
+    if not _IMPORT_PATH.match(name):
+        raise BodyError(f"body {name!r} is not {FORMS} (an import path is package.module:factory, e.g. headway_example_body:small_cnn)")
+    module_name, attr = name.split(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise BodyError(f"body {name!r}: module {module_name!r} cannot be imported (ModuleNotFoundError: {_line(exc)}); "
+                        "install it or put it on PYTHONPATH, on the server and on every SuperNode") from None
+    except Exception as exc:  # the module itself fails to import (SyntaxError, ImportError, its own code)
+        raise BodyError(f"body {name!r}: importing module {module_name!r} raised {type(exc).__name__}: {_line(exc)}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise BodyError(f"body {name!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise BodyError(f"body {name!r}: {attr!r} in module {module_name!r} is of type {type(obj).__name__}, not callable; "
+                        "it must be a factory (input_shape, feature_dim) -> nn.Module")
+    return obj
+
+
+def _torchvision_builder(name: str) -> Callable[[tuple[int, ...], int], nn.Module]:
+    arch, at, weights = name[len(TORCHVISION):].partition("@")
+    from torchvision import models
+
+    if arch not in models.list_models(module=models):  # classification architectures only
+        raise BodyError(f"body {name!r}: torchvision has no classification architecture {arch!r} "
+                        "(e.g. resnet18, mobilenet_v3_small, efficientnet_b0; see torchvision.models.list_models())")
+    if at and not weights:
+        raise BodyError(f"body {name!r}: '@' must be followed by a weights file (a state dict of the full torchvision model)")
+    if weights and not Path(weights).is_file():
+        raise BodyError(f"body {name!r}: weights file {weights!r} does not exist (relative paths are from the working directory)")
+
+    def build(input_shape: tuple[int, ...], m: int) -> nn.Module:
+        if len(input_shape) != 3:
+            raise BodyError(f"body {name!r}: torchvision networks take images (channels, height, width); the inputs have shape {tuple(input_shape)}")
+        net = models.get_model(arch, weights=None)  # untrained: nothing is downloaded
+        state = _load_weights(name, weights) if weights else None
+        if state is not None:
+            try:
+                net.load_state_dict(state, strict=True)
+            except Exception as exc:
+                raise BodyError(f"body {name!r}: weights file {weights!r} does not fit torchvision {arch}: {_line(exc)}") from None
+        if getattr(net, "aux_logits", False):  # googlenet, inception_v3: the auxiliary classifiers (training-only outputs) go
+            net.aux_logits = False
+            for aux in ("aux1", "aux2", "AuxLogits"):
+                if hasattr(net, aux):
+                    setattr(net, aux, None)
+        _adapt_first_conv(name, net, input_shape[0], pretrained=state is not None)
+        width, dropout = _drop_classifier(name, net)
+        return TorchvisionBody(net, width, m, dropout)
+
+    return build
+
+
+def _load_weights(name: str, path: str) -> Mapping[str, Any]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)  # tensors only: a weights file runs no code
+    except Exception as exc:
+        raise BodyError(f"body {name!r}: weights file {path!r} cannot be read as a state dict: {type(exc).__name__}: {_line(exc)}") from None
+    if not isinstance(state, Mapping):
+        raise BodyError(f"body {name!r}: weights file {path!r} holds a value of type {type(state).__name__}, not a state dict")
+    return state
+
+
+def _parent(net: nn.Module, qualified: str) -> tuple[nn.Module, str]:
+    *path, leaf = qualified.split(".")
+    parent = net
+    for part in path:
+        parent = getattr(parent, part)
+    return parent, leaf
+
+
+def _adapt_first_conv(name: str, net: nn.Module, channels: int, pretrained: bool) -> None:
+    """The network's first convolution takes ``channels`` input channels (torchvision's take
+    3): a fresh one, as the registry's resnet18 does; with loaded weights, the pretrained
+    filters summed over RGB and shared out over the channels (on a gray image copied into
+    every channel it computes what the RGB filters compute on it copied into three)."""
+    if channels == 3:
+        return
+    qualified, old = next(((n, mod) for n, mod in net.named_modules() if isinstance(mod, nn.Conv2d)), (None, None))
+    if old is None or old.in_channels != 3 or old.groups != 1:
+        raise BodyError(f"body {name!r}: cannot adapt torchvision's first convolution to {channels}-channel inputs")
+    new = nn.Conv2d(channels, old.out_channels, old.kernel_size, old.stride, old.padding, old.dilation, 1, old.bias is not None, old.padding_mode)
+    if pretrained:
+        with torch.no_grad():
+            new.weight.copy_(old.weight.sum(1, keepdim=True).repeat(1, channels, 1, 1) / channels)
+            if old.bias is not None:
+                new.bias.copy_(old.bias)
+    parent, leaf = _parent(net, qualified)
+    setattr(parent, leaf, new)
+
+
+def _drop_classifier(name: str, net: nn.Module) -> tuple[int, float]:
+    """Replace the network's last nn.Linear (its classifier: fc, classifier[-1], heads.head, ...)
+    by Identity; returns its in_features (the width) and the dropout directly before it in its
+    Sequential, moved out to TorchvisionBody as mobilenet-v2's is (0 where there is none)."""
+    linears = [(n, mod) for n, mod in net.named_modules() if isinstance(mod, nn.Linear)]
+    if not linears or linears[-1][1].out_features != 1000:
+        raise BodyError(f"body {name!r}: found no final nn.Linear classifier (1000 ImageNet classes) to replace; "
+                        "use package.module:factory for this network")
+    qualified, fc = linears[-1]
+    parent, leaf = _parent(net, qualified)
+    setattr(parent, leaf, nn.Identity())
+    dropout = 0.0
+    if isinstance(parent, nn.Sequential) and leaf.isdigit() and int(leaf) > 0:
+        before = parent[int(leaf) - 1]
+        if isinstance(before, nn.Dropout):
+            dropout = float(before.p)
+            parent[int(leaf) - 1] = nn.Identity()
+    return fc.in_features, dropout
+
+
+def _describe(out: Any) -> str:
+    if isinstance(out, torch.Tensor):
+        return f"a tensor of shape {tuple(out.shape)}"
+    return f"a value of type {type(out).__name__}"
+
+
+def output_width(name: str, body: nn.Module, input_shape: tuple[int, ...], m: int = 0) -> int:
+    """The width body ``name`` outputs on a 2-row zero batch of ``input_shape`` (in eval
+    mode, no gradients: nothing changes); BodyError unless it outputs a (2, width) tensor,
+    agrees with its ``out_dim`` where it has one, and outputs ``m`` features when m > 0."""
+    shape = tuple(input_shape)
+    param = next(body.parameters(), None)
+    x = torch.zeros((2, *shape), device=param.device if param is not None else "cpu")
+    training = body.training
+    body.eval()
+    try:
+        with torch.no_grad():
+            out = body(x)
+    except Exception as exc:
+        raise BodyError(f"body {name!r} cannot run on inputs of shape {shape}: {type(exc).__name__}: {_line(exc)}") from None
+    finally:
+        body.train(training)
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 2:
+        raise BodyError(f"body {name!r} must output a 2-D (batch, width) tensor; on 2 inputs of shape {shape} it output {_describe(out)}")
+    width = int(out.shape[1])
+    declared = getattr(body, "out_dim", None)
+    if declared is not None and declared != width:
+        raise BodyError(f"body {name!r} has out_dim={declared} but outputs {width} features")
+    if m and width != m:
+        raise BodyError(f"body {name!r} outputs {width} features, but feature-dim={m}: its factory receives feature_dim={m} and must output that many")
+    return width
+
+
+def _checked(name: str, factory: Callable[..., Any]) -> Callable[[tuple[int, ...], int], nn.Module]:
+    """``factory`` with its output checked (see :func:`body_factory`)."""
+
+    def build(input_shape: tuple[int, ...], m: int) -> nn.Module:
+        try:
+            body = factory(tuple(input_shape), m)
+        except BodyError:
+            raise
+        except Exception as exc:
+            raise BodyError(f"body {name!r}: the factory raised {type(exc).__name__}: {_line(exc)}") from None
+        if not isinstance(body, nn.Module):
+            raise BodyError(f"body {name!r}: the factory returned {_describe(body)}, not a torch.nn.Module")
+        width = output_width(name, body, input_shape, m)
+        if getattr(body, "out_dim", None) is None:
+            body.out_dim = width
+        return body
+
+    return build
+
+
 def build_body(name: str, input_shape: tuple[int, ...], m: int = 0, seed: int = 0, dropout: float = 0.0) -> nn.Module:
-    """Body ``name`` with m output features (0: the body's own width), seeded, in eval mode
-    (training switches it to train mode for its duration); ``dropout`` applies to the
-    bodies in WITH_DROPOUT and is ignored by the others."""
-    if name not in BODIES:
-        raise ValueError(f"unknown body {name!r}; allowed: {', '.join(sorted(BODIES))}")
+    """Body ``name`` (a BODIES name, ``torchvision:<arch>[@weights]`` or
+    ``package.module:factory``: :func:`body_factory`) with m output features (0: the body's
+    own width), seeded, in eval mode (training switches it to train mode for its duration);
+    ``dropout`` applies to the bodies in WITH_DROPOUT and is ignored by the others."""
+    factory = body_factory(name)  # before the seed: an import may draw random numbers
     torch.manual_seed(seed)
-    body = BODIES[name](tuple(input_shape), m, dropout) if name in WITH_DROPOUT else BODIES[name](tuple(input_shape), m)
+    body = factory(tuple(input_shape), m, dropout) if name in WITH_DROPOUT else factory(tuple(input_shape), m)
     return body.eval()
 
 

@@ -56,7 +56,7 @@ class LayerSharing(FedAvg):
         ``mixed_bodies``), else the run body itself; checked once, at registration."""
         if not self.mixed_bodies:
             return super().body_problem(body)  # FedAvg's: the run's one body
-        if problem := unknown_body(body):
+        if problem := unknown_body(body, self.cfg):
             return problem
         if body not in self._admitted:
             try:
