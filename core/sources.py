@@ -97,8 +97,9 @@ def options_from_config(cfg: Mapping[str, Any]) -> SourceOptions:
 def is_path_source(name: str) -> bool:
     """True when run-config `dataset` names a path (contains '/' or '\\', starts with '.' or '~',
     or ends in .csv/.parquet/.npz), False for a built-in name."""
-    return ("/" in name or "\\" in name or name.startswith((".", "~"))
-            or name.lower().endswith((".csv", ".parquet", ".npz")))
+    from core.config import dataset_kind  # the one rule, shared with the run-config check
+
+    return dataset_kind(name) == "path"
 
 
 # ---------------------------------------------------------------------------------------------
