@@ -238,22 +238,34 @@ class Engine:
             time.sleep(0.5)
 
     def register(self, nodes: list[int]) -> None:
-        """Ask ``nodes`` for their partition id and body (one query, within one deadline).
+        """Ask ``nodes`` for their partition id and body (one query each, within one deadline).
         With ``dataset=local`` the query gives each node the run's schema and a free client
-        index instead, and the node answers with what its own data holds."""
+        index instead, and the node answers with what its own data holds; the index of a node
+        refused then is offered again, in another query and deadline, to a node that had none
+        (until every node has had one, or none is left)."""
         schema = self.services.schema
         fields = {P.ROUND: self.round, P.PHASE: P.PHASE_REGISTER}
-        if schema is None:
-            contents = {n: RecordDict({P.CONFIG: ConfigRecord(fields)}) for n in nodes}
-            offered: dict[int, int] = {}
-        else:
-            offered = dict(zip(nodes, self.registry.free_indices(len(nodes))))
-            for node in nodes:
-                if node not in offered:
-                    self.registry.refuse(node, f"every one of the num-clients={self.cfg['num-clients']} client indices is taken")
-            schema_json = schema.to_json()
-            contents = {n: RecordDict({P.CONFIG: ConfigRecord({**fields, P.DATA_SCHEMA: schema_json, P.CLIENT_INDEX: i})}) for n, i in offered.items()}
         connected = set(self.grid.get_node_ids())
+        if schema is None:
+            self._registrations({n: RecordDict({P.CONFIG: ConfigRecord(fields)}) for n in nodes}, connected, {})
+        else:
+            schema_json, waiting = schema.to_json(), list(nodes)
+            # an index offered to a node that is then refused (its data does not fit, it did not answer) is free
+            # again: offer it to a node still waiting, so a misfit node never keeps a fitting one out of the run
+            while waiting and (free := self.registry.free_indices(len(waiting))):
+                offered = dict(zip(waiting, free))
+                self._registrations({n: RecordDict({P.CONFIG: ConfigRecord({**fields, P.DATA_SCHEMA: schema_json, P.CLIENT_INDEX: i})})
+                                     for n, i in offered.items()}, connected, offered)
+                waiting = [n for n in waiting if n not in offered]
+            for node in waiting:
+                self.registry.refuse(node, f"every one of the num-clients={self.cfg['num-clients']} client indices is taken")
+        for node in nodes:
+            if node not in self.registry.clients and node not in self.registry.refused:
+                self.registry.refuse(node, "did not answer its registration")  # asked again if it reconnects as a new node
+        log.info("registry: %d clients registered (%d refused)", len(self.registry.clients), len(self.registry.refused))
+
+    def _registrations(self, contents: Mapping[int, RecordDict], connected: Collection[int], offered: Mapping[int, int]) -> None:
+        """Send registration queries ``contents`` (one deadline) and register or refuse each node that answers."""
         for reply in self._send(P.PHASE_REGISTER, contents, MessageType.QUERY):
             node = reply.metadata.src_node_id
             try:  # everything read from a registration is untrusted: one bad one refuses that node only
@@ -263,10 +275,6 @@ class Engine:
             if problem:
                 self.registry.refuse(node, problem)
                 self.meter.fail(f"node {node}: {problem}")
-        for node in nodes:
-            if node not in self.registry.clients and node not in self.registry.refused:
-                self.registry.refuse(node, "did not answer its registration")  # asked again if it reconnects as a new node
-        log.info("registry: %d clients registered (%d refused)", len(self.registry.clients), len(self.registry.refused))
 
     def _registration_problem(self, node: int, reply: Message, connected: Collection[int], offered: int | None = None) -> str | None:
         """Register ``node`` from its reply (as client index ``offered`` with dataset=local);
