@@ -30,6 +30,9 @@ KINDS = ("image", "table", "vector")
 STD_EPS = 1e-8  # added to every federated std, as core.data does for its tables
 MAX_NAMES = 10_000  # classes, columns, or levels of one column that one profile may declare
 MAX_NAME_LEN = 1_000  # characters of one class, column or level name in a profile
+MAX_INPUT_WIDTH = 16_384  # features a table may encode to, one-hot levels included (core.config's widest feature-dim)
+MAX_IMAGE_SIZE = 1_024  # pixels a side the images' own size may set (image-size=0); larger: set image-size
+MAX_MEAN_SQUARE = 1e30  # of a numeric column (values up to about 1e15): beyond it, not data a float32 encoder keeps
 HOLDOUT_STREAM = 0x686F6C64  # the held-out test rows get their own random stream of the seed
 INSTALL_HINT = "pip install -e '.[data]'"
 
@@ -583,15 +586,22 @@ def _name_problem(name: Any, what: str) -> str | None:
     return None
 
 
-def _column_problem(col: str, spec: Any) -> str | None:
-    """Why one column entry of a profile is malformed, or None."""
+def _column_problem(col: str, spec: Any, rows: int) -> str | None:
+    """Why one column entry of a profile is malformed, or None. Moments must be ones that
+    ``rows`` (the training rows the profile declares) real values could give: n <= rows,
+    nothing summed over no rows, sum² <= n·sumsq (Cauchy-Schwarz), a bounded mean square."""
     if not isinstance(spec, dict) or spec.get("type") not in ("numeric", "categorical"):
         return f"column '{col}' needs a 'type' of numeric or categorical"
     if spec["type"] == "numeric":
-        if not _is_count(spec.get("n")):
-            return f"column '{col}': 'n' must be a count >= 0, got {spec.get('n')!r}"
-        if not (_is_real(spec.get("sum")) and _is_real(spec.get("sumsq"))) or spec["sumsq"] < 0:
-            return f"column '{col}': 'sum' and 'sumsq' must be finite numbers (sumsq >= 0), got {spec.get('sum')!r}, {spec.get('sumsq')!r}"
+        n, total, squares = spec.get("n"), spec.get("sum"), spec.get("sumsq")
+        if not _is_count(n) or n > rows:
+            return f"column '{col}': 'n' must be a count of at most the {rows} training rows declared, got {_one_line(repr(n))[:40]}"
+        if not (_is_real(total) and _is_real(squares)) or squares < 0:
+            return f"column '{col}': 'sum' and 'sumsq' must be finite numbers (sumsq >= 0), got {total!r}, {squares!r}"
+        if n == 0 and (total or squares):
+            return f"column '{col}': sums over n = 0 values must be 0"
+        if n and (float(total) ** 2 > n * float(squares) * (1 + 1e-9) + 1e-9 or squares / n > MAX_MEAN_SQUARE):
+            return f"column '{col}': no {n} real values have sum {total:g} and sum of squares {squares:g} (or their mean square exceeds {MAX_MEAN_SQUARE:g})"
         return None
     levels = spec.get("levels")
     if not isinstance(levels, list) or len(levels) > MAX_NAMES:
@@ -618,14 +628,15 @@ def _profile_problem(prof: Any) -> str | None:
         if prof.get("channels") not in (1, 3) or isinstance(prof.get("channels"), bool):
             return f"'channels' must be 1 or 3, got {prof.get('channels')!r}"
         size = prof.get("size")
-        if size is not None and not (isinstance(size, (list, tuple)) and len(size) == 2 and all(_is_count(s) and s > 0 for s in size)):
+        if size is not None and not (isinstance(size, (list, tuple)) and len(size) == 2 and all(_is_count(s) and 0 < s <= 10**6 for s in size)):
             return f"'size' must be [h, w] of positive whole numbers or null, got {_one_line(repr(size))[:80]}"
         return None
     columns = prof.get("columns")
     if not isinstance(columns, dict) or not columns or len(columns) > MAX_NAMES:
         return f"'columns' must be a dict of 1 to {MAX_NAMES} columns"
+    rows = sum(counts[0] for counts in classes.values())
     for col, spec in columns.items():
-        problem = _name_problem(col, "column") or _column_problem(col, spec)
+        problem = _name_problem(col, "column") or _column_problem(col, spec, rows)
         if problem:
             return problem
     return None
@@ -691,6 +702,8 @@ def _merge_images(profiles: list[dict], opts: SourceOptions) -> tuple[int, int, 
         shown = ", ".join(f"{h}x{w}" for h, w in distinct[:5])
         raise SourceError(f"images differ in size across nodes ({shown}) and run-config key 'image-size' is 0: set image-size (e.g. image-size={distinct[0][0]})")
     h, w = distinct[0]
+    if max(h, w) > MAX_IMAGE_SIZE:
+        raise SourceError(f"images are {h}x{w}, larger than {MAX_IMAGE_SIZE} pixels a side, and run-config key 'image-size' is 0: set image-size (e.g. image-size=224)")
     if h != w:
         raise SourceError(f"images are {h}x{w}, not square, and run-config key 'image-size' is 0: set image-size (e.g. image-size={max(h, w)})")
     return channels, h, w
@@ -743,6 +756,9 @@ def merge(profiles: list[dict], opts: SourceOptions) -> DataSchema:
         return DataSchema(kind, tuple(classes), _merge_images(profiles, opts))
     numeric, categorical = _merge_columns(profiles)
     width = len(numeric) + sum(len(levels) for _, levels in categorical)
+    if width > MAX_INPUT_WIDTH:
+        raise SourceError(f"the table's columns encode to {width} features (one per numeric column and per level of a categorical one), "
+                          f"more than {MAX_INPUT_WIDTH}: drop or bucket high-cardinality text columns")
     if width == 0:
         raise SourceError("the feature columns have no values at any node (every categorical column is empty): nothing to train on")
     return DataSchema(kind, tuple(classes), (width,), numeric, categorical)

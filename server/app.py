@@ -29,18 +29,19 @@ def default_out_dir(cfg: Mapping[str, Any]) -> Path:
     return Path(cfg["results-dir"]) / f"{cfg['algorithm']}-{dataset_label(cfg)}-{stamp}"
 
 
-def build_strategy(cfg: dict[str, Any], schema: Any = None) -> HeadwayStrategy:
+def build_strategy(cfg: dict[str, Any], schema: Any = None, described: dict[int, dict[str, Any]] | None = None) -> HeadwayStrategy:
     """The method's strategy for a resolved config; raises ConfigError when they cannot work
     together, before any client is asked: the config against the data set's spec, the
     profiled layer of FedProf, and (where the server holds the data) the partition.
-    ``schema``: with dataset=local, what the nodes' descriptions fixed (:mod:`strategies.discovery`)."""
+    ``schema``: with dataset=local, what the nodes' descriptions fixed (:mod:`strategies.discovery`),
+    and ``described`` those descriptions by node id (a node may not declare more at registration)."""
     data_spec = run_spec(cfg, schema)
     check_against_spec(cfg, data_spec)
     spec = input_spec(cfg, data_spec)
     check_bodies(cfg, spec.input_shape)
     if cfg["algorithm"] == "fedprof":
         check_profiled_layer(cfg, spec)
-    strategy = STRATEGIES[cfg["algorithm"]](cfg, spec, Services(cfg, schema))
+    strategy = STRATEGIES[cfg["algorithm"]](cfg, spec, Services(cfg, schema, dict(described or {})))
     if cfg["dataset"] != LOCAL:
         check_partition(cfg, strategy.services.data.dataset)
     return strategy
@@ -122,7 +123,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     cfg = resolve(run_config)
     out = Path(out_dir) if out_dir else default_out_dir(cfg)
     found = discover(grid, cfg) if cfg["dataset"] == LOCAL else None  # nodes that own their data agree on a schema first
-    strategy = build_strategy(cfg, None if found is None else found.schema)
+    strategy = build_strategy(cfg, None, None) if found is None else build_strategy(cfg, found.schema, found.described)
     recorder = Recorder(out, cfg, overwrite=overwrite)
     log.info("headway: %s on %s, %d clients, %d rounds -> %s", cfg["algorithm"], cfg["dataset"], cfg["num-clients"], cfg["num-server-rounds"], out)
     try:

@@ -3,14 +3,18 @@ is: the server asks every connected node to describe its own data (class names a
 columns with summed moments and levels; never rows) and merges the descriptions into one
 schema (classes in index order, the input shape, a federated scaling of table columns).
 
-A description that cannot be read or contradicts the ones merged before it is left out, and
-its node is refused later, at registration, if its data does not fit the schema. Listing
-``classes`` in the run config pins the class list, so no node can add to it.
+Descriptions are merged largest group of agreeing ones first (same kind, same columns and
+types, same image size): a description that cannot be read, holds classes outside a pinned
+``classes`` list, or contradicts the ones merged before it is left out, and its node is
+refused later, at registration, if its data does not fit the schema. Listing ``classes`` in
+the run config pins the class list, so no node can add to it.
 """
 
 from __future__ import annotations
 
 import logging
+import json
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +38,7 @@ class Discovery:
     bytes_down: int
     bytes_up: int
     left_out: list[str] = field(default_factory=list)
+    described: dict[int, dict[str, Any]] = field(default_factory=dict)  # node id -> the description merged (registration may not declare more)
 
     def summary(self) -> dict[str, Any]:
         return {"discovery": {"nodes": self.nodes, "bytes_down": self.bytes_down, "bytes_up": self.bytes_up, "left_out": self.left_out,
@@ -43,7 +48,8 @@ class Discovery:
 def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
     """Wait for ``min-available-clients`` (0: ``num-clients``) nodes, ask each to describe its
     data within ``round-timeout``, and merge the descriptions; RoundFailed when none can be used."""
-    from core.sources import merge
+    from core.run_data import MAX_PROFILE_CHARS
+    from core.sources import fits, merge
 
     engine = Engine(grid, cfg, Services(cfg))
     nodes = engine.wait_for_clients()
@@ -55,21 +61,30 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
     for reply in replies:
         node = reply.metadata.src_node_id
         try:
-            engine.meter.add(P.PHASE_DESCRIBE, up=engine.wire.message(reply))
             if reply.has_error():
                 raise ValueError(f"error {reply.error.code}: {_short(reply.error.reason)}")
             text = reply.content.config_records.get(P.CONFIG, {}).get(P.DATA_PROFILE)
-            described.append((str(text), node, read_profile(text)))
+            if isinstance(text, str) and len(text) > MAX_PROFILE_CHARS:  # refused before measuring: serializing it is the cost
+                raise ValueError(f"the data profile has {len(text)} characters, more than {MAX_PROFILE_CHARS}")
+            engine.meter.add(P.PHASE_DESCRIBE, up=engine.wire.message(reply))
+            profile = read_profile(text)
+            described.append((json.dumps(profile, sort_keys=True), node, profile))
         except Exception as exc:
             left_out.append(f"node {node}: {type(exc).__name__}: {_short(str(exc))}")
     profiles: list[dict[str, Any]] = []
-    for _, node, profile in sorted(described, key=lambda d: d[0]):  # a fixed order: one set of descriptions, one schema
+    kept: dict[int, dict[str, Any]] = {}
+    groups = Counter(_shape(p, opts) for _, _, p in described)
+    # the largest group of agreeing descriptions first, then a canonical order: one set of descriptions, one schema
+    for _, node, profile in sorted(described, key=lambda d: (-groups[_shape(d[2], opts)], d[0])):
         try:
-            merge(profiles + [profile], opts)
+            problem = fits(profile, merge(profiles + [profile], opts))
         except Exception as exc:
-            left_out.append(f"node {node}: its description does not agree with the others: {_short(str(exc))}")
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem:
+            left_out.append(f"node {node}: its description does not agree with the others or the run: {_short(problem)}")
             continue
         profiles.append(profile)
+        kept[node] = profile
     for reason in left_out:
         log.warning("discovery: %s", reason)
     if not profiles:
@@ -78,4 +93,14 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
     down, up = engine.meter.phase(P.PHASE_DESCRIBE)
     log.info("discovery: %d nodes described their data: %d classes %s, inputs %s", len(profiles), len(schema.classes),
              list(schema.classes)[:20], tuple(schema.input_shape))
-    return Discovery(schema, len(profiles), down, up, left_out)
+    return Discovery(schema, len(profiles), down, up, left_out, kept)
+
+
+def _shape(profile: dict[str, Any], opts: Any) -> str:
+    """What descriptions must share to merge: the kind, and the columns with their types, or
+    the image size where the run takes the images' own (image-size=0)."""
+    if profile.get("kind") == "image":
+        return json.dumps(["image", None if opts.image_size else profile.get("size")])
+    columns = profile.get("columns")
+    types = sorted((str(c), str(s.get("type")) if isinstance(s, dict) else "") for c, s in columns.items()) if isinstance(columns, dict) else []
+    return json.dumps([str(profile.get("kind")), types])

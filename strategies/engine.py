@@ -31,6 +31,8 @@ from strategies.wire import WireMeter
 
 log = logging.getLogger("headway")
 
+MAX_BODY_NAME = 300  # characters of a body name a registration may give (an import path with its weights file fits)
+
 # Phases whose bytes are measurement, not the method's cost (reported apart).
 MEASUREMENT_PHASES = (P.PHASE_REGISTER, P.PHASE_EVALUATE, P.PHASE_UPLOAD)
 
@@ -279,29 +281,36 @@ class Engine:
     def _registration_problem(self, node: int, reply: Message, connected: Collection[int], offered: int | None = None) -> str | None:
         """Register ``node`` from its reply (as client index ``offered`` with dataset=local);
         why it cannot take part, or None."""
-        self.meter.add(P.PHASE_REGISTER, up=self.wire.message(reply))
+        from core.run_data import MAX_PROFILE_CHARS
+
         if reply.has_error():
+            self.meter.add(P.PHASE_REGISTER, up=self.wire.message(reply))
             return f"registration error {reply.error.code}: {_short(reply.error.reason)}"
         met = reply.content.metric_records.get(P.METRICS, {})
         cfg = reply.content.config_records.get(P.CONFIG, {})
+        text = cfg.get(P.DATA_PROFILE)
+        if isinstance(text, str) and len(text) > MAX_PROFILE_CHARS:  # refused before measuring: serializing it is the cost
+            return f"its data profile has {len(text)} characters, more than {MAX_PROFILE_CHARS}"
+        self.meter.add(P.PHASE_REGISTER, up=self.wire.message(reply))
         body = cfg.get(P.BODY, "")
-        if not isinstance(body, str):
-            return f"registration gives body {body!r}, expected a body name"
+        if not isinstance(body, str) or len(body) > MAX_BODY_NAME:
+            return f"registration gives body {_short(repr(body), 120)}, expected a body name of at most {MAX_BODY_NAME} characters"
         if self.admit is not None and (problem := self.admit(body)):
             return problem
         if offered is None:
             return self.registry.claim(node, met.get(P.PARTITION_ID), body, connected)
-        declared, problem = self._declared(cfg.get(P.DATA_PROFILE))
+        declared, problem = self._declared(text, self.services.described.get(node))
         if problem is None:  # the index is the server's to give: whatever the node says of itself, it holds the one offered
             problem = self.registry.claim(node, offered, body, connected)
         if problem is None:
             self.registry.clients[node].declared = declared
         return problem
 
-    def _declared(self, text: Any) -> tuple[dict[str, Any] | None, str | None]:
+    def _declared(self, text: Any, described: Mapping[str, Any] | None = None) -> tuple[dict[str, Any] | None, str | None]:
         """A dataset=local node's profile read against the run's schema: its classes and their
-        (train, test) counts, or why it cannot take part (its data does not fit the run, or it
-        declares more examples than ``max-client-examples`` allows)."""
+        (train, test) counts, or why it cannot take part (its data does not fit the run, it
+        declares more of a class than its ``described`` discovery description did, or more
+        examples than ``max-client-examples`` allows)."""
         from core.run_data import read_profile
         from core.sources import fits
 
@@ -309,6 +318,12 @@ class Engine:
         if (problem := fits(profile, self.services.schema)) is not None:
             return None, f"its data does not fit the run: {problem}"
         declared = {str(k): [int(v[0]), int(v[1])] for k, v in profile["classes"].items()}
+        if described is not None:
+            before = described["classes"]
+            more = next((c for c, (a, b) in declared.items() if c not in before or a > before[c][0] or b > before[c][1]), None)
+            if more is not None:
+                return None, (f"it declares {declared[more]} examples of class {_short(repr(more), 80)}, more than the "
+                              f"{before.get(more, [0, 0])} it described before the run")
         cap = self.example_cap()
         total = sum(a + b for a, b in declared.values())
         if total > cap:

@@ -109,6 +109,7 @@ class Services:
 
     cfg: dict[str, Any]
     schema: Any = None  # dataset=local: the schema the nodes agreed on (core.sources.DataSchema)
+    described: dict[int, dict[str, Any]] = field(default_factory=dict)  # dataset=local: node id -> the description discovery merged
     data: ServerData = field(init=False)
     sampling: np.random.Generator = field(init=False)
     private: np.random.Generator = field(init=False)
