@@ -110,9 +110,10 @@ def _make_env(cfg: dict[str, Any], partition_id: int, body_override: str, ds: Da
 
 
 def node_cfg(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The run config as this node reads it: a SuperNode's ``data-dir`` overrides the run's."""
+    """The run config as this node reads it: a SuperNode's ``data-dir`` overrides the run's. A
+    node imports only the body it runs: the others the run names need not be installed here."""
     overrides = {k: node_config[k] for k in ("data-dir",) if k in node_config}
-    return resolve({**dict(run_config), **overrides})
+    return resolve({**dict(run_config), **overrides}, import_bodies=False)
 
 
 def local_data(cfg: Mapping[str, Any], node_config: Mapping[str, Any]) -> str | None:

@@ -171,11 +171,12 @@ def _coerce(name: str, key: Key, value: Any) -> Any:
     return str(value)
 
 
-def resolve(run_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def resolve(run_config: Mapping[str, Any] | None = None, import_bodies: bool = True) -> dict[str, Any]:
     """Return the full run config: defaults overlaid with ``run_config``, checked.
 
     Raises :class:`ConfigError` naming the key and the allowed values on an unknown
-    key or a bad value.
+    key or a bad value. ``import_bodies=False`` (a client, which builds only its own body)
+    checks the form of import-path and torchvision bodies without importing them.
     """
     run_config = dict(run_config or {})
     unknown = sorted(set(run_config) - set(SCHEMA))
@@ -193,14 +194,16 @@ def resolve(run_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         if key.check is not None and not key.check(value):
             raise ConfigError(f"run-config key '{name}' is {value!r}; it must be {key.rule}")
         out[name] = value
-    _check_combinations(out)
+    _check_combinations(out, import_bodies)
     return out
 
 
-def _check_combinations(cfg: Mapping[str, Any]) -> None:
-    from core.models import BodyError, body_factory  # local import: models pulls in torch
+def _check_combinations(cfg: Mapping[str, Any], import_bodies: bool = True) -> None:
+    from core.models import BodyError, body_factory, is_custom_body  # local import: models pulls in torch
 
     for body in body_names(cfg):  # a registry name, torchvision:<arch>[@weights] or an import path that imports
+        if not import_bodies and is_custom_body(body):
+            continue  # built, and so imported, only by the clients that run it
         try:
             body_factory(body)
         except BodyError as exc:

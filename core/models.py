@@ -270,7 +270,7 @@ def _imported(name: str) -> Callable[..., nn.Module]:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise BodyError(f"body {name!r}: module {module_name!r} cannot be imported (ModuleNotFoundError: {_line(exc)}); "
-                        "install it or put it on PYTHONPATH, on the server and on every SuperNode") from None
+                        "install it or put it on PYTHONPATH, on the server and on every SuperNode that runs it") from None
     except Exception as exc:  # the module itself fails to import (SyntaxError, ImportError, its own code)
         raise BodyError(f"body {name!r}: importing module {module_name!r} raised {type(exc).__name__}: {_line(exc)}") from None
     for part in attr.split("."):

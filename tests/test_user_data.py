@@ -235,3 +235,16 @@ def test_simulation_on_a_users_csv_table(tmp_path, adult_csv, algorithm):
     assert summary["status"] == "complete" and summary["rounds"] == 2 and summary["failures"] == 0
     assert rounds[-1]["test_examples"] == 400  # test-fraction 0.2 of 2,000 rows, held out locally
     assert rounds[-1]["accuracy"] > 0.76, rounds[-1]  # above always guessing "<=50K" (about 0.76 of Adult)
+
+
+def test_a_node_imports_only_the_body_it_runs():
+    """A site's own body module need not be installed at the other sites: a client reads the run
+    config without importing the import-path bodies it does not run (the server imports them all)."""
+    from client.env import node_cfg
+
+    run = {"body": "mnist-cnn", "bodies": "mnist-cnn,site_b_private.bodies:net"}
+    with pytest.raises(ConfigError, match="site_b_private"):
+        resolve(run)
+    assert node_cfg(run, {"data": "/srv/a"})["bodies"] == run["bodies"]
+    with pytest.raises(ConfigError, match="unknown body 'vgg'"):
+        node_cfg({"body": "vgg"}, {})  # a name that is no body at all is still refused
