@@ -26,8 +26,8 @@ test: setup
 	$(PY) -m pytest -q -m "not system"
 
 # Faults survived by real processes: a SuperNode killed mid-round and restarted, a hung ClientApp,
-# a SuperLink restarted on its database, an unknown body, SIGTERM; FedProf on a second data set
-# (about 10 minutes; CI runs it after `test`).
+# a SuperLink restarted on its database, an unknown body, SIGTERM, node-local refusals; FedProf on a
+# second data set; the gRPC byte probe and FedPFT's chain over gRPC (about 15 minutes; CI runs it after `test`).
 test-system: setup
 	$(PY) -m pytest -q -m system
 

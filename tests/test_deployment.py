@@ -60,6 +60,7 @@ def test_fedavg_over_grpc_with_a_superlink_and_two_supernodes(tmp_path, data_dir
     assert (folder / "config.json").exists() and (folder / "accuracy_vs_bytes.png").exists()
 
 
+@pytest.mark.system  # real processes, ~100 s: `make test-system` (make test keeps the FedAvg, TLS-across-hosts and node-local runs)
 def test_metered_bytes_are_the_bytes_the_supernodes_move(tmp_path, data_dir):
     """The meter's total, every phase and both directions, against what the two SuperNodes
     pulled and pushed on their Fleet channels (headers, object trees, object contents)."""
@@ -87,6 +88,7 @@ def test_metered_bytes_are_the_bytes_the_supernodes_move(tmp_path, data_dir):
     assert rounds[0]["stats_bytes_down"] > 0 and rounds[0]["bytes_down"] > rounds[0]["stats_bytes_down"]
 
 
+@pytest.mark.system  # real processes, ~120 s: `make test-system`
 def test_fedpft_chain_over_grpc_keeps_each_clients_head_between_messages(tmp_path, data_dir):
     """FedPFT's decentralized chain across two SuperNodes: the SuperLink relays node 0's
     mixtures to node 1; each node trains its head in the chain message and scores it in the

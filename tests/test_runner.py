@@ -368,15 +368,22 @@ def test_ctrl_c_on_the_command_line_writes_the_summary_and_plots_and_exits_130(t
     engine.play = play
     monkeypatch.setattr(os, "_exit", fake_exit)
     monkeypatch.setattr(simulation.runner, "_descendants", lambda pid: [])  # signal none of pytest's processes
+    # Ctrl-C as a terminal delivers it: a test suite started in the background of a script inherits SIGINT ignored,
+    # and main rightly leaves an ignored SIGINT alone
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(Exited) as exited:
-        simulation.main(["--out", str(tmp_path / "out"), "--set", f"data-dir={data_dir}"])
+    try:
+        with pytest.raises(Exited) as exited:
+            simulation.main(["--out", str(tmp_path / "out"), "--set", f"data-dir={data_dir}"])
+        restored = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     assert exited.value.args == (130,)
     summary = summary_of(tmp_path / "out")
     assert summary["status"] == "interrupted" and "Ctrl-C" in summary["reason"] and summary["rounds"] == 2
     assert (tmp_path / "out" / "accuracy_vs_round.png").exists()
     assert "interrupted" in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGINT) is before  # main put the previous handler back
+    assert restored is before  # main put the previous handler back
 
 
 def test_simulate_runs_preflight_before_the_engine(tmp_path, no_engine, data_dir):
