@@ -18,10 +18,11 @@ from typing import Any
 from core.config import LOCAL, ConfigError, check_against_spec, dataset_kind, resolve
 from core.data import DatasetMissingError
 from core.run_data import load_run_dataset, run_spec
+from core.sources import SourceError
 from server.results import Recorder, ResultsFolderError, check_out_dir, clear_results
 
 # What pre-flight may raise; main() prints each as one line and exits 2.
-PREFLIGHT_ERRORS = (ConfigError, DatasetMissingError, ResultsFolderError, ValueError)  # ValueError: core.sources.SourceError, an unreadable source
+PREFLIGHT_ERRORS = (ConfigError, DatasetMissingError, ResultsFolderError, SourceError)  # SourceError: a user source that cannot be read
 EXIT_PREFLIGHT = 2
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT

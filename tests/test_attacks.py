@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, MessageType, MetricRecord, RecordDict
 
 from core import protocol as P
 from core.fedlog import StatsCheck

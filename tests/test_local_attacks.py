@@ -404,12 +404,17 @@ def _stats_reply(strategy, pid: int, counts: dict[int, float], n: float) -> Reco
                        P.METRICS: MetricRecord({P.PARTITION_ID: pid, P.NUM_EXAMPLES: n, P.LOSS: 0.5})})
 
 
-def test_fedlog_statistics_for_ten_thousand_from_a_node_that_declared_ten_are_refused(task_identity):
-    cfg = local_cfg(classes="2,3,7")
+def _declared_class_2(cfg):
+    """One node that described and registered 10 training examples of class "2": its strategy, engine and grid."""
     prof = text(image_profile({"2": [10, 2]}))
     schema = discover(ScriptedGrid([Script(prof)]), cfg).schema
     grid = ScriptedGrid([Script(prof)])
     strategy, engine = registered(cfg, schema, grid)
+    return strategy, engine, grid
+
+
+def test_fedlog_statistics_for_ten_thousand_from_a_node_that_declared_ten_are_refused(task_identity):
+    strategy, engine, grid = _declared_class_2(local_cfg(classes="2,3,7"))
     layout = strategy.train_layout(1)
     grid.scripts[201].answer = lambda node, msg: _stats_reply(strategy, 0, {0: 10_000.0}, 10_000)
     got = engine.exchange(P.PHASE_TRAIN, {201: RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})})}, MessageType.TRAIN, layout)
@@ -423,11 +428,7 @@ def test_fedlog_statistics_for_ten_thousand_from_a_node_that_declared_ten_are_re
                    "(docs/your-data.md: 'num-examples and class counts are bounded by what the node declared'): a node "
                    "that declared 10 examples of class 2 sends FedLog statistics for 10 examples of class 3, which it holds none of")
 def test_fedlog_statistics_of_a_class_the_node_did_not_declare_are_refused(task_identity):
-    cfg = local_cfg(classes="2,3,7")
-    prof = text(image_profile({"2": [10, 2]}))
-    schema = discover(ScriptedGrid([Script(prof)]), cfg).schema
-    grid = ScriptedGrid([Script(prof)])
-    strategy, engine = registered(cfg, schema, grid)
+    strategy, engine, grid = _declared_class_2(local_cfg(classes="2,3,7"))
     grid.scripts[201].answer = lambda node, msg: _stats_reply(strategy, 0, {1: 10.0}, 10)  # class "3" is index 1
     got = engine.exchange(P.PHASE_TRAIN, {201: RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})})}, MessageType.TRAIN, strategy.train_layout(1))
     assert got == []
