@@ -31,7 +31,9 @@ METHODS: dict[str, dict[str, object]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("dataset", choices=sorted(CONFIGS))
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     add_run_arguments(p)

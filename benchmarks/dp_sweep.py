@@ -42,15 +42,20 @@ def collect(root: Path) -> dict[tuple[str, float | None], list[tuple[dict, list[
 
 
 def table(runs: dict) -> str:
-    lines = ["| mode | ε | δ | b | k | σ | seeds | rounds | final accuracy % | best % | failures |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| mode | ε | δ | b | k | σ | seeds | rounds | final accuracy % | best % | failures |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for mode, eps in sorted(runs, key=lambda k: ((("off",) + MODES).index(k[0]), k[1] or 0.0)):
         items = runs[(mode, eps)]
         dp = items[0][0].get("dp") or {}
         final = fmt_mean_se([s["final_accuracy"] for s, _ in items])
         best = np.mean([s["best_accuracy"] for s, _ in items]) * 100
         sigma = f"{dp['sigma']:.4g}" if dp else "0"
-        lines.append(f"| {mode} | {eps if eps is not None else '–'} | {dp.get('delta', '–')} | {items[0][0].get('clip', '–')} | {dp.get('k', '–')} | {sigma} "
-                     f"| {len(items)} | {items[0][0]['rounds']} | {final} | {best:.2f} | {sum(s['failures'] for s, _ in items)} |")
+        lines.append(
+            f"| {mode} | {eps if eps is not None else '–'} | {dp.get('delta', '–')} | {items[0][0].get('clip', '–')} | {dp.get('k', '–')} | {sigma} "
+            f"| {len(items)} | {items[0][0]['rounds']} | {final} | {best:.2f} | {sum(s['failures'] for s, _ in items)} |"
+        )
     return "\n".join(lines)
 
 
@@ -93,7 +98,9 @@ def summarize(root: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.dp_sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.dp_sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS))
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--clip", type=float, default=2.0, help="b, the feature bound (paper: 2)")

@@ -41,8 +41,10 @@ def values_to_target(runs: list[tuple[dict, list[dict]]]) -> tuple[str, str]:
 
 def table(root: Path, seeds: list[int]) -> str:
     """The markdown table of the finished runs under ``root``."""
-    lines = ["| variant | seeds | MB to 97 % | round reached | final accuracy (%) | best accuracy (%) | MB per round after round 1 | values MB to 97 % (both ways) | values MB up to 97 % |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| variant | seeds | MB to 97 % | round reached | final accuracy (%) | best accuracy (%) | MB per round after round 1 | values MB to 97 % (both ways) | values MB up to 97 % |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for variant in VARIANTS:
         runs = [load_run(root / f"{variant}-seed{s}") for s in seeds if finished(root / f"{variant}-seed{s}")]
         if not runs:
@@ -52,14 +54,18 @@ def table(root: Path, seeds: list[int]) -> str:
         rnd = fmt_mean_se([s["round_to_target"] for s in reached], 1.0) if reached else "–"
         per_round = mean_se([(r["bytes_down"] + r["bytes_up"]) / 1e6 for _, rows in runs for r in rows[1:]])[0]
         both, up = values_to_target(runs)
-        lines.append(f"| {variant} | {len(runs)} | {mb} | {rnd} | {fmt_mean_se([s['final_accuracy'] for s, _ in runs])} | "
-                     f"{fmt_mean_se([s['best_accuracy'] for s, _ in runs])} | {per_round:.3f} | {both} | {up} |")
+        lines.append(
+            f"| {variant} | {len(runs)} | {mb} | {rnd} | {fmt_mean_se([s['final_accuracy'] for s, _ in runs])} | "
+            f"{fmt_mean_se([s['best_accuracy'] for s, _ in runs])} | {per_round:.3f} | {both} | {up} |"
+        )
     lines.append("| paper (FedLog, Table 1) | – | – | – | 98.15 | – | – | – | 0.40 (3.18 Mb) |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.fedlog_wire", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.fedlog_wire", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_run_arguments(p)
     args = p.parse_args(argv)
     root = results_root("fedlog-wire", args.tag)

@@ -49,8 +49,18 @@ ARMS: dict[str, dict[str, Any]] = {
     # FedAvg of the linear head as a real Flower run on the same cached features (inputs=features,
     # body=linear), set like the in-process baseline "fedavg-head": 50 rounds of one local epoch,
     # every client every round, Adam 1e-4 (the baseline's AdamW without its weight decay), batch 32
-    "fedavg-head-flower": {"algorithm": "fedavg", "inputs": "features", "body": "linear", "num-server-rounds": 50, "local-epochs": 1,
-                           "optimizer": "adam", "lr": 1e-4, "batch-size": 32, "fraction-train": 1.0, "eval-every": 0},
+    "fedavg-head-flower": {
+        "algorithm": "fedavg",
+        "inputs": "features",
+        "body": "linear",
+        "num-server-rounds": 50,
+        "local-epochs": 1,
+        "optimizer": "adam",
+        "lr": 1e-4,
+        "batch-size": 32,
+        "fraction-train": 1.0,
+        "eval-every": 0,
+    },
 }
 BASELINES = ("centralized", "ensemble", "avg", "fedavg-head")
 FEDAVG_HEAD_ROUNDS = 50  # one local epoch a round: as many passes over the data as the one-shot heads get
@@ -63,7 +73,12 @@ def config(seed: int, sets: list[str]) -> dict[str, Any]:
 
 
 def head_settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {"optimizer": cfg["fedpft-head-optimizer"], "lr": cfg["fedpft-head-lr"], "epochs": cfg["fedpft-head-epochs"], "batch_size": cfg["fedpft-head-batch-size"]}
+    return {
+        "optimizer": cfg["fedpft-head-optimizer"],
+        "lr": cfg["fedpft-head-lr"],
+        "epochs": cfg["fedpft-head-epochs"],
+        "batch_size": cfg["fedpft-head-batch-size"],
+    }
 
 
 def client_features(cfg: dict[str, Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -100,7 +115,11 @@ def baselines(cfg: dict[str, Any], seed: int) -> dict[str, dict[str, float]]:
     x = torch.cat([f for f, _ in clients])
     y = torch.cat([t for _, t in clients])
     w, b = train_head(x, y, c, seed=seed, **hs)
-    out["centralized"] = {"global_accuracy": accuracy(head_logits(ftest, w, b), ytest), "bytes": 2 * x.numel() + 4 * len(y) + head_bytes(c, d) * len(clients), "seconds": time.perf_counter() - t0}
+    out["centralized"] = {
+        "global_accuracy": accuracy(head_logits(ftest, w, b), ytest),
+        "bytes": 2 * x.numel() + 4 * len(y) + head_bytes(c, d) * len(clients),
+        "seconds": time.perf_counter() - t0,
+    }
     t0 = time.perf_counter()
     heads = [train_head(f, t, c, seed=seed + 1 + i, **hs) for i, (f, t) in enumerate(clients)]
     probs = torch.stack([torch.softmax(head_logits(ftest, hw, hb), 1) for hw, hb in heads])
@@ -109,7 +128,11 @@ def baselines(cfg: dict[str, Any], seed: int) -> dict[str, dict[str, float]]:
     out["ensemble"] = {"global_accuracy": _ensemble(probs, ytest), "bytes": up, "seconds": time.perf_counter() - t0}
     wa = sum(ni * hw for ni, (hw, _) in zip(n, heads)) / n.sum()
     ba = sum(ni * hb for ni, (_, hb) in zip(n, heads)) / n.sum()
-    out["avg"] = {"global_accuracy": accuracy(head_logits(ftest, wa, ba), ytest), "bytes": up + head_bytes(c, d) * len(clients), "seconds": out["ensemble"]["seconds"]}
+    out["avg"] = {
+        "global_accuracy": accuracy(head_logits(ftest, wa, ba), ytest),
+        "bytes": up + head_bytes(c, d) * len(clients),
+        "seconds": out["ensemble"]["seconds"],
+    }
     t0 = time.perf_counter()
     gw, gb = initial_head(d, c, torch.Generator().manual_seed(seed))
     for rnd in range(FEDAVG_HEAD_ROUNDS):
@@ -117,8 +140,13 @@ def baselines(cfg: dict[str, Any], seed: int) -> dict[str, dict[str, float]]:
         local = [train_head(f, t, c, seed=seed + 1000 * rnd + i, init=(gw, gb), **local_hs) for i, (f, t) in enumerate(clients)]
         gw = sum(ni * lw for ni, (lw, _) in zip(n, local)) / n.sum()
         gb = sum(ni * lb for ni, (_, lb) in zip(n, local)) / n.sum()
-    out["fedavg-head"] = {"global_accuracy": accuracy(head_logits(ftest, gw, gb), ytest), "bytes": 2 * FEDAVG_HEAD_ROUNDS * head_bytes(c, d) * len(clients),
-                          "seconds": time.perf_counter() - t0, "rounds": FEDAVG_HEAD_ROUNDS, "local_epochs": FEDAVG_HEAD_EPOCHS}
+    out["fedavg-head"] = {
+        "global_accuracy": accuracy(head_logits(ftest, gw, gb), ytest),
+        "bytes": 2 * FEDAVG_HEAD_ROUNDS * head_bytes(c, d) * len(clients),
+        "seconds": time.perf_counter() - t0,
+        "rounds": FEDAVG_HEAD_ROUNDS,
+        "local_epochs": FEDAVG_HEAD_EPOCHS,
+    }
     return out
 
 
@@ -181,7 +209,11 @@ def run_labelshift(args: argparse.Namespace) -> None:
 
         def score(w: np.ndarray, b: np.ndarray) -> dict[str, float]:
             lg = head_logits(ftest, w, b)
-            return {"source_test": accuracy(lg[tsrc], ytest[tsrc]), "destination_test": accuracy(lg[tdst], ytest[tdst]), "all_test": accuracy(lg, ytest)}
+            return {
+                "source_test": accuracy(lg[tsrc], ytest[tsrc]),
+                "destination_test": accuracy(lg[tdst], ytest[tdst]),
+                "all_test": accuracy(lg, ytest),
+            }
 
         hsrc = train_head(f[src], y[src], 10, seed=seed, **hs)
         hdst = train_head(f[dst], y[dst], 10, seed=seed + 1, **hs)
@@ -189,13 +221,38 @@ def run_labelshift(args: argparse.Namespace) -> None:
         res["local-destination"] = score(*hdst)
         probs = torch.stack([torch.softmax(head_logits(ftest, *h), 1) for h in (hsrc, hdst)])
         ens = _ensemble(probs, ytest)
-        res["ensemble"] = {"all_test": ens, "source_test": _ensemble(probs[:, tsrc], ytest[tsrc]), "destination_test": _ensemble(probs[:, tdst], ytest[tdst])}
+        res["ensemble"] = {
+            "all_test": ens,
+            "source_test": _ensemble(probs[:, tsrc], ytest[tsrc]),
+            "destination_test": _ensemble(probs[:, tdst], ytest[tdst]),
+        }
         res["avg"] = score((hsrc[0] + hdst[0]) / 2, (hsrc[1] + hdst[1]) / 2)
         res["kd"] = score(*_distill(f[dst], y[dst], hsrc, hs, seed))
         for cov, k in (("spherical", 1), ("diag", 10)):
-            mix, _ = fit_class_mixtures(f[src], y[src].numpy(), k, cov, 2, cfg["fedpft-reg-covar"], cfg["fedpft-em-tol"], cfg["fedpft-em-max-iter"], cfg["fedpft-em-init"], seed)
+            mix, _ = fit_class_mixtures(
+                f[src],
+                y[src].numpy(),
+                k,
+                cov,
+                2,
+                cfg["fedpft-reg-covar"],
+                cfg["fedpft-em-tol"],
+                cfg["fedpft-em-max-iter"],
+                cfg["fedpft-em-init"],
+                seed,
+            )
             payload = encode(mix, f.shape[1], cov)
-            sent = [ClassMixture(m.label, m.count, m.weights.astype(np.float16).astype(np.float64), m.means.astype(np.float16).astype(np.float64), m.covariances.astype(np.float16).astype(np.float64), cov) for m in mix]
+            sent = [
+                ClassMixture(
+                    m.label,
+                    m.count,
+                    m.weights.astype(np.float16).astype(np.float64),
+                    m.means.astype(np.float16).astype(np.float64),
+                    m.covariances.astype(np.float16).astype(np.float64),
+                    cov,
+                )
+                for m in mix
+            ]
             xs, ys = synthesize(sent, torch.Generator().manual_seed(seed))
             r = score(*train_head(torch.cat([f[dst], xs]), torch.cat([y[dst], ys]), 10, seed=seed + 2, **hs))
             r["bytes"] = int(sum(v.nbytes for v in payload.values()))
@@ -206,7 +263,9 @@ def run_labelshift(args: argparse.Namespace) -> None:
         print("labelshift", seed, json.dumps(res), flush=True)
 
 
-def _distill(x: torch.Tensor, y: torch.Tensor, teacher: tuple[np.ndarray, np.ndarray], hs: dict[str, Any], seed: int, temperature: float = 2.0) -> tuple[np.ndarray, np.ndarray]:
+def _distill(
+    x: torch.Tensor, y: torch.Tensor, teacher: tuple[np.ndarray, np.ndarray], hs: dict[str, Any], seed: int, temperature: float = 2.0
+) -> tuple[np.ndarray, np.ndarray]:
     """KD baseline: the destination trains its head on its own labels plus the source head's
     soft labels (temperature 2, equal weights) on the destination's features."""
     soft = torch.softmax(head_logits(x, *teacher) / temperature, 1)
@@ -234,7 +293,16 @@ def run_em_speed(args: argparse.Namespace) -> None:
     for cov in ("diag", "spherical"):
         t0 = time.perf_counter()
         g = GaussianMixture(10, covariance_type=cov, tol=1e-3, max_iter=100, random_state=0, reg_covar=1e-6).fit(f.numpy())
-        rows.append({"impl": "scikit-learn", "device": "cpu", "covariance": cov, "seconds": time.perf_counter() - t0, "log_likelihood": float(g.score(f.numpy())), "iterations": int(g.n_iter_)})
+        rows.append(
+            {
+                "impl": "scikit-learn",
+                "device": "cpu",
+                "covariance": cov,
+                "seconds": time.perf_counter() - t0,
+                "log_likelihood": float(g.score(f.numpy())),
+                "iterations": int(g.n_iter_),
+            }
+        )
         for dev in devices:
             fit_gmm([f], 10, cov, tol=1e-3, max_iter=2, device=dev)  # warm-up (CUDA context, kernels)
             if dev == "cuda":
@@ -243,7 +311,16 @@ def run_em_speed(args: argparse.Namespace) -> None:
             r = fit_gmm([f], 10, cov, tol=1e-3, max_iter=100, device=dev)
             if dev == "cuda":
                 torch.cuda.synchronize()
-            rows.append({"impl": "headway", "device": dev, "covariance": cov, "seconds": time.perf_counter() - t0, "log_likelihood": float(r.log_likelihood[0]), "iterations": r.iterations})
+            rows.append(
+                {
+                    "impl": "headway",
+                    "device": dev,
+                    "covariance": cov,
+                    "seconds": time.perf_counter() - t0,
+                    "log_likelihood": float(r.log_likelihood[0]),
+                    "iterations": r.iterations,
+                }
+            )
         print(json.dumps(rows[-len(devices) - 1 :]), flush=True)
     (root / f"em-speed-{'gpu' if len(devices) > 1 else 'cpu'}.json").write_text(json.dumps(rows, indent=1))
 
@@ -260,12 +337,23 @@ def report(args: argparse.Namespace) -> None:
                 if s.get("status") != "complete":
                     continue
                 arm = folder.name.rsplit("-s", 1)[0]
-                rows.setdefault(arm, []).append({"global_accuracy": s.get("global_final"), "local_accuracy": s.get("final_accuracy"), "bytes": s.get("total_bytes"), "seconds": s.get("wall_seconds")})
+                rows.setdefault(arm, []).append(
+                    {
+                        "global_accuracy": s.get("global_final"),
+                        "local_accuracy": s.get("final_accuracy"),
+                        "bytes": s.get("total_bytes"),
+                        "seconds": s.get("wall_seconds"),
+                    }
+                )
         for path in sorted(root.glob("baselines-s*.json")):
             for arm, r in json.loads(path.read_text()).items():
                 rows.setdefault(arm, []).append(r)
-        lines += ["## Table 5 shape: CIFAR-10, 50 clients, Dirichlet β = 0.1, EfficientNet-Lite0 features", "",
-                  "| method | global test accuracy (mean ± sd) | seeds | bytes (MB) | seconds |", "|---|---|---|---|---|"]
+        lines += [
+            "## Table 5 shape: CIFAR-10, 50 clients, Dirichlet β = 0.1, EfficientNet-Lite0 features",
+            "",
+            "| method | global test accuracy (mean ± sd) | seeds | bytes (MB) | seconds |",
+            "|---|---|---|---|---|",
+        ]
         order = [*BASELINES, *ARMS]
         for arm in sorted(rows, key=lambda a: order.index(a) if a in order else 99):
             acc = np.array([r["global_accuracy"] for r in rows[arm]], dtype=float)
@@ -273,23 +361,37 @@ def report(args: argparse.Namespace) -> None:
             sec = np.mean([r.get("seconds", float("nan")) for r in rows[arm]])
             lines.append(f"| {arm} | {acc.mean() * 100:.2f} ± {acc.std() * 100:.2f} | {len(acc)} | {mb:.2f} | {sec:.0f} |")
         lines.append("")
-    for name, title in (("fedpft-chain", "§5.4 chain: 5 clients, 100 iid examples each"), ("fedpft-labelshift", "Table 2: disjoint label shift (source 0–4, destination 5–9)"), ("fedpft-em-speed", "EM: headway against scikit-learn")):
+    for name, title in (
+        ("fedpft-chain", "§5.4 chain: 5 clients, 100 iid examples each"),
+        ("fedpft-labelshift", "Table 2: disjoint label shift (source 0–4, destination 5–9)"),
+        ("fedpft-em-speed", "EM: headway against scikit-learn"),
+    ):
         r = results_root(name, args.tag)
         if not r.is_dir():
             continue
         lines += [f"## {title}", ""]
         if name == "fedpft-chain":
-            lines += ["| seed | client 1 | 2 | 3 | 4 | 5 | local-only heads (mean) | centralized (500 real) | MB |", "|---|---|---|---|---|---|---|---|---|"]
+            lines += [
+                "| seed | client 1 | 2 | 3 | 4 | 5 | local-only heads (mean) | centralized (500 real) | MB |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
             for folder in sorted(r.glob("chain-s*")):
-                rec = [json.loads(x) for x in (folder / "rounds.jsonl").read_text().splitlines()] if (folder / "rounds.jsonl").is_file() else []
+                rec = (
+                    [json.loads(x) for x in (folder / "rounds.jsonl").read_text().splitlines()]
+                    if (folder / "rounds.jsonl").is_file()
+                    else []
+                )
                 if not rec:
                     continue
                 last = rec[-1]
                 accs = [last.get(f"accuracy_p{i}") for i in range(5)]
                 ref = r / f"centralized-s{folder.name[-1]}.json"
                 central = json.loads(ref.read_text())["global_accuracy"] * 100 if ref.is_file() else float("nan")
-                lines.append(f"| {folder.name[-1]} | " + " | ".join(f"{a * 100:.1f}" if a is not None else "–" for a in accs)
-                             + f" | {last.get('accuracy_local', float('nan')) * 100:.1f} | {central:.1f} | {(last['bytes_down'] + last['bytes_up']) / 1e6:.2f} |")
+                lines.append(
+                    f"| {folder.name[-1]} | "
+                    + " | ".join(f"{a * 100:.1f}" if a is not None else "–" for a in accs)
+                    + f" | {last.get('accuracy_local', float('nan')) * 100:.1f} | {central:.1f} | {(last['bytes_down'] + last['bytes_up']) / 1e6:.2f} |"
+                )
         elif name == "fedpft-labelshift":
             res = [json.loads(p.read_text()) for p in sorted(r.glob("labelshift-s*.json"))]
             if res:
@@ -301,9 +403,14 @@ def report(args: argparse.Namespace) -> None:
                     lines.append(f"| {arm} | {src:.2f} | {dst:.2f} | {al:.2f} | {res[0][arm].get('bytes', '')} |")
         else:
             for p in sorted(r.glob("*.json")):
-                lines += ["| implementation | device | covariance | seconds | mean log-likelihood | iterations |", "|---|---|---|---|---|---|"]
+                lines += [
+                    "| implementation | device | covariance | seconds | mean log-likelihood | iterations |",
+                    "|---|---|---|---|---|---|",
+                ]
                 for row in json.loads(p.read_text()):
-                    lines.append(f"| {row['impl']} | {row['device']} | {row['covariance']} | {row['seconds']:.2f} | {row['log_likelihood']:.2f} | {row['iterations']} |")
+                    lines.append(
+                        f"| {row['impl']} | {row['device']} | {row['covariance']} | {row['seconds']:.2f} | {row['log_likelihood']:.2f} | {row['iterations']} |"
+                    )
         lines.append("")
     text = "\n".join(lines)
     out = results_root("fedpft-cifar10", args.tag).parent / "fedpft-tables.md"

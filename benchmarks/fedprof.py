@@ -43,11 +43,19 @@ MODES_OF = {"fedprox": ("partial",)}  # methods run in some modes only
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.fedprof", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.fedprof", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("task", choices=sorted(TASKS))
     p.add_argument("--modes", nargs="+", choices=list(GROUP), default=list(MODES))
     p.add_argument("--methods", nargs="+", choices=sorted(METHODS), default=list(METHODS))
-    p.add_argument("--rounds", type=int, nargs=2, metavar=("FULL", "PARTIAL"), help="rounds of full and partial runs (default: the paper's T_max); give a --tag when shortening")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        nargs=2,
+        metavar=("FULL", "PARTIAL"),
+        help="rounds of full and partial runs (default: the paper's T_max); give a --tag when shortening",
+    )
     add_run_arguments(p)
     args = p.parse_args(argv)
     # FedProf draws D^V from OS entropy unless the server has a secret: a benchmark must be
@@ -64,7 +72,13 @@ def main(argv: list[str] | None = None) -> None:
         for seed in args.seeds:
             for mode in args.modes:
                 for method in (m for m in args.methods if mode in MODES_OF.get(m, GROUP)):
-                    overrides = {"algorithm": "fedprof", "fedprof-aggregation": mode, "num-server-rounds": rounds[mode], "seed": seed, **METHODS[method]}
+                    overrides = {
+                        "algorithm": "fedprof",
+                        "fedprof-aggregation": mode,
+                        "num-server-rounds": rounds[mode],
+                        "seed": seed,
+                        **METHODS[method],
+                    }
                     simulate(config, root / mode / f"{method}-s{seed}", overrides, args.set)
     from benchmarks.fedprof_report import report
 

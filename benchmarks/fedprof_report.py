@@ -23,12 +23,27 @@ from core.costmodel import TABLE2, client_costs, draw_devices, round_cost
 
 # The paper's Tables 3-5 (mean over runs): best accuracy and rounds to the target.
 PAPER = {
-    "mnist": {("full", "fedprof"): (0.940, 59), ("full", "fedavg"): (0.923, 103), ("partial", "fedprof"): (0.957, 15), ("partial", "fedavg"): (0.941, 23),
-              ("partial", "fedprox"): (0.941, 23)},
-    "gasturbine": {("full", "fedprof"): (0.832, 38), ("full", "fedavg"): (0.817, 82), ("partial", "fedprof"): (0.838, 19), ("partial", "fedavg"): (0.820, 28),
-                   ("partial", "fedprox"): (0.829, 35)},
-    "cifar10": {("full", "fedprof"): (0.733, 14), ("full", "fedavg"): (0.665, 38), ("partial", "fedprof"): (0.735, 9), ("partial", "fedavg"): (0.674, 24),
-                ("partial", "fedprox"): (0.682, 28)},
+    "mnist": {
+        ("full", "fedprof"): (0.940, 59),
+        ("full", "fedavg"): (0.923, 103),
+        ("partial", "fedprof"): (0.957, 15),
+        ("partial", "fedavg"): (0.941, 23),
+        ("partial", "fedprox"): (0.941, 23),
+    },
+    "gasturbine": {
+        ("full", "fedprof"): (0.832, 38),
+        ("full", "fedavg"): (0.817, 82),
+        ("partial", "fedprof"): (0.838, 19),
+        ("partial", "fedavg"): (0.820, 28),
+        ("partial", "fedprox"): (0.829, 35),
+    },
+    "cifar10": {
+        ("full", "fedprof"): (0.733, 14),
+        ("full", "fedavg"): (0.665, 38),
+        ("partial", "fedprof"): (0.735, 9),
+        ("partial", "fedavg"): (0.674, 24),
+        ("partial", "fedprox"): (0.682, 28),
+    },
 }
 LABELS = {"fedprof": "FedProf", "fedavg": "FedAvg (uniform selection)", "fedprox": "FedProx (draws by data ratio)"}
 
@@ -39,8 +54,10 @@ def client_sizes(cfg: dict[str, Any]) -> np.ndarray:
 
     sizes = ServerData(cfg).partition_sizes
     if sizes is None:
-        raise SystemExit(f"the report needs the {cfg['dataset']} data to rebuild the clients' partition for the cost model: "
-                         "set HEADWAY_DATA_DIR (or the run's data-dir) to the folder holding it")
+        raise SystemExit(
+            f"the report needs the {cfg['dataset']} data to rebuild the clients' partition for the cost model: "
+            "set HEADWAY_DATA_DIR (or the run's data-dir) to the folder holding it"
+        )
     return np.array([train for train, _ in sizes])
 
 
@@ -64,9 +81,13 @@ def simulated_costs(task: str, cfg: dict[str, Any], rounds: list[dict[str, Any]]
     seconds, joules = [], []
     for r in rounds:
         sel = np.array(r.get("selected", []), dtype=int)
-        t, e = round_cost(*client_costs(spec, dev.speed_ghz[sel], dev.bandwidth_mhz[sel], sizes[sel], model_bytes, profile_bytes, profile=fedprof))
+        t, e = round_cost(
+            *client_costs(spec, dev.speed_ghz[sel], dev.bandwidth_mhz[sel], sizes[sel], model_bytes, profile_bytes, profile=fedprof)
+        )
         if r["round"] == 1 and fedprof:  # Alg. 1 line 4: every client profiles the initial model
-            t0, e0 = round_cost(*client_costs(spec, dev.speed_ghz, dev.bandwidth_mhz, sizes, model_bytes, profile_bytes, train=False, profile=True))
+            t0, e0 = round_cost(
+                *client_costs(spec, dev.speed_ghz, dev.bandwidth_mhz, sizes, model_bytes, profile_bytes, train=False, profile=True)
+            )
             t, e = t + t0, e + e0  # its download of the initial model is not modelled, as in the paper
         seconds.append(t)
         joules.append(e)
@@ -157,11 +178,18 @@ def report(root: Path, task: str, paper_rounds: tuple[int, int]) -> dict[str, An
     ]
     for (mode, method), figs in sorted(runs.items()):
         paper = PAPER.get(task, {}).get((GROUP.get(mode, mode), method), (None, None))
-        lines.append(f"| {mode} | {LABELS.get(method, method)} | {len(figs)} × {figs[0]['rounds']} | {_stat([f['best'] for f in figs], '{:.3f}')} "
-                     f"| {paper[0] if paper[0] is not None else '–'} | {paper[1] if paper[1] is not None else '–'} |")
+        lines.append(
+            f"| {mode} | {LABELS.get(method, method)} | {len(figs)} × {figs[0]['rounds']} | {_stat([f['best'] for f in figs], '{:.3f}')} "
+            f"| {paper[0] if paper[0] is not None else '–'} | {paper[1] if paper[1] is not None else '–'} |"
+        )
     for t in thresholds:
-        lines += ["", f"To {metric} {t:g}:", "",
-                  "| mode | method | rounds | MB (up + down) | simulated minutes | simulated Wh | measured seconds |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"To {metric} {t:g}:",
+            "",
+            "| mode | method | rounds | MB (up + down) | simulated minutes | simulated Wh | measured seconds |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for (mode, method), figs in sorted(runs.items()):
             at = [f["to"][str(t)] for f in figs]
             lines.append(
@@ -171,12 +199,24 @@ def report(root: Path, task: str, paper_rounds: tuple[int, int]) -> dict[str, An
                 f"| {_stat([a['measured_seconds'] for a in at], '{:.0f}')} |"
             )
     kinds = sorted({k for figs in runs.values() for f in figs for k in f["participation_by_noise"]})
-    lines += ["", "Mean rounds a client of each kind trained in (participation; the paper's Fig. 6):", "",
-              "| mode | method | " + " | ".join(kinds) + " |", "|---|---|" + "---|" * len(kinds)]
+    lines += [
+        "",
+        "Mean rounds a client of each kind trained in (participation; the paper's Fig. 6):",
+        "",
+        "| mode | method | " + " | ".join(kinds) + " |",
+        "|---|---|" + "---|" * len(kinds),
+    ]
     for (mode, method), figs in sorted(runs.items()):
-        lines.append(f"| {mode} | {LABELS.get(method, method)} | " + " | ".join(_stat([f["participation_by_noise"].get(k) for f in figs], "{:.2f}") for k in kinds) + " |")
+        lines.append(
+            f"| {mode} | {LABELS.get(method, method)} | "
+            + " | ".join(_stat([f["participation_by_noise"].get(k) for f in figs], "{:.2f}") for k in kinds)
+            + " |"
+        )
     (root / "table.md").write_text("\n".join(lines) + "\n")
-    figures = {f"{mode}/{method}": [{k: v for k, v in f.items() if k not in ("curve", "scores", "noise")} for f in figs] for (mode, method), figs in runs.items()}
+    figures = {
+        f"{mode}/{method}": [{k: v for k, v in f.items() if k not in ("curve", "scores", "noise")} for f in figs]
+        for (mode, method), figs in runs.items()
+    }
     (root / "figures.json").write_text(json.dumps(figures, indent=2))
     try:
         _plots(root, runs, kinds, metric, target)
@@ -233,8 +273,15 @@ def _plots(root: Path, runs: dict[tuple[str, str], list[dict[str, Any]]], kinds:
         clients = sorted({int(p) for s in first["scores"] if s for p in s}, key=lambda p: (noise.get(str(p), "clean"), p))
         grid = np.array([[np.nan if not s else s.get(str(p), np.nan) for s in first["scores"]] for p in clients])
         fig, ax = plt.subplots(figsize=(8, 5))
-        im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=1,
-                       extent=(0.5, grid.shape[1] + 0.5, len(clients) - 0.5, -0.5))
+        im = ax.imshow(
+            grid,
+            aspect="auto",
+            interpolation="nearest",
+            cmap="viridis",
+            vmin=0,
+            vmax=1,
+            extent=(0.5, grid.shape[1] + 0.5, len(clients) - 0.5, -0.5),
+        )
         bounds, labels, last = [], [], None
         for row, p in enumerate(clients):
             kind = noise.get(str(p), "clean")

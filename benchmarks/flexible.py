@@ -30,9 +30,13 @@ ARMS = {
 }
 
 
-def arm_runs(root: Path, reference: Path | None, method: str, arm: str, seeds: list[int], rounds: int | None) -> list[tuple[dict, list[dict]]]:
+def arm_runs(
+    root: Path, reference: Path | None, method: str, arm: str, seeds: list[int], rounds: int | None
+) -> list[tuple[dict, list[dict]]]:
     """The finished runs of one (method, arm), each cut to ``rounds`` rounds."""
-    folders = [(reference / f"{method}-seed{s}" if arm == "all-cifar-cnn" and reference else root / f"{method}-{arm}-seed{s}") for s in seeds]
+    folders = [
+        (reference / f"{method}-seed{s}" if arm == "all-cifar-cnn" and reference else root / f"{method}-{arm}-seed{s}") for s in seeds
+    ]
     runs = [load_run(f) for f in folders if finished(f)]
     return [(summary, rows[:rounds] if rounds else rows) for summary, rows in runs]
 
@@ -49,7 +53,9 @@ def table(results: dict[str, list[tuple[dict, list[dict]]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.flexible", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.flexible", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--methods", nargs="+", default=["fedlog", "fedlog-c"], choices=list(METHODS))
     p.add_argument("--reference", type=Path, help="Table 1 results folder to take the all-cifar-cnn arm from")
     add_run_arguments(p)

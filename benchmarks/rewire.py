@@ -56,11 +56,11 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
-
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.task_identity import TaskIdentity
@@ -122,7 +122,9 @@ class HonestClients:
         self.n_test = [len(t) for t in part.test]
         self.classification = self.spec.task == "classification"
         classes = self.spec.num_classes
-        self.class_counts = [np.bincount(ds.y_train[t], minlength=classes).astype(np.float64) if self.classification else None for t in part.train]
+        self.class_counts = [
+            np.bincount(ds.y_train[t], minlength=classes).astype(np.float64) if self.classification else None for t in part.train
+        ]
         self.row: dict[str, Any] = {}
 
     def body(self, pid: int) -> str:
@@ -402,9 +404,15 @@ def rewire_folder(folder: Path, force: bool = False, dry_run: bool = False) -> d
         report["skipped"] = "done"
         return report
     cfg, dropped = load_config(folder)
-    report.update(dropped=dropped, algorithm=cfg["algorithm"], rounds=len(rows), fraction_train=cfg["fraction-train"],
-                  clients=sorted({r.get("clients") for r in rows}), failures=sum(r.get("failures", 0) for r in rows),
-                  absent=sum(r.get("absent", 0) for r in rows))
+    report.update(
+        dropped=dropped,
+        algorithm=cfg["algorithm"],
+        rounds=len(rows),
+        fraction_train=cfg["fraction-train"],
+        clients=sorted({r.get("clients") for r in rows}),
+        failures=sum(r.get("failures", 0) for r in rows),
+        absent=sum(r.get("absent", 0) for r in rows),
+    )
     t0 = time.monotonic()
     replayed, _ = replay(cfg, rows)
     report["replay_seconds"] = round(time.monotonic() - t0, 1)
@@ -432,12 +440,12 @@ def regenerate_tables(results: Path = RESULTS) -> list[str]:
     for root in sorted(p for p in results.iterdir() if p.is_dir()):
         name = root.name
         if name.startswith("table1-"):
-            dataset = name[len("table1-"):].split("-")[0]
+            dataset = name[len("table1-") :].split("-")[0]
             summarize(root, dataset)
         elif name.startswith("dp-cifar10"):
             dp_sweep.summarize(root)
         elif name.startswith("flexible-cifar10"):
-            tag = name[len("flexible-cifar10-"):] if name != "flexible-cifar10" else ""
+            tag = name[len("flexible-cifar10-") :] if name != "flexible-cifar10" else ""
             argv = ["--summarize-only", "--reference", str(results / "table1-cifar10")] + (["--tag", tag] if tag else [])
             flexible.main(argv)  # the all-cifar-cnn arm comes from the Table 1 runs, as committed
         else:
@@ -454,7 +462,15 @@ CHECK_METHODS: dict[str, dict[str, Any]] = {
     "lg-fedavg": {"algorithm": "lg-fedavg"},
     "fedproto": {"algorithm": "fedproto"},
 }
-CHECK_BASE = {"dataset": "mnist", "num-clients": 3, "num-server-rounds": 2, "train-fraction": 0.02, "local-epochs": 1, "device": "cpu", "target-accuracy": 0.9}
+CHECK_BASE = {
+    "dataset": "mnist",
+    "num-clients": 3,
+    "num-server-rounds": 2,
+    "train-fraction": 0.02,
+    "local-epochs": 1,
+    "device": "cpu",
+    "target-accuracy": 0.9,
+}
 
 
 # bytes per message the replay may differ by: ±2 run id, ±2 node id, a correct count's varint,
@@ -491,11 +507,15 @@ def check(workdir: Path | None = None, methods: list[str] | None = None) -> int:
         real = load_rounds(out)
         cfg, _ = load_config(out)
         replayed, counts = replay(cfg, real)
-        print(f"\n## {method}: {' '.join(f'{k}={v}' for k, v in CHECK_METHODS[method].items() if k != 'algorithm')} (simulation {time.monotonic() - t0:.0f} s)")
+        print(
+            f"\n## {method}: {' '.join(f'{k}={v}' for k, v in CHECK_METHODS[method].items() if k != 'algorithm')} (simulation {time.monotonic() - t0:.0f} s)"
+        )
         print("| column | round | messages | real | replay | replay − real | per message |")
         print("|---|---|---|---|---|---|---|")
         for r, (a, b, c) in enumerate(zip(real, replayed, counts), start=1):
-            for col in sorted(set(k for k in a if is_byte_column(k) and k != "cumulative_bytes") | set(k for k in b if k != "cumulative_bytes")):
+            for col in sorted(
+                set(k for k in a if is_byte_column(k) and k != "cumulative_bytes") | set(k for k in b if k != "cumulative_bytes")
+            ):
                 x, y = a.get(col), b.get(col)
                 n = message_count(col, c)
                 if x is None or y is None:
@@ -512,7 +532,9 @@ def check(workdir: Path | None = None, methods: list[str] | None = None) -> int:
 # ----- command line -----------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     global RESULTS
-    p = argparse.ArgumentParser(prog="python -m benchmarks.rewire", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.rewire", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--results", type=Path, default=RESULTS.resolve(), help="folder of result folders (default: benchmarks/results)")
     p.add_argument("--only", nargs="+", default=[], metavar="TEXT", help="only run folders whose path under --results contains TEXT")
     p.add_argument("--force", action="store_true", help="replay folders already rewired (gives the same bytes)")
@@ -539,8 +561,11 @@ def main(argv: list[str] | None = None) -> int:
         if report["fraction_train"] != 1.0 or report["failures"] or report["absent"]:
             notes.append(f"fraction-train {report['fraction_train']}, failures {report['failures']}, absent {report['absent']}")
         old, new = report["total_bytes"]
-        print(f"{report['folder']}: {report['algorithm']}, {report['rounds']} rounds, clients per round {report['clients']}, "
-              f"total bytes {old} -> {new} ({report['replay_seconds']} s){'; ' + '; '.join(notes) if notes else ''}", flush=True)
+        print(
+            f"{report['folder']}: {report['algorithm']}, {report['rounds']} rounds, clients per round {report['clients']}, "
+            f"total bytes {old} -> {new} ({report['replay_seconds']} s){'; ' + '; '.join(notes) if notes else ''}",
+            flush=True,
+        )
     if not args.no_tables and not args.dry_run:
         print("tables and plots:", ", ".join(regenerate_tables(RESULTS)))
     return 0

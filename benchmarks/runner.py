@@ -6,8 +6,9 @@ import argparse
 import json
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The options every benchmark command shares: seeds, run-config overrides, the
     results-folder tag and summarize-only."""
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key for every run (e.g. num-server-rounds=20)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a run-config key for every run (e.g. num-server-rounds=20)",
+    )
     p.add_argument("--tag", default="", help="suffix of the results folder, to keep reduced runs apart")
     p.add_argument("--summarize-only", action="store_true", help="only rewrite the table and plots from finished runs")
 

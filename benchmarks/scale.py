@@ -48,9 +48,25 @@ def run_one(clients: int, rounds: int, sets: list[str]) -> dict:
     """One simulation with ``clients`` clients; its timing, peak memory and results."""
     out = OUT / f"{clients}-clients"
     fraction = min(1.0, TABLE1_FRACTION * clients / TABLE1_CLIENTS)
-    args = [sys.executable, "-m", "simulation", "benchmarks/configs/mnist-table1.toml", "--out", str(out), "--overwrite",
-            "--set", "algorithm=fedlog", "--set", f"num-clients={clients}", "--set", f"num-server-rounds={rounds}",
-            "--set", f"train-fraction={fraction}", "--set", "target-accuracy=0.0"]
+    args = [
+        sys.executable,
+        "-m",
+        "simulation",
+        "benchmarks/configs/mnist-table1.toml",
+        "--out",
+        str(out),
+        "--overwrite",
+        "--set",
+        "algorithm=fedlog",
+        "--set",
+        f"num-clients={clients}",
+        "--set",
+        f"num-server-rounds={rounds}",
+        "--set",
+        f"train-fraction={fraction}",
+        "--set",
+        "target-accuracy=0.0",
+    ]
     for s in sets:
         args += ["--set", s]
     print("run", " ".join(args[1:]), flush=True)
@@ -73,17 +89,24 @@ def run_one(clients: int, rounds: int, sets: list[str]) -> dict:
     summary, rows = load_run(out)
     later = [r["seconds"] for r in rows[1:]]
     return {
-        "clients": clients, "rounds": len(rows), "train_fraction": fraction, "examples_per_client": 60000 * fraction / clients,
-        "wall_seconds": round(time.monotonic() - started, 1), "round1_seconds": round(rows[0]["seconds"], 1),
+        "clients": clients,
+        "rounds": len(rows),
+        "train_fraction": fraction,
+        "examples_per_client": 60000 * fraction / clients,
+        "wall_seconds": round(time.monotonic() - started, 1),
+        "round1_seconds": round(rows[0]["seconds"], 1),
         "seconds_per_round": round(sum(later) / len(later), 1) if later else None,
-        "peak_rss_gib": round(peak[0] / 2**30, 2), "final_accuracy": summary["final_accuracy"],
+        "peak_rss_gib": round(peak[0] / 2**30, 2),
+        "final_accuracy": summary["final_accuracy"],
         "bytes_per_round": round(sum(r["bytes_down"] + r["bytes_up"] for r in rows[1:]) / max(len(rows) - 1, 1)),
         "failures": summary["failures"],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.scale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--clients", type=int, nargs="+", default=[100, 1000])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra run-config overrides")
@@ -101,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
     for line in table.read_text().splitlines():
         r = json.loads(line)
-        print(f"{r['clients']:>5} clients: round 1 {r['round1_seconds']} s, later rounds {r['seconds_per_round']} s each, "
-              f"peak memory {r['peak_rss_gib']} GiB, accuracy {r['final_accuracy']}, {r['failures']} failures")
+        print(
+            f"{r['clients']:>5} clients: round 1 {r['round1_seconds']} s, later rounds {r['seconds_per_round']} s each, "
+            f"peak memory {r['peak_rss_gib']} GiB, accuracy {r['final_accuracy']}, {r['failures']} failures"
+        )
     return 0
 
 

@@ -38,8 +38,14 @@ def time_solve(classes: int, m: int, repeats: int, rng: np.random.Generator) -> 
     solve_head(stats, n)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    return {"classes": classes, "m": m, "seconds_median": float(np.median(times)), "seconds_max": float(np.max(times)),
-            "peak_bytes": int(peak), "stationarity_residual": stationarity_residual(eta, stats, n)}
+    return {
+        "classes": classes,
+        "m": m,
+        "seconds_median": float(np.median(times)),
+        "seconds_max": float(np.max(times)),
+        "peak_bytes": int(peak),
+        "stationarity_residual": stationarity_residual(eta, stats, n),
+    }
 
 
 def time_aggregation(replies: int, classes: int, m: int, rng: np.random.Generator) -> dict:
@@ -65,11 +71,19 @@ def main() -> None:
     rng = np.random.default_rng(0)
     solve = [time_solve(c, m, r, rng) for c, m, r in ((10, 51, 50), (100, 101, 20), (1000, 1025, 5))]
     agg = time_aggregation(10_000, 10, 51, rng)
-    result = {"machine": f"{platform.processor() or platform.machine()}, {platform.python_version()}", "solve_head": solve, "aggregation": agg}
+    result = {
+        "machine": f"{platform.processor() or platform.machine()}, {platform.python_version()}",
+        "solve_head": solve,
+        "aggregation": agg,
+    }
     for row in solve:
-        print(f"solve_head {row['classes']:>5} x {row['m']:<5} median {row['seconds_median']*1e3:8.2f} ms  max {row['seconds_max']*1e3:8.2f} ms  "
-              f"peak {row['peak_bytes']/1e6:7.2f} MB  residual {row['stationarity_residual']:.1e}")
-    print(f"aggregation of {agg['replies']} replies (10 x 51): check+sum {agg['check_and_sum_seconds']:.3f} s, solve {agg['solve_seconds']*1e3:.2f} ms")
+        print(
+            f"solve_head {row['classes']:>5} x {row['m']:<5} median {row['seconds_median'] * 1e3:8.2f} ms  max {row['seconds_max'] * 1e3:8.2f} ms  "
+            f"peak {row['peak_bytes'] / 1e6:7.2f} MB  residual {row['stationarity_residual']:.1e}"
+        )
+    print(
+        f"aggregation of {agg['replies']} replies (10 x 51): check+sum {agg['check_and_sum_seconds']:.3f} s, solve {agg['solve_seconds'] * 1e3:.2f} ms"
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
 

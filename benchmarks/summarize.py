@@ -19,15 +19,27 @@ from server.results import plot_curves
 PAPER = {
     "mnist": {
         "threshold": 0.97,
-        "fedavg": ("89.76 ± 0.69", "3.45 Gb"), "lg-fedavg-1": ("97.85 ± 0.05", "4.81 Mb"), "lg-fedavg-2": ("98.18 ± 0.06", "0.16 Gb"),
-        "fedper": ("96.16 ± 0.19", "0.65 Gb"), "fedrep-1": ("98.15 ± 0.07", "0.18 Gb"), "fedrep-2": ("95.51 ± 0.29", "36.3 Mb"),
-        "fedproto": ("98.19 ± 0.06", "3.02 Mb"), "fedlog": ("98.15 ± 0.05", "3.18 Mb"), "fedlog-c": ("98.41 ± 0.07", "3.18 Mb"),
+        "fedavg": ("89.76 ± 0.69", "3.45 Gb"),
+        "lg-fedavg-1": ("97.85 ± 0.05", "4.81 Mb"),
+        "lg-fedavg-2": ("98.18 ± 0.06", "0.16 Gb"),
+        "fedper": ("96.16 ± 0.19", "0.65 Gb"),
+        "fedrep-1": ("98.15 ± 0.07", "0.18 Gb"),
+        "fedrep-2": ("95.51 ± 0.29", "36.3 Mb"),
+        "fedproto": ("98.19 ± 0.06", "3.02 Mb"),
+        "fedlog": ("98.15 ± 0.05", "3.18 Mb"),
+        "fedlog-c": ("98.41 ± 0.07", "3.18 Mb"),
     },
     "cifar10": {
         "threshold": 0.83,
-        "fedavg": ("26.29 ± 0.44", "37.9 Gb"), "lg-fedavg-1": ("86.57 ± 0.29", "0.26 Gb"), "lg-fedavg-2": ("85.56 ± 0.32", "3.38 Gb"),
-        "fedper": ("83.54 ± 0.40", "27.7 Gb"), "fedrep-1": ("83.23 ± 0.40", "27.34 Gb"), "fedrep-2": ("82.96 ± 0.35", "15.3 Gb"),
-        "fedproto": ("87.37 ± 0.26", "0.18 Gb"), "fedlog": ("87.08 ± 0.22", "0.14 Gb"), "fedlog-c": ("87.57 ± 0.25", "0.11 Gb"),
+        "fedavg": ("26.29 ± 0.44", "37.9 Gb"),
+        "lg-fedavg-1": ("86.57 ± 0.29", "0.26 Gb"),
+        "lg-fedavg-2": ("85.56 ± 0.32", "3.38 Gb"),
+        "fedper": ("83.54 ± 0.40", "27.7 Gb"),
+        "fedrep-1": ("83.23 ± 0.40", "27.34 Gb"),
+        "fedrep-2": ("82.96 ± 0.35", "15.3 Gb"),
+        "fedproto": ("87.37 ± 0.26", "0.18 Gb"),
+        "fedlog": ("87.08 ± 0.22", "0.14 Gb"),
+        "fedlog-c": ("87.57 ± 0.25", "0.11 Gb"),
     },
 }
 ORDER = list(PAPER["mnist"])[1:]
@@ -75,15 +87,19 @@ def _sorted(methods) -> list[str]:
 def table(runs: dict, paper: str) -> str:
     ref = PAPER.get(paper, {})
     thr = ref.get("threshold", 0.0)
-    lines = [f"| method | seeds | rounds | final accuracy % | best % | bits to {thr:.0%} (up + down) | round reached | value bits up to {thr:.0%} (the paper's count) | total bits | wall time | paper accuracy | paper cost |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| method | seeds | rounds | final accuracy % | best % | bits to {thr:.0%} (up + down) | round reached | value bits up to {thr:.0%} (the paper's count) | total bits | wall time | paper accuracy | paper cost |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for method in _sorted(runs):
         items = runs[method]
         bests = np.array([s["best_accuracy"] for s, _ in items]) * 100
         reach = [bytes_to(r, thr) for _, r in items]
         rounds_to = [next((r["round"] for r in rs if r["accuracy"] is not None and r["accuracy"] >= thr), None) for _, rs in items]
         reached = sum(ok for _, ok in reach)
-        cost = fmt_bytes(np.mean([b for b, _ in reach])) + ("" if reached == len(reach) else f" ({len(reach) - reached} not reached: to best)")
+        cost = fmt_bytes(np.mean([b for b, _ in reach])) + (
+            "" if reached == len(reach) else f" ({len(reach) - reached} not reached: to best)"
+        )
         total = fmt_bytes(np.mean([s["total_bytes"] for s, _ in items]))
         wall = np.mean([s["wall_seconds"] for s, _ in items]) / 60
         pa, pc = ref.get(method, ("", ""))
@@ -92,7 +108,9 @@ def table(runs: dict, paper: str) -> str:
         final = fmt_mean_se([s["final_accuracy"] for s, _ in items])
         values = [values_up_to(r, thr) for _, r in items]
         vcost = fmt_bytes(np.mean(values)) + ("" if reached == len(reach) else " (to best)") if all(v is not None for v in values) else "–"
-        lines.append(f"| {method} | {len(items)} | {n_rounds} | {final} | {bests.mean():.2f} | {cost} | {rt} | {vcost} | {total} | {wall:.1f} min | {pa} | {pc} |")
+        lines.append(
+            f"| {method} | {len(items)} | {n_rounds} | {final} | {bests.mean():.2f} | {cost} | {rt} | {vcost} | {total} | {wall:.1f} min | {pa} | {pc} |"
+        )
     return "\n".join(lines)
 
 
@@ -103,7 +121,13 @@ def mean_curve(items: list[tuple[dict, list[dict]]]) -> list[dict]:
     for i in range(n):
         rows = [r[i] for _, r in items]
         accs = [row["accuracy"] for row in rows if row.get("accuracy") is not None]
-        out.append({"round": i + 1, "accuracy": float(np.mean(accs)) if accs else None, "cumulative_bytes": float(np.mean([row["cumulative_bytes"] for row in rows]))})
+        out.append(
+            {
+                "round": i + 1,
+                "accuracy": float(np.mean(accs)) if accs else None,
+                "cumulative_bytes": float(np.mean([row["cumulative_bytes"] for row in rows])),
+            }
+        )
     return out
 
 
@@ -115,7 +139,9 @@ def summarize(root: Path, paper: str) -> str:
     md = table(runs, paper)
     (root / "table.md").write_text(md + "\n")
     seeds = sorted({len(items) for items in runs.values()})
-    plot_curves({m: mean_curve(runs[m]) for m in _sorted(runs)}, root, f"FedLog Table 1 setup, {paper} (mean of {'/'.join(map(str, seeds))} seeds)")
+    plot_curves(
+        {m: mean_curve(runs[m]) for m in _sorted(runs)}, root, f"FedLog Table 1 setup, {paper} (mean of {'/'.join(map(str, seeds))} seeds)"
+    )
     return md
 
 

@@ -40,7 +40,14 @@ METHODS: dict[str, dict[str, object]] = {
     "fedper": {"algorithm": "fedper", "fedper-local-layers": 2},
     "fedrep": {"algorithm": "fedrep", "fedrep-local-layers": 1},
 }
-ROUNDS = {"mnist": 10, "mnist-iid3": 10, "cifar10": 3, "fedprof-mnist": 10, "fedprof-gasturbine": 10, "fedprof-cifar10": 2}  # the largest updates come first: round 1 moves furthest
+ROUNDS = {
+    "mnist": 10,
+    "mnist-iid3": 10,
+    "cifar10": 3,
+    "fedprof-mnist": 10,
+    "fedprof-gasturbine": 10,
+    "fedprof-cifar10": 2,
+}  # the largest updates come first: round 1 moves furthest
 
 
 def local_sizes(size: int, rounds: int, data_dir: str = "") -> list[dict]:
@@ -60,7 +67,7 @@ def local_sizes(size: int, rounds: int, data_dir: str = "") -> list[dict]:
     cfg = resolve({})
     ds = load_dataset("mnist", data_dir, 0)
     order = np.random.default_rng(0).permutation(len(ds.y_train))
-    clients = [to_tensors(ds, ds.x_train[order[i * size:(i + 1) * size]], ds.y_train[order[i * size:(i + 1) * size]]) for i in range(3)]
+    clients = [to_tensors(ds, ds.x_train[order[i * size : (i + 1) * size]], ds.y_train[order[i * size : (i + 1) * size]]) for i in range(3)]
 
     def model() -> torch.nn.Module:
         return build_model(cfg["body"], (1, 28, 28), cfg["feature-dim"], 10, cfg["seed"], cfg["body-dropout"])
@@ -72,8 +79,19 @@ def local_sizes(size: int, rounds: int, data_dir: str = "") -> list[dict]:
         for x, y in clients:
             m = model()
             m.load_state_dict({k: torch.as_tensor(v) for k, v in glob.items()})
-            train_epochs(m, list(m.parameters()), x, y, epochs=cfg["local-epochs"], batch_size=cfg["batch-size"], lr=cfg["lr"],
-                         optimizer=cfg["optimizer"], loss_fn=task_loss("classification"), seed=rnd, modules=[m])
+            train_epochs(
+                m,
+                list(m.parameters()),
+                x,
+                y,
+                epochs=cfg["local-epochs"],
+                batch_size=cfg["batch-size"],
+                lr=cfg["lr"],
+                optimizer=cfg["optimizer"],
+                loss_fn=task_loss("classification"),
+                seed=rnd,
+                modules=[m],
+            )
             trained.append({k: v.detach().numpy().copy() for k, v in m.state_dict().items()})
         out.append({"size": size, "round": rnd, "norms": [relative_update_norm(glob, w) for w in trained]})
         print(json.dumps(out[-1]), flush=True)
@@ -83,7 +101,10 @@ def local_sizes(size: int, rounds: int, data_dir: str = "") -> list[dict]:
 
 def table(root) -> str:
     """Markdown: per run, the largest and median per-round maximum, and round 1's."""
-    lines = ["| setup | method | rounds | max over rounds | median of round maxima | round 1 | last round |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| setup | method | rounds | max over rounds | median of round maxima | round 1 | last round |",
+        "|---|---|---|---|---|---|---|",
+    ]
     overall = 0.0
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         if not finished(folder):
@@ -95,12 +116,19 @@ def table(root) -> str:
         overall = max(overall, max(norms))
         ordered = sorted(norms)
         setup, method = folder.name.split("--")
-        lines.append(f"| {setup} | {method} | {len(norms)} | {max(norms):.3f} | {ordered[len(ordered) // 2]:.3f} | {norms[0]:.3f} | {norms[-1]:.3f} |")
+        lines.append(
+            f"| {setup} | {method} | {len(norms)} | {max(norms):.3f} | {ordered[len(ordered) // 2]:.3f} | {norms[0]:.3f} | {norms[-1]:.3f} |"
+        )
     lines.append(f"\nLargest honest relative update norm seen in these runs: {overall:.3f}")
     local = root / "local-sizes.jsonl"
     if local.exists():
-        lines += ["", "In-process FedAvg, 3 IID MNIST clients of N examples, run defaults (`--local-sizes`):", "",
-                  "| examples a client | round | relative update norms |", "|---|---|---|"]
+        lines += [
+            "",
+            "In-process FedAvg, 3 IID MNIST clients of N examples, run defaults (`--local-sizes`):",
+            "",
+            "| examples a client | round | relative update norms |",
+            "|---|---|---|",
+        ]
         for line in local.read_text().splitlines():
             r = json.loads(line)
             lines.append(f"| {r['size']} | {r['round']} | {', '.join(f'{n:.3f}' for n in r['norms'])} |")
@@ -108,12 +136,20 @@ def table(root) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.update_norms", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.update_norms", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--rounds", type=int, default=0, help="rounds per run; 0: 10 on MNIST, 3 on CIFAR-10")
-    p.add_argument("--local-sizes", type=int, nargs="*", default=[], metavar="N",
-                   help="instead of the simulations: in-process FedAvg of 3 MNIST clients of N examples each, 3 rounds")
+    p.add_argument(
+        "--local-sizes",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="N",
+        help="instead of the simulations: in-process FedAvg of 3 MNIST clients of N examples each, 3 rounds",
+    )
     add_run_arguments(p)
     args = p.parse_args(argv)
     root = results_root("update-norms", args.tag)
@@ -128,8 +164,14 @@ def main(argv: list[str] | None = None) -> int:
             dataset, overrides = SETUPS[setup]
             for method in [m for m in args.methods if setup not in ONLY_FEDAVG or m == "fedavg"]:
                 for seed in args.seeds:
-                    run = {**overrides, **METHODS[method], "seed": seed, "max-update-norm": 1e9, "eval-every": 0,
-                           "num-server-rounds": args.rounds or ROUNDS[setup]}
+                    run = {
+                        **overrides,
+                        **METHODS[method],
+                        "seed": seed,
+                        "max-update-norm": 1e9,
+                        "eval-every": 0,
+                        "num-server-rounds": args.rounds or ROUNDS[setup],
+                    }
                     simulate(dataset, root / f"{setup}--{method}" if seed == 0 else root / f"{setup}--{method}-seed{seed}", run, args.set)
                     (root / "table.md").write_text(table(root))  # written as runs finish
     text = table(root)

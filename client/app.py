@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from flwr.app import ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -65,7 +66,10 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
                 restore_state(context.state, store)
             node = joined(msg, context)
             if node is None:
-                return Message(Error(code=P.ERROR_UNREGISTERED, reason="this node holds no schema of this run (it restarted): register it again"), reply_to=msg)
+                return Message(
+                    Error(code=P.ERROR_UNREGISTERED, reason="this node holds no schema of this run (it restarted): register it again"),
+                    reply_to=msg,
+                )
         env = client_env(run_config, context.node_config, node if data is not None else None)
     except Exception as exc:  # a node that cannot find or read its data or partition says so
         return Message(Error(code=P.ERROR_BAD_INPUT, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,8 +48,9 @@ class ClientEnv:
 
     def build_model(self, body: str | None = None) -> Net:
         """This client's initial model (see ``init_seed``)."""
-        return build_model(body or self.body, self.data.input_shape, self.cfg["feature-dim"], self.outputs, self.init_seed,
-                           self.cfg["body-dropout"]).to(self.device)
+        return build_model(
+            body or self.body, self.data.input_shape, self.cfg["feature-dim"], self.outputs, self.init_seed, self.cfg["body-dropout"]
+        ).to(self.device)
 
     def lr(self, server_round: int) -> float:
         """The learning rate of ``server_round``: lr · lr-decay^(round − 1) (rounds from 1)."""
@@ -90,8 +92,14 @@ def _local_env(cfg_json: str, data: str, schema_json: str, slot: int, body_overr
     return _make_env(cfg, slot, body_override, ds, (ds.x_train, ds.y_train), (ds.x_test, ds.y_test))
 
 
-def _make_env(cfg: dict[str, Any], partition_id: int, body_override: str, ds: Dataset,
-              train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray]) -> ClientEnv:
+def _make_env(
+    cfg: dict[str, Any],
+    partition_id: int,
+    body_override: str,
+    ds: Dataset,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+) -> ClientEnv:
     """Tensors, body and device of client ``partition_id`` from its raw train and test rows."""
     x_raw = train[0]
     kind = noise_assignment(cfg["client-noise"], cfg["num-clients"], cfg["seed"]).get(partition_id)
@@ -121,11 +129,15 @@ def local_data(cfg: Mapping[str, Any], node_config: Mapping[str, Any]) -> str | 
     in a run that partitions one data set; ValueError when the two do not match."""
     data = str(node_config.get("data", "") or "")
     if cfg["dataset"] == LOCAL and not data:
-        raise ValueError("the run has dataset='local', so every node reads its own data, but this node's config has no 'data': "
-                         "start the SuperNode with --node-config \"data=PATH\" (the launcher: --data PATH)")
+        raise ValueError(
+            "the run has dataset='local', so every node reads its own data, but this node's config has no 'data': "
+            'start the SuperNode with --node-config "data=PATH" (the launcher: --data PATH)'
+        )
     if data and cfg["dataset"] != LOCAL:
-        raise ValueError(f"this node was started with its own data (data={data!r}), but the run partitions dataset={cfg['dataset']!r} "
-                         "by partition id: submit the run with dataset='local', or start the node with --partition-id instead")
+        raise ValueError(
+            f"this node was started with its own data (data={data!r}), but the run partitions dataset={cfg['dataset']!r} "
+            "by partition id: submit the run with dataset='local', or start the node with --partition-id instead"
+        )
     return data or None
 
 
@@ -142,11 +154,15 @@ def client_env(run_config: Mapping[str, Any], node_config: Mapping[str, Any], jo
     data = local_data(cfg, node_config)
     if data is not None:
         if joined is None:
-            raise ValueError("this node has not registered with the server in this run (no schema received): it is asked again when it reconnects")
+            raise ValueError(
+                "this node has not registered with the server in this run (no schema received): it is asked again when it reconnects"
+            )
         schema_json, slot = joined
         return _local_env(_config_key(cfg), data, schema_json, int(slot), body)
     if "partition-id" not in node_config:
-        raise ValueError("node config has no 'partition-id': start the SuperNode with --node-config \"partition-id=N num-partitions=M\", "
-                         "or with its own data: --node-config \"data=PATH\" and dataset='local'")
+        raise ValueError(
+            "node config has no 'partition-id': start the SuperNode with --node-config \"partition-id=N num-partitions=M\", "
+            "or with its own data: --node-config \"data=PATH\" and dataset='local'"
+        )
     pid = int(node_config["partition-id"])
     return _env(_config_key(cfg), pid, body)

@@ -27,7 +27,20 @@ from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from core import protocol as P
 
-TRAIN_MODES = ("nan", "wrong-shape", "negative-count", "huge-count", "zero-model", "scaled", "huge-values", "int-arrays", "extra-array", "oversized", "list-metric", "string-metric")
+TRAIN_MODES = (
+    "nan",
+    "wrong-shape",
+    "negative-count",
+    "huge-count",
+    "zero-model",
+    "scaled",
+    "huge-values",
+    "int-arrays",
+    "extra-array",
+    "oversized",
+    "list-metric",
+    "string-metric",
+)
 MODEL_MODES = ("sign-flip",)  # attacks on methods that average models (a negated statistic is caught by other checks)
 
 
@@ -75,7 +88,10 @@ def corrupt(content: RecordDict, mode: str, kind: str = "train", timeout: float 
         metrics[P.CORRECT] = 1_000_000
     elif mode in TRAIN_MODES + MODEL_MODES and P.ARRAYS in content.array_records:
         keep = (P.PROFILE,) if mode == "sign-flip" else ()  # FedProf: the model flipped behind an honest profile
-        damaged = {k: v if k in keep else Array(np.asarray(_damage(v.numpy(), mode), order="C")) for k, v in content.array_records[P.ARRAYS].items()}
+        damaged = {
+            k: v if k in keep else Array(np.asarray(_damage(v.numpy(), mode), order="C"))
+            for k, v in content.array_records[P.ARRAYS].items()
+        }
         if mode == "extra-array":
             damaged = dict(content.array_records[P.ARRAYS].items())
             damaged["padding"] = Array(np.zeros(1_000_000, np.float32))

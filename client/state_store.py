@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from flwr.app import ConfigRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
@@ -71,7 +72,9 @@ def restore_state(state: RecordDict, path: Path) -> bool:
     except Exception as exc:  # truncated or foreign bytes: keep them aside and start from the seed
         aside = path.with_name(path.name + ".corrupt")
         os.replace(path, aside)
-        log.error("the saved client state %s is unreadable (%s: %s); moved to %s, starting from the seed", path, type(exc).__name__, exc, aside)
+        log.error(
+            "the saved client state %s is unreadable (%s: %s); moved to %s, starting from the seed", path, type(exc).__name__, exc, aside
+        )
         return False
     if not len(saved):
         return False

@@ -3,12 +3,14 @@ it is averaged (shared by FedAvg and every layer-averaging method)."""
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 
-def weighted_average(arrays: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float], like: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+def weighted_average(
+    arrays: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float], like: Mapping[str, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
     """Σ_k w_k A_k / Σ_k w_k for every name, in float64, cast to the dtype of ``like``
     (the server's own arrays; default the first's). Integer arrays are rounded."""
     if not arrays:
@@ -30,11 +32,19 @@ def weighted_average(arrays: Sequence[Mapping[str, np.ndarray]], weights: Sequen
 
 def float_norm(arrays: Mapping[str, np.ndarray]) -> float:
     """The Euclidean norm of all floating-point entries together."""
-    return float(np.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays.values() if np.issubdtype(np.asarray(a).dtype, np.floating))))
+    return float(
+        np.sqrt(
+            sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays.values() if np.issubdtype(np.asarray(a).dtype, np.floating))
+        )
+    )
 
 
 def relative_update_norm(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray]) -> float:
     """‖candidate − reference‖ / max(‖reference‖, 1) over the float entries: how far a
     client moved the model it was sent, in units of that model's size (a sign flip is 2)."""
-    delta = {k: np.asarray(candidate[k], np.float64) - np.asarray(v, np.float64) for k, v in reference.items() if np.issubdtype(np.asarray(v).dtype, np.floating)}
+    delta = {
+        k: np.asarray(candidate[k], np.float64) - np.asarray(v, np.float64)
+        for k, v in reference.items()
+        if np.issubdtype(np.asarray(v).dtype, np.floating)
+    }
     return float_norm(delta) / max(float_norm(reference), 1.0)

@@ -7,7 +7,8 @@ value fails at start with a message naming the key and what is allowed.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from core.methods import ALGORITHMS, method_keys
 from core.schema import Key, fraction, non_negative, positive
@@ -27,14 +28,29 @@ OPTIMIZERS = ("adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
 SAMPLINGS = ("uniform", "data-ratio")
 FAULT_MODES = (
-    "nan", "wrong-shape", "negative-count", "scaled", "error", "list-metric", "huge-count",
-    "zero-model", "int-arrays", "extra-array", "oversized", "huge-values", "bad-eval", "silent",
-    "string-metric", "sign-flip",
+    "nan",
+    "wrong-shape",
+    "negative-count",
+    "scaled",
+    "error",
+    "list-metric",
+    "huge-count",
+    "zero-model",
+    "int-arrays",
+    "extra-array",
+    "oversized",
+    "huge-values",
+    "bad-eval",
+    "silent",
+    "string-metric",
+    "sign-flip",
 )
 
 
 # Bounds checked before anything starts (and without allocating anything):
-MAX_SEED = 2**32 - 1  # numpy's RandomState / np.random.seed and sklearn's random_state take 0..2**32-1; torch.manual_seed and default_rng take more
+MAX_SEED = (
+    2**32 - 1
+)  # numpy's RandomState / np.random.seed and sklearn's random_state take 0..2**32-1; torch.manual_seed and default_rng take more
 MAX_FEATURE_DIM = 16384  # 12x the widest body here (EfficientNet-Lite0, 1280); a FedLog reply is classes x (m+1) floats
 # methods whose training rounds ask every client (the others ask a fraction-train sample of them)
 EVERY_CLIENT_EACH_ROUND = ("fedpft",)
@@ -63,35 +79,64 @@ def dataset_kind(name: str) -> str | None:
 SCHEMA: dict[str, Key] = {
     # what runs
     "algorithm": Key("fedlog", "federated method", choices=ALGORITHMS),
-    "dataset": Key("mnist", "data set: a built-in name, a path to your own data (image folders, a CSV/Parquet table, an .npz, a saved "
-                   "Hugging Face dataset; docs/your-data.md), or 'local': in a deployment every SuperNode reads its own (--node-config data=PATH)",
-                   check=lambda v: dataset_kind(v) is not None,
-                   rule=f"a built-in name ({', '.join(DATASETS)}), a path (containing '/', or ending in .csv, .parquet or .npz), or 'local'"),
+    "dataset": Key(
+        "mnist",
+        "data set: a built-in name, a path to your own data (image folders, a CSV/Parquet table, an .npz, a saved "
+        "Hugging Face dataset; docs/your-data.md), or 'local': in a deployment every SuperNode reads its own (--node-config data=PATH)",
+        check=lambda v: dataset_kind(v) is not None,
+        rule=f"a built-in name ({', '.join(DATASETS)}), a path (containing '/', or ending in .csv, .parquet or .npz), or 'local'",
+    ),
     "data-dir": Key("", "data directory of the built-in data sets; empty: $HEADWAY_DATA_DIR, else the user cache"),
     # your own data (docs/your-data.md): how a path source, or every node's own source (dataset=local), is read
-    "classes": Key("", "comma list of the run's class names, in index order; empty: the sorted union of the names the data holds "
-                   "(every node's, with dataset=local)"),
+    "classes": Key(
+        "",
+        "comma list of the run's class names, in index order; empty: the sorted union of the names the data holds "
+        "(every node's, with dataset=local)",
+    ),
     "label-column": Key("label", "the label column of a table or Hugging Face dataset"),
     "image-size": non_negative("side in pixels every image is resized to; 0: the images' own, where all share one", 0),
-    "channels": Key(0, "image channels (1: grayscale, 3: RGB); 0: 1 when every image is grayscale, else 3", check=lambda v: v in (0, 1, 3), rule="0, 1 or 3"),
-    "test-fraction": Key(0.2, "share of a source's rows held out, seeded, as its test split when it has none", check=lambda v: 0 < v < 1, rule="in (0, 1)"),
-    "server-data": Key("", "dataset=local: a source the server itself holds (its test split scores the global model and LG-FedAvg's new test, "
-                       "its training rows are FedProf's D^V); empty: the server holds no data"),
+    "channels": Key(
+        0,
+        "image channels (1: grayscale, 3: RGB); 0: 1 when every image is grayscale, else 3",
+        check=lambda v: v in (0, 1, 3),
+        rule="0, 1 or 3",
+    ),
+    "test-fraction": Key(
+        0.2, "share of a source's rows held out, seeded, as its test split when it has none", check=lambda v: 0 < v < 1, rule="in (0, 1)"
+    ),
+    "server-data": Key(
+        "",
+        "dataset=local: a source the server itself holds (its test split scores the global model and LG-FedAvg's new test, "
+        "its training rows are FedProf's D^V); empty: the server holds no data",
+    ),
     "num-clients": positive("number of clients (partitions)", 50),
     "partition": Key("pathological", "how data is split over clients", choices=PARTITIONS),
     "classes-per-client": positive("classes per client (pathological); shards per client (shards)", 2),
     "dirichlet-alpha": positive("Dirichlet concentration (dirichlet)", 0.5),
-    "dominant-class-fraction": Key(0.6, "share of each client's data from its one dominant class (dominant); dominant classes are dealt evenly over clients", check=lambda v: 0 <= v <= 1, rule="in [0, 1]"),
-    "client-size-mean": non_negative("mean of clients' local data sizes, drawn from a normal distribution (iid, dominant); 0: equal shares of the data", 0.0),
+    "dominant-class-fraction": Key(
+        0.6,
+        "share of each client's data from its one dominant class (dominant); dominant classes are dealt evenly over clients",
+        check=lambda v: 0 <= v <= 1,
+        rule="in [0, 1]",
+    ),
+    "client-size-mean": non_negative(
+        "mean of clients' local data sizes, drawn from a normal distribution (iid, dominant); 0: equal shares of the data", 0.0
+    ),
     "client-size-std": non_negative("standard deviation of clients' local data sizes (with client-size-mean)", 0.0),
     "natural-column": Key("", "column that names a client's source (natural); empty: the data set's own"),
-    "server-holdout": non_negative("training rows kept from every client before partitioning (FedProf uses fedprof-val-size instead); set it equal to compare a method with FedProf on the same client data", 0),
+    "server-holdout": non_negative(
+        "training rows kept from every client before partitioning (FedProf uses fedprof-val-size instead); set it equal to compare a method with FedProf on the same client data",
+        0,
+    ),
     "train-fraction": fraction("fraction of the training set used, drawn before partitioning", 0.05),
     "num-server-rounds": positive("federated rounds", 100),
     "fraction-train": fraction("fraction of clients sampled per round", 1.0),
-    "client-sampling": Key("uniform", "fedavg/fedprox: how the round's K clients are drawn. uniform: without replacement, updates weighted by n_k (McMahan et al.); "
-                           "data-ratio: K draws with replacement with probability n_k/n, each draw weighted equally (scheme I of Li et al. 2020, FedProx's sampling)",
-                           choices=SAMPLINGS),
+    "client-sampling": Key(
+        "uniform",
+        "fedavg/fedprox: how the round's K clients are drawn. uniform: without replacement, updates weighted by n_k (McMahan et al.); "
+        "data-ratio: K draws with replacement with probability n_k/n, each draw weighted equally (scheme I of Li et al. 2020, FedProx's sampling)",
+        choices=SAMPLINGS,
+    ),
     "min-available-clients": non_negative("clients to wait for before sampling; 0: num-clients", 0),
     "sample-timeout": non_negative("seconds to wait, once before round 1, for min-available-clients to connect", 120.0),
     "local-epochs": non_negative("local epochs per round", 5),
@@ -100,37 +145,73 @@ SCHEMA: dict[str, Key] = {
     "lr-decay": Key(1.0, "learning rate of round r: lr · lr-decay^(r-1)", check=lambda v: 0 < v <= 1, rule="in (0, 1]"),
     "optimizer": Key("adam", "local optimizer", choices=OPTIMIZERS),
     "body": Key("mnist-cnn", "default body architecture"),
-    "inputs": Key("raw", "what clients train and are scored on: raw (the data set's inputs) or features (the frozen fedpft-extractor's features of them, "
-                  "at fedpft-resolution, cached in fedpft-cache-dir as FedPFT's are; give body=linear for a linear model on them, or mlp)", choices=("raw", "features")),
-    "feature-dim": Key(0, "m, the number of features a body outputs; 0: the body's own width", check=lambda v: 0 <= v <= MAX_FEATURE_DIM,
-                       rule=f"in [0, {MAX_FEATURE_DIM}] (0: the body's own width; the widest body here has 1280 features)"),
-    "body-dropout": Key(0.5, "dropout in training of the papers' CNN bodies (mnist-cnn: after conv2 and on the features; cifar-cnn: on the features), as their authors train them; 0: off", check=lambda v: 0 <= v < 1, rule="in [0, 1)"),
+    "inputs": Key(
+        "raw",
+        "what clients train and are scored on: raw (the data set's inputs) or features (the frozen fedpft-extractor's features of them, "
+        "at fedpft-resolution, cached in fedpft-cache-dir as FedPFT's are; give body=linear for a linear model on them, or mlp)",
+        choices=("raw", "features"),
+    ),
+    "feature-dim": Key(
+        0,
+        "m, the number of features a body outputs; 0: the body's own width",
+        check=lambda v: 0 <= v <= MAX_FEATURE_DIM,
+        rule=f"in [0, {MAX_FEATURE_DIM}] (0: the body's own width; the widest body here has 1280 features)",
+    ),
+    "body-dropout": Key(
+        0.5,
+        "dropout in training of the papers' CNN bodies (mnist-cnn: after conv2 and on the features; cifar-cnn: on the features), as their authors train them; 0: off",
+        check=lambda v: 0 <= v < 1,
+        rule="in [0, 1)",
+    ),
     "bodies": Key("", "comma list of bodies cycled over partition ids; empty: every client runs `body`"),
-    "body-init": Key("shared", "initial client models: one seed for all, or a seed per partition id (different initializations)", choices=("shared", "per-client")),
-    "seed": Key(0, "seed of partitions, initialization and sampling", check=lambda v: 0 <= v <= MAX_SEED,
-                rule=f"in [0, 2**32 - 1 = {MAX_SEED}] (what numpy's legacy seeding and sklearn accept; torch and numpy's Generator take these too)"),
+    "body-init": Key(
+        "shared",
+        "initial client models: one seed for all, or a seed per partition id (different initializations)",
+        choices=("shared", "per-client"),
+    ),
+    "seed": Key(
+        0,
+        "seed of partitions, initialization and sampling",
+        check=lambda v: 0 <= v <= MAX_SEED,
+        rule=f"in [0, 2**32 - 1 = {MAX_SEED}] (what numpy's legacy seeding and sklearn accept; torch and numpy's Generator take these too)",
+    ),
     "target-accuracy": Key(0.0, "accuracy for bytes_to_target; 0: none", check=lambda v: 0 <= v <= 1, rule="in [0, 1]"),
     "device": Key("auto", "torch device of clients", choices=DEVICES),
-    "round-timeout": positive("deadline in seconds of each exchange of a round; a client that misses it is not waited for again that round", 600.0),
-    "eval-every": non_negative("clients score themselves on their test splits every this many rounds and after the last; 0: only after the last", 1),
+    "round-timeout": positive(
+        "deadline in seconds of each exchange of a round; a client that misses it is not waited for again that round", 600.0
+    ),
+    "eval-every": non_negative(
+        "clients score themselves on their test splits every this many rounds and after the last; 0: only after the last", 1
+    ),
     "global-eval": Key(True, "also evaluate a single global model on the whole test set, where one exists"),
     "results-dir": Key("results", "where `flwr run` writes its results folder"),
     "client-num-cpus": positive("CPUs per virtual client (simulation)", 1.0),
     "client-num-gpus": non_negative("GPU share per virtual client (simulation)", 0.0),
     # data quality: some clients' training data is corrupted (core/noise.py)
-    "client-noise": Key("", "comma list kind:fraction of clients whose training data is corrupted: irrelevant, blur, salt-pepper (images), polluted, noisy (tabular)"),
+    "client-noise": Key(
+        "",
+        "comma list kind:fraction of clients whose training data is corrupted: irrelevant, blur, salt-pepper (images), polluted, noisy (tabular)",
+    ),
     # robustness testing: chosen clients corrupt their training replies
     "fault-clients": Key("", "comma list of partition ids whose replies are corrupted (robustness tests)"),
     "fault-mode": Key("nan", "how faulty clients corrupt replies (see README, Robustness testing)", choices=FAULT_MODES),
     # what a reply may be: bounds the server enforces on every client reply
     "min-replies": positive("valid replies a round needs at its deadline; fewer and the round keeps the previous model", 1),
-    "max-update-norm": positive("model-averaging methods, from round 2: largest ‖w_client − w_global‖ accepted, relative to max(‖w_global‖, 1); "
-                                "a sign-flipped model is 2; honest clients measured up to 0.95 after round 1 (20,000 examples each; Table 1 setups 0.48) (benchmarks/results/update-norms)", 1.5),
-    "max-first-update-norm": positive("the same bound in round 1, whose updates start from the seeded random model and move furthest "
-                                      "(measured: 1.0 with 1,000 examples a client, 1.55 with 4,000, 2.7 with 20,000): raise it for clients that train that long, "
-                                      "knowing a sign flip (about 2.2 there) then passes round 1", 1.5),
+    "max-update-norm": positive(
+        "model-averaging methods, from round 2: largest ‖w_client − w_global‖ accepted, relative to max(‖w_global‖, 1); "
+        "a sign-flipped model is 2; honest clients measured up to 0.95 after round 1 (20,000 examples each; Table 1 setups 0.48) (benchmarks/results/update-norms)",
+        1.5,
+    ),
+    "max-first-update-norm": positive(
+        "the same bound in round 1, whose updates start from the seeded random model and move furthest "
+        "(measured: 1.0 with 1,000 examples a client, 1.55 with 4,000, 2.7 with 20,000): raise it for clients that train that long, "
+        "knowing a sign flip (about 2.2 there) then passes round 1",
+        1.5,
+    ),
     "max-feature-value": positive("largest |feature| a reply's feature sums or prototypes may imply (FedLog without clip, FedProto)", 1e4),
-    "max-client-examples": non_negative("largest num-examples a reply may claim when the server holds no data to compute partition sizes; 0: 1,000,000", 0),
+    "max-client-examples": non_negative(
+        "largest num-examples a reply may claim when the server holds no data to compute partition sizes; 0: 1,000,000", 0
+    ),
     **method_keys(),
 }
 
@@ -181,16 +262,12 @@ def resolve(run_config: Mapping[str, Any] | None = None, import_bodies: bool = T
     run_config = dict(run_config or {})
     unknown = sorted(set(run_config) - set(SCHEMA))
     if unknown:
-        raise ConfigError(
-            f"unknown run-config key(s) {unknown}; known keys: {', '.join(sorted(SCHEMA))}"
-        )
+        raise ConfigError(f"unknown run-config key(s) {unknown}; known keys: {', '.join(sorted(SCHEMA))}")
     out: dict[str, Any] = {}
     for name, key in SCHEMA.items():
         value = _coerce(name, key, run_config.get(name, key.default))
         if key.choices is not None and value not in key.choices:
-            raise ConfigError(
-                f"run-config key '{name}' is {value!r}; allowed values: {', '.join(key.choices)}"
-            )
+            raise ConfigError(f"run-config key '{name}' is {value!r}; allowed values: {', '.join(key.choices)}")
         if key.check is not None and not key.check(value):
             raise ConfigError(f"run-config key '{name}' is {value!r}; it must be {key.rule}")
         out[name] = value
@@ -220,21 +297,32 @@ def _check_combinations(cfg: Mapping[str, Any], import_bodies: bool = True) -> N
         raise ConfigError(f"run-config key 'client-noise': {exc}") from None
     most = max_replies(cfg)
     if cfg["min-replies"] > most:
-        asked = ("every client" if cfg["algorithm"] in EVERY_CLIENT_EACH_ROUND else
-                 f"K = max(1, round(fraction-train x num-clients)) = max(1, round({cfg['fraction-train']:g} x {cfg['num-clients']}))")
-        raise ConfigError(f"run-config key 'min-replies' is {cfg['min-replies']}, but a round of {cfg['algorithm']} asks {asked} = {most} "
-                          f"client(s), so no round could ever update the model: set min-replies <= {most}")
+        asked = (
+            "every client"
+            if cfg["algorithm"] in EVERY_CLIENT_EACH_ROUND
+            else f"K = max(1, round(fraction-train x num-clients)) = max(1, round({cfg['fraction-train']:g} x {cfg['num-clients']}))"
+        )
+        raise ConfigError(
+            f"run-config key 'min-replies' is {cfg['min-replies']}, but a round of {cfg['algorithm']} asks {asked} = {most} "
+            f"client(s), so no round could ever update the model: set min-replies <= {most}"
+        )
     if cfg["server-data"] and cfg["dataset"] != LOCAL:
-        raise ConfigError(f"run-config key 'server-data' applies to dataset='local' (each node holds its own data); with dataset={cfg['dataset']!r} "
-                          "the server reads the data set itself: leave server-data empty")
+        raise ConfigError(
+            f"run-config key 'server-data' applies to dataset='local' (each node holds its own data); with dataset={cfg['dataset']!r} "
+            "the server reads the data set itself: leave server-data empty"
+        )
     if cfg["dataset"] == LOCAL and cfg["algorithm"] == "fedprof" and not cfg["server-data"]:
-        raise ConfigError("run-config key 'server-data' is empty, but fedprof with dataset='local' needs a validation set D^V on the server: "
-                          "set server-data to a source the server holds (its training rows become D^V)")
+        raise ConfigError(
+            "run-config key 'server-data' is empty, but fedprof with dataset='local' needs a validation set D^V on the server: "
+            "set server-data to a source the server holds (its training rows become D^V)"
+        )
     if cfg["inputs"] == "features" and cfg["algorithm"] == "fedpft":
         raise ConfigError("run-config key 'inputs' is 'features', but fedpft always works on its extractor's features: leave inputs 'raw'")
     if cfg["client-sampling"] != "uniform" and cfg["algorithm"] not in ("fedavg", "fedprox"):
-        raise ConfigError(f"run-config key 'client-sampling' is {cfg['client-sampling']!r}, which only fedavg and fedprox implement; "
-                          f"{cfg['algorithm']} draws its clients its own way: leave it 'uniform'")
+        raise ConfigError(
+            f"run-config key 'client-sampling' is {cfg['client-sampling']!r}, which only fedavg and fedprox implement; "
+            f"{cfg['algorithm']} draws its clients its own way: leave it 'uniform'"
+        )
     if cfg["client-size-std"] > 0 and cfg["client-size-mean"] <= 0:
         raise ConfigError("run-config key 'client-size-std' needs 'client-size-mean' > 0: the sizes are drawn from N(mean, std²)")
     if cfg["client-size-mean"] > 0 and cfg["partition"] not in ("iid", "dominant"):
@@ -269,19 +357,27 @@ def max_replies(cfg: Mapping[str, Any]) -> int:
 def check_against_spec(cfg: Mapping[str, Any], spec: Any) -> None:
     """Checks that need the data set's spec (a ``core.data.DatasetSpec``); ConfigError naming the key."""
     if cfg["partition"] == "dominant" and spec.task != "classification":
-        raise ConfigError(f"run-config key 'partition' is 'dominant', which needs class labels; data set '{cfg['dataset']}' is a regression task: use iid")
+        raise ConfigError(
+            f"run-config key 'partition' is 'dominant', which needs class labels; data set '{cfg['dataset']}' is a regression task: use iid"
+        )
     if cfg["partition"] == "pathological" and cfg["classes-per-client"] > spec.num_classes:
-        raise ConfigError(f"run-config key 'classes-per-client' is {cfg['classes-per-client']}, but data set '{cfg['dataset']}' has {spec.num_classes} classes")
+        raise ConfigError(
+            f"run-config key 'classes-per-client' is {cfg['classes-per-client']}, but data set '{cfg['dataset']}' has {spec.num_classes} classes"
+        )
     from core.noise import IMAGE_KINDS, parse_client_noise
 
     image = len(spec.input_shape) == 3
     if cfg["inputs"] == "features" and not image and cfg["fedpft-extractor"] != "identity":
-        raise ConfigError(f"run-config key 'inputs' is 'features', but fedpft-extractor {cfg['fedpft-extractor']!r} takes images and "
-                          f"data set '{cfg['dataset']}' is tabular: use fedpft-extractor=identity, or inputs=raw")
+        raise ConfigError(
+            f"run-config key 'inputs' is 'features', but fedpft-extractor {cfg['fedpft-extractor']!r} takes images and "
+            f"data set '{cfg['dataset']}' is tabular: use fedpft-extractor=identity, or inputs=raw"
+        )
     for kind, _ in parse_client_noise(cfg["client-noise"]):
         if (kind in IMAGE_KINDS) != image:
-            raise ConfigError(f"run-config key 'client-noise': kind {kind!r} is for {'images' if kind in IMAGE_KINDS else 'tabular data'}, "
-                              f"and data set '{cfg['dataset']}' is {'images' if image else 'tabular'}")
+            raise ConfigError(
+                f"run-config key 'client-noise': kind {kind!r} is for {'images' if kind in IMAGE_KINDS else 'tabular data'}, "
+                f"and data set '{cfg['dataset']}' is {'images' if image else 'tabular'}"
+            )
 
 
 # methods that never build the config's body (FedPFT: a frozen extractor and a linear head)
@@ -306,8 +402,10 @@ def check_bodies(cfg: Mapping[str, Any], input_shape: tuple[int, ...]) -> None:
             raise ConfigError(f"run-config key '{body_key(cfg, body)}': {exc}") from None
         except Exception as exc:  # a registry body that refuses these inputs or this feature-dim
             text = " ".join(str(exc).split())
-            raise ConfigError(f"run-config key '{body_key(cfg, body)}': body {body!r} cannot be built for inputs of shape {shape} "
-                              f"with feature-dim={cfg['feature-dim']}: {type(exc).__name__}: {text}") from None
+            raise ConfigError(
+                f"run-config key '{body_key(cfg, body)}': body {body!r} cannot be built for inputs of shape {shape} "
+                f"with feature-dim={cfg['feature-dim']}: {type(exc).__name__}: {text}"
+            ) from None
 
 
 def body_key(cfg: Mapping[str, Any], body: str) -> str:

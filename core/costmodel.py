@@ -62,8 +62,16 @@ def rate_mbps(bandwidth_mhz: np.ndarray | float, snr_db: float) -> np.ndarray:
     return np.asarray(bandwidth_mhz, dtype=float) * np.log2(1.0 + 10.0 ** (snr_db / 10.0))
 
 
-def client_costs(spec: DeviceSpec, speed_ghz: np.ndarray, bandwidth_mhz: np.ndarray, sizes: np.ndarray,
-                 model_bytes: float, profile_bytes: float, train: bool = True, profile: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def client_costs(
+    spec: DeviceSpec,
+    speed_ghz: np.ndarray,
+    bandwidth_mhz: np.ndarray,
+    sizes: np.ndarray,
+    model_bytes: float,
+    profile_bytes: float,
+    train: bool = True,
+    profile: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
     """(seconds, joules) of each client in one round: Eq. 9's inner sum and Eq. 10.
 
     ``train``: the client downloads the model, trains E epochs on ``sizes`` examples and

@@ -11,10 +11,10 @@ from __future__ import annotations
 import csv
 import gzip
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -46,9 +46,21 @@ def image_normalization(name: str, channels: int) -> tuple[tuple[float, ...], tu
 GAS_TURBINE_FEATURES = ("AT", "AP", "AH", "AFDP", "GTEP", "TIT", "TAT", "TEY", "CDP")
 GAS_TURBINE_TARGETS = ("CO", "NOX")
 ADULT_COLUMNS = (
-    "age", "workclass", "fnlwgt", "education", "education-num", "marital-status",
-    "occupation", "relationship", "race", "sex", "capital-gain", "capital-loss",
-    "hours-per-week", "native-country", "income",
+    "age",
+    "workclass",
+    "fnlwgt",
+    "education",
+    "education-num",
+    "marital-status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
+    "capital-gain",
+    "capital-loss",
+    "hours-per-week",
+    "native-country",
+    "income",
 )
 ADULT_NUMERIC = ("age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week")
 ADULT_PROTECTED = ("race", "sex")
@@ -180,7 +192,9 @@ def _cifar(name: str, root: Path, classes: int) -> Dataset:
         xtr, ytr = tr_set.data, np.asarray(tr_set.targets)
         xte, yte = te_set.data, np.asarray(te_set.targets)
     to_chw = lambda x: np.ascontiguousarray(x.transpose(0, 3, 1, 2))  # noqa: E731
-    return Dataset(name, "classification", classes, (3, 32, 32), to_chw(xtr), ytr.astype(np.int64), to_chw(xte), yte.astype(np.int64), augment=True)
+    return Dataset(
+        name, "classification", classes, (3, 32, 32), to_chw(xtr), ytr.astype(np.int64), to_chw(xte), yte.astype(np.int64), augment=True
+    )
 
 
 def load_cifar10(root: Path) -> Dataset:
@@ -206,7 +220,9 @@ def load_cifar10_gray(root: Path) -> Dataset:
     """CIFAR-10 as a 28×28 grayscale data set (MNIST's shape, not MNIST's content): the
     published split, every image through :func:`to_gray28`; no augmentation."""
     rgb = load_cifar10(root)
-    return Dataset("cifar10-gray", "classification", 10, (1, 28, 28), to_gray28(rgb.x_train), rgb.y_train, to_gray28(rgb.x_test), rgb.y_test)
+    return Dataset(
+        "cifar10-gray", "classification", 10, (1, 28, 28), to_gray28(rgb.x_train), rgb.y_train, to_gray28(rgb.x_test), rgb.y_test
+    )
 
 
 def load_cifar100(root: Path) -> Dataset:
@@ -281,8 +297,17 @@ def load_uci_gas_turbine(root: Path, test_share: float = 0.2, seed: int = 0) -> 
     ymean, ystd = y[~test].mean(0), y[~test].std(0) + 1e-8
     x, y = (x - mean) / std, (y - ymean) / ystd
     return Dataset(
-        "uci-gas-turbine", "regression", len(GAS_TURBINE_TARGETS), (x.shape[1],),
-        x[~test], y[~test], x[test], y[test], {"year": src[~test]}, {"year": src[test]}, natural_column="year",
+        "uci-gas-turbine",
+        "regression",
+        len(GAS_TURBINE_TARGETS),
+        (x.shape[1],),
+        x[~test],
+        y[~test],
+        x[test],
+        y[test],
+        {"year": src[~test]},
+        {"year": src[test]},
+        natural_column="year",
     )
 
 

@@ -22,10 +22,11 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -173,7 +174,15 @@ def prepare(x: torch.Tensor, dataset: str, name: str, resolution: int) -> torch.
     return (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
 
 
-def extract(x: torch.Tensor, dataset: str, name: str, weights: str = "", resolution: int = 0, device: torch.device | str = "cpu", batch_size: int = 128) -> torch.Tensor:
+def extract(
+    x: torch.Tensor,
+    dataset: str,
+    name: str,
+    weights: str = "",
+    resolution: int = 0,
+    device: torch.device | str = "cpu",
+    batch_size: int = 128,
+) -> torch.Tensor:
     """Features (n, dim) float32 on the CPU of inputs ``x`` (the data set's normalized tensors)."""
     if name == "identity":
         return x.reshape(len(x), -1).float()
@@ -242,7 +251,15 @@ def configured_features(cfg: Mapping[str, Any], dataset: str, x: torch.Tensor, d
     """Features of inputs ``x`` from the run's extractor (``fedpft-extractor``, its weights
     and resolution), cached on disk (``fedpft-cache-dir``). Clients and the server compute
     them the same way, so the same rows give the same cache entry in every method."""
-    return cached_extract(x, dataset, cfg["fedpft-extractor"], cfg["fedpft-extractor-weights"], cfg["fedpft-resolution"], device, cache_dir(cfg["fedpft-cache-dir"]))
+    return cached_extract(
+        x,
+        dataset,
+        cfg["fedpft-extractor"],
+        cfg["fedpft-extractor-weights"],
+        cfg["fedpft-resolution"],
+        device,
+        cache_dir(cfg["fedpft-cache-dir"]),
+    )
 
 
 def input_spec(cfg: Mapping[str, Any], data_spec: DatasetSpec | None = None) -> DatasetSpec:

@@ -93,7 +93,9 @@ def log_posterior(eta: np.ndarray, stats: np.ndarray, count: float, chi: np.ndar
     return float(np.sum(eta * s) - (nu + count) * logsumexp(np.sum(eta**2, axis=1) / 4.0))
 
 
-def stationarity_residual(eta: np.ndarray, stats: np.ndarray, count: float, chi: np.ndarray | float | None = None, nu: float = 1.0) -> float:
+def stationarity_residual(
+    eta: np.ndarray, stats: np.ndarray, count: float, chi: np.ndarray | float | None = None, nu: float = 1.0
+) -> float:
     """max relative gap between η_y and 2(χ+Φ)_y/((ν+n)p_y), p = softmax(‖η_y‖²/4)."""
     s = np.asarray(stats, dtype=np.float64) + (0.0 if chi is None else chi)
     q = np.sum(eta**2, axis=1) / 4.0
@@ -215,8 +217,10 @@ class StatsCheck:
                 return f"a class count ({per_class.max():.6g}) exceeds the {max_count:g} examples this client can hold plus 8 noise std ({slack:.4g})"
             total, spread = per_class.sum(), slack * math.sqrt(self.num_classes)  # the total's noise has std σ√C
             if total > max_count + spread:
-                return (f"class counts sum to {total:.6g}, beyond the {max_count:g} examples this client can hold "
-                        f"plus 8 noise std of the sum ({spread:.4g})")
+                return (
+                    f"class counts sum to {total:.6g}, beyond the {max_count:g} examples this client can hold "
+                    f"plus 8 noise std of the sum ({spread:.4g})"
+                )
             if total < -spread:  # each class may dip to -8σ by noise, but not all of them at once
                 return f"class counts sum to {total:.6g}, below 0 by more than 8 noise std of the sum ({spread:.4g})"
         # under local DP both sides of a bound carry noise, so the margin covers the feature

@@ -84,17 +84,22 @@ def fit_class_mixtures(
         return [], np.zeros(0)
     groups = [features[torch.as_tensor(labels == c)] for c in classes]
     ks = [components_for(len(g), k) for g in groups]
-    fit = fit_gmm(groups, max(ks), covariance, k_per_group=ks, reg_covar=reg_covar, tol=tol, max_iter=max_iter, init=init, seed=seed, device=device)
+    fit = fit_gmm(
+        groups, max(ks), covariance, k_per_group=ks, reg_covar=reg_covar, tol=tol, max_iter=max_iter, init=init, seed=seed, device=device
+    )
     mix = fit.mixture
     out = []
     for b, (c, kc) in enumerate(zip(classes, ks)):
-        out.append(ClassMixture(
-            c, len(groups[b]),
-            mix.weights[b, :kc].double().cpu().numpy(),
-            mix.means[b, :kc].double().cpu().numpy(),
-            mix.covariances[b, :kc].double().cpu().numpy(),
-            covariance,
-        ))
+        out.append(
+            ClassMixture(
+                c,
+                len(groups[b]),
+                mix.weights[b, :kc].double().cpu().numpy(),
+                mix.means[b, :kc].double().cpu().numpy(),
+                mix.covariances[b, :kc].double().cpu().numpy(),
+                covariance,
+            )
+        )
     return out, fit.log_likelihood
 
 
@@ -146,8 +151,16 @@ def payload_values(counts: list[int], dim: int, k: int, covariance: str) -> int:
 class PayloadCheck:
     """The server's checks of one decoded GMM payload (every reply is untrusted)."""
 
-    def __init__(self, num_classes: int, dim: int, k: int, covariance: str, max_value: float, min_examples: int = 1,
-                 value_range: tuple[float, float] | None = None):
+    def __init__(
+        self,
+        num_classes: int,
+        dim: int,
+        k: int,
+        covariance: str,
+        max_value: float,
+        min_examples: int = 1,
+        value_range: tuple[float, float] | None = None,
+    ):
         self.num_classes, self.dim, self.k, self.covariance, self.max_value = num_classes, dim, k, covariance, max_value
         self.min_examples = min_examples
         self.value_range = value_range  # where every feature lies (the extractor's range): means must lie there too
@@ -162,7 +175,11 @@ class PayloadCheck:
         if not np.issubdtype(table.dtype, np.integer) or table.ndim != 2 or table.shape[1] != 3 or len(table) > self.num_classes:
             return f"class table of shape {table.shape} and dtype {table.dtype}, expected integers (m <= {self.num_classes}, 3)"
         r = len(w)
-        want = {P.GMM_WEIGHTS: (r,), P.GMM_MEANS: (r, self.dim), P.GMM_COVARIANCES: (r, *covariance_shape(self.dim, self.covariance, packed=True))}
+        want = {
+            P.GMM_WEIGHTS: (r,),
+            P.GMM_MEANS: (r, self.dim),
+            P.GMM_COVARIANCES: (r, *covariance_shape(self.dim, self.covariance, packed=True)),
+        }
         for name, shape in want.items():
             a = arrays[name]
             if a.shape != shape or not np.issubdtype(a.dtype, np.floating):
@@ -262,7 +279,9 @@ def capped_counts(mixtures: list[ClassMixture], cap: int) -> list[int]:
     return [max(1, int(c * cap / total)) for c in counts]
 
 
-def synthesize(mixtures: list[ClassMixture], generator: torch.Generator, counts: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def synthesize(
+    mixtures: list[ClassMixture], generator: torch.Generator, counts: list[int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """|F_{i,c}| (or ``counts``) synthetic features from every class mixture (Alg. 1 line
     14), with labels. Mixtures are sampled in float64, as :class:`PayloadCheck` factorized them."""
     xs, ys = [], []
@@ -346,7 +365,9 @@ def normalize(features: torch.Tensor) -> torch.Tensor:
     return features / features.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
-def privatize(features: torch.Tensor, label: int, covariance: str, epsilon: float, delta: float, rng: np.random.Generator) -> tuple[ClassMixture, float, float]:
+def privatize(
+    features: torch.Tensor, label: int, covariance: str, epsilon: float, delta: float, rng: np.random.Generator
+) -> tuple[ClassMixture, float, float]:
     """One class's Gaussian (K = 1) released under (ε, δ)-DP: the sample mean and
     covariance plus N(0, σ²) on every entry sent, then projected onto the PSD cone (kept
     above float16's smallest normal). Diag and spherical releases are the full

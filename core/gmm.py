@@ -137,7 +137,15 @@ def _initial_resp(x: torch.Tensor, mask: torch.Tensor, cmask: torch.Tensor, init
     return resp * mask[..., None].to(x.dtype)
 
 
-def _m_step(x: torch.Tensor, resp: torch.Tensor, n_points: torch.Tensor, cmask: torch.Tensor, covariance: str, reg: float, x2: torch.Tensor | None = None) -> Mixture:
+def _m_step(
+    x: torch.Tensor,
+    resp: torch.Tensor,
+    n_points: torch.Tensor,
+    cmask: torch.Tensor,
+    covariance: str,
+    reg: float,
+    x2: torch.Tensor | None = None,
+) -> Mixture:
     nk = resp.sum(1) + 10 * torch.finfo(resp.dtype).eps  # (B,K)
     means = resp.transpose(1, 2) @ x / nk[..., None]  # (B,K,d)
     if covariance == "full":
@@ -162,16 +170,23 @@ def _log_gauss(x: torch.Tensor, m: Mixture, x2: torch.Tensor | None = None) -> t
     d = x.shape[-1]
     if m.covariance == "full":
         chol = torch.linalg.cholesky(m.covariances.double())  # (B,K,d,d)
-        maha = torch.stack([  # one component at a time: (B,d,N) at most in memory
-            (torch.linalg.solve_triangular(chol[:, j], (x - m.means[:, j, None, :]).double().transpose(1, 2), upper=False) ** 2).sum(1)
-            for j in range(chol.shape[1])
-        ], -1)  # (B,N,K)
+        maha = torch.stack(
+            [  # one component at a time: (B,d,N) at most in memory
+                (torch.linalg.solve_triangular(chol[:, j], (x - m.means[:, j, None, :]).double().transpose(1, 2), upper=False) ** 2).sum(1)
+                for j in range(chol.shape[1])
+            ],
+            -1,
+        )  # (B,N,K)
         logdet = 2.0 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)  # (B,K)
         return -0.5 * (d * LOG_2PI + logdet[:, None, :] + maha)
     var = m.covariances if m.covariance == "diag" else m.covariances[..., None].expand_as(m.means)
     prec = 1.0 / var  # (B,K,d)
     # Σ (x−μ)²/σ² = Σ x²/σ² − 2 Σ x μ/σ² + Σ μ²/σ², as batched products
-    maha = (x * x if x2 is None else x2) @ prec.transpose(1, 2) - 2.0 * x @ (m.means * prec).transpose(1, 2) + (m.means**2 * prec).sum(-1)[:, None, :]
+    maha = (
+        (x * x if x2 is None else x2) @ prec.transpose(1, 2)
+        - 2.0 * x @ (m.means * prec).transpose(1, 2)
+        + (m.means**2 * prec).sum(-1)[:, None, :]
+    )
     logdet = torch.log(var.double()).sum(-1)
     return -0.5 * (d * LOG_2PI + logdet[:, None, :] + maha.double().clamp_min(0))
 

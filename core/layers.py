@@ -8,7 +8,8 @@ closest to the output.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, TypeVar
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 from torch import nn
 

@@ -46,88 +46,183 @@ MODEL = {"*": "float32"}
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
-        Method("fedavg", "whole-model averaging weighted by n_k (McMahan et al. 2017)",
-               "strategies.fedavg:FedAvg", "client.procedures.fedavg:FedAvgClient", MODEL),
-        Method("fedprox", "FedAvg with the proximal term (mu/2)|w - w_global|^2 (Li et al. 2020)",
-               "strategies.fedprox:FedProx", "client.procedures.fedavg:FedProxClient", MODEL,
-               {"fedprox-mu": non_negative("FedProx: proximal term weight mu", 0.01)}),
-        Method("fedlog", "per-class feature sums and the exact MAP head of Eq. 12 (FedLog, FedLog-C, DP-FedLog)",
-               "strategies.fedlog:FedLog", "client.procedures.fedlog:FedLogClient",
-               {P.STATS: "float32", P.STATS_ROWS: "float32"},
-               {
-                   "fedlog-prior-nu": non_negative("prior strength nu of the conjugate prior", 1.0),
-                   "fedlog-prior-chi": Key(0.0, "prior chi (every entry)"),
-                   "fedlog-init": Key("stats", "first head: one statistics round on untrained bodies, or random", choices=("stats", "random")),
-                   "fedlog-alpha": non_negative("FedLog-C auxiliary loss weight; 0: plain FedLog", 0.0),
-                   "fedlog-dp": Key("off", "differential privacy of the statistics", choices=("off", "local", "central")),
-                   "fedlog-epsilon": positive("DP epsilon", 1.0),
-                   "fedlog-delta": Key(0.01, "DP delta", check=lambda v: 0 < v < 1, rule="in (0, 1)"),
-                   "fedlog-clip": non_negative("clip body features to [-b, b]; 0: no clip (required > 0 with DP)", 0.0),
-                   "fedlog-uplink": Key("dense", "FedLog: statistics sent dense (classes × m) or sparse (only the rows of the classes a client holds, with their indices: lossless; not with fedlog-dp=local)",
-                                        choices=("dense", "sparse")),
-                   "fedlog-wire-dtype": Key("float32", "FedLog: dtype of the head η (and FedLog-C's class means) sent to clients; the server adds and solves in float64",
-                                            choices=("float32", "float16")),
-                   "fedlog-uplink-dtype": Key("float32", "FedLog: dtype of the statistics sent up; float16 sends each class as [count, feature means] (the same rows in float32 for a client with a class above 2048 examples); the server rebuilds the sums in float64; not with fedlog-dp local or central",
-                                              choices=("float32", "float16")),
-               }),
-        Method("lg-fedavg", "local bodies, averaged top layers (Liang et al. 2020, Alg. 1)",
-               "strategies.lg_fedavg:LGFedAvg", "client.procedures.lg_fedavg:LGFedAvgClient", MODEL,
-               {
-                   "lg-global-layers": positive("LG-FedAvg: top layers that are global and averaged (1 or 2 in FedLog's Table 1)", 1),
-                   "lg-warmup-rounds": non_negative("LG-FedAvg: first rounds run as FedAvg on the whole model before bodies go local", 0),
-                   "lg-new-test": Key(True, "LG-FedAvg: after the last round clients upload their models once and the server scores their logit ensemble on the whole test set"),
-               }),
-        Method("fedper", "averaged bodies, local top layers (Arivazhagan et al. 2019)",
-               "strategies.fedper:FedPer", "client.procedures.layer_sharing:SharedLayersClient", MODEL,
-               {"fedper-local-layers": positive("FedPer: top layers kept local; the rest are averaged", 2)}),
-        Method("fedrep", "averaged body, local head fitted first (Collins et al. 2021)",
-               "strategies.fedrep:FedRep", "client.procedures.fedrep:FedRepClient", MODEL,
-               {
-                   "fedrep-local-layers": positive("FedRep: top layers kept local (the head); the rest are averaged", 1),
-                   "fedrep-head-epochs": non_negative("FedRep: epochs training the local head (body fixed) before the body epochs", 10),
-               }),
-        Method("fedproto", "per-class mean features averaged by class counts (Tan et al. 2022)",
-               "strategies.fedproto:FedProto", "client.procedures.fedproto:FedProtoClient",
-               {P.PROTOTYPES: "float32", P.CLASS_COUNTS: "float32"},
-               {
-                   "fedproto-lambda": non_negative("FedProto: weight of the pull of features towards the global prototypes", 1.0),
-                   "fedproto-predict": Key("head", "FedProto: the accuracy reported first: local head, or nearest global prototype (both are recorded)", choices=("head", "prototype")),
-               }),
-        Method("fedprof", "FedAvg with clients sampled by exp(-alpha * KL) of their representation profiles (Wu et al. 2023)",
-               "strategies.fedprof:FedProf", "client.procedures.fedprof:FedProfClient", {**MODEL, P.PROFILE: "float32"},
-               {
-                   "fedprof-layer": Key("body", "FedProf: the module whose outputs are profiled (a name from the model's named_modules; body: the feature layer)"),
-                   "fedprof-alpha": non_negative("FedProf: penalty alpha of the score exp(-alpha * div); 0: uniform selection", 10.0),
-                   "fedprof-val-size": positive("FedProf: training rows the server holds out (never given to a client); its validation set D^V for baseline profiles is a private random half of them", 1000),
-                   "fedprof-aggregation": Key("full", "FedProf: full (unselected clients count with the previous global model), full-cache (unselected clients count with "
-                                              "their last local model, which the server keeps) or partial (scheme II of Li et al. 2020)", choices=("full", "full-cache", "partial")),
-               }),
-        Method("fedpft", "per-class Gaussian mixtures of frozen-extractor features; the server trains a head on samples of them, one shot (Beitollahi et al. 2024)",
-               "strategies.fedpft:FedPFT", "client.procedures.fedpft:FedPFTClient",
-               {P.GMM_CLASSES: "int32", P.GMM_WEIGHTS: "float16", P.GMM_MEANS: "float16", P.GMM_COVARIANCES: "float16"},
-               {
-                   "fedpft-extractor": Key("efficientnet-lite0", "FedPFT: frozen pretrained feature extractor shared by all clients (identity: the raw input)",
-                                           choices=("efficientnet-lite0", "resnet18", "resnet50", "vit_b_16", "identity")),
-                   "fedpft-extractor-weights": Key("", "FedPFT: state-dict file of the extractor's weights; empty: the packaged (efficientnet-lite0) or downloaded (torchvision) ones"),
-                   "fedpft-resolution": non_negative("FedPFT: side in pixels images are resized to before extraction; 0: the extractor's own (224)", 0),
-                   "fedpft-cache-dir": Key("", "FedPFT: feature cache folder; empty: $HEADWAY_CACHE_DIR/features or the user cache; none: no cache"),
-                   "fedpft-components": positive("FedPFT: K, Gaussian components per class (a class with n < 2K examples gets max(1, n // 2))", 1),
-                   "fedpft-covariance": Key("spherical", "FedPFT: covariance family of the mixtures", choices=("spherical", "diag", "full")),
-                   "fedpft-min-class-examples": positive("FedPFT: classes with fewer local examples are not sent (a 1-example mixture would be the raw feature)", 2),
-                   "fedpft-em-init": Key("kmeans", "FedPFT: EM initialization", choices=("kmeans", "k-means++", "random")),
-                   "fedpft-em-tol": positive("FedPFT: EM stops when a class's mean log-likelihood changes less than this", 1e-3),
-                   "fedpft-em-max-iter": positive("FedPFT: EM iterations at most", 100),
-                   "fedpft-reg-covar": positive("FedPFT: added to every variance in EM", 1e-6),
-                   "fedpft-topology": Key("centralized", "FedPFT: centralized (the server trains the head) or chain (clients pass mixtures along partition ids, relayed by the server)", choices=("centralized", "chain")),
-                   "fedpft-dp": Key("off", "FedPFT: DP-FedPFT (Theorem 4.1; K = 1, features scaled to the unit sphere)", choices=("off", "on")),
-                   "fedpft-epsilon": positive("FedPFT: DP epsilon per class", 1.0),
-                   "fedpft-delta": Key(0.0, "FedPFT: DP delta per class; 0: 1/n of each class", check=lambda v: 0 <= v < 1, rule="in [0, 1)"),
-                   "fedpft-max-synthetic": positive("FedPFT: most synthetic features drawn at once (server, or a chain client); larger claimed counts are scaled down proportionally", 500_000),
-                   "fedpft-head-optimizer": Key("adamw", "FedPFT: optimizer of the head (adamw: the authors' Flower baseline; adam: the paper)", choices=("adamw", "adam")),
-                   "fedpft-head-lr": positive("FedPFT: learning rate of the head", 1e-4),
-                   "fedpft-head-epochs": positive("FedPFT: epochs of head training", 50),
-                   "fedpft-head-batch-size": positive("FedPFT: batch size of head training", 32),
-               }),
+        Method(
+            "fedavg",
+            "whole-model averaging weighted by n_k (McMahan et al. 2017)",
+            "strategies.fedavg:FedAvg",
+            "client.procedures.fedavg:FedAvgClient",
+            MODEL,
+        ),
+        Method(
+            "fedprox",
+            "FedAvg with the proximal term (mu/2)|w - w_global|^2 (Li et al. 2020)",
+            "strategies.fedprox:FedProx",
+            "client.procedures.fedavg:FedProxClient",
+            MODEL,
+            {"fedprox-mu": non_negative("FedProx: proximal term weight mu", 0.01)},
+        ),
+        Method(
+            "fedlog",
+            "per-class feature sums and the exact MAP head of Eq. 12 (FedLog, FedLog-C, DP-FedLog)",
+            "strategies.fedlog:FedLog",
+            "client.procedures.fedlog:FedLogClient",
+            {P.STATS: "float32", P.STATS_ROWS: "float32"},
+            {
+                "fedlog-prior-nu": non_negative("prior strength nu of the conjugate prior", 1.0),
+                "fedlog-prior-chi": Key(0.0, "prior chi (every entry)"),
+                "fedlog-init": Key("stats", "first head: one statistics round on untrained bodies, or random", choices=("stats", "random")),
+                "fedlog-alpha": non_negative("FedLog-C auxiliary loss weight; 0: plain FedLog", 0.0),
+                "fedlog-dp": Key("off", "differential privacy of the statistics", choices=("off", "local", "central")),
+                "fedlog-epsilon": positive("DP epsilon", 1.0),
+                "fedlog-delta": Key(0.01, "DP delta", check=lambda v: 0 < v < 1, rule="in (0, 1)"),
+                "fedlog-clip": non_negative("clip body features to [-b, b]; 0: no clip (required > 0 with DP)", 0.0),
+                "fedlog-uplink": Key(
+                    "dense",
+                    "FedLog: statistics sent dense (classes × m) or sparse (only the rows of the classes a client holds, with their indices: lossless; not with fedlog-dp=local)",
+                    choices=("dense", "sparse"),
+                ),
+                "fedlog-wire-dtype": Key(
+                    "float32",
+                    "FedLog: dtype of the head η (and FedLog-C's class means) sent to clients; the server adds and solves in float64",
+                    choices=("float32", "float16"),
+                ),
+                "fedlog-uplink-dtype": Key(
+                    "float32",
+                    "FedLog: dtype of the statistics sent up; float16 sends each class as [count, feature means] (the same rows in float32 for a client with a class above 2048 examples); the server rebuilds the sums in float64; not with fedlog-dp local or central",
+                    choices=("float32", "float16"),
+                ),
+            },
+        ),
+        Method(
+            "lg-fedavg",
+            "local bodies, averaged top layers (Liang et al. 2020, Alg. 1)",
+            "strategies.lg_fedavg:LGFedAvg",
+            "client.procedures.lg_fedavg:LGFedAvgClient",
+            MODEL,
+            {
+                "lg-global-layers": positive("LG-FedAvg: top layers that are global and averaged (1 or 2 in FedLog's Table 1)", 1),
+                "lg-warmup-rounds": non_negative("LG-FedAvg: first rounds run as FedAvg on the whole model before bodies go local", 0),
+                "lg-new-test": Key(
+                    True,
+                    "LG-FedAvg: after the last round clients upload their models once and the server scores their logit ensemble on the whole test set",
+                ),
+            },
+        ),
+        Method(
+            "fedper",
+            "averaged bodies, local top layers (Arivazhagan et al. 2019)",
+            "strategies.fedper:FedPer",
+            "client.procedures.layer_sharing:SharedLayersClient",
+            MODEL,
+            {"fedper-local-layers": positive("FedPer: top layers kept local; the rest are averaged", 2)},
+        ),
+        Method(
+            "fedrep",
+            "averaged body, local head fitted first (Collins et al. 2021)",
+            "strategies.fedrep:FedRep",
+            "client.procedures.fedrep:FedRepClient",
+            MODEL,
+            {
+                "fedrep-local-layers": positive("FedRep: top layers kept local (the head); the rest are averaged", 1),
+                "fedrep-head-epochs": non_negative("FedRep: epochs training the local head (body fixed) before the body epochs", 10),
+            },
+        ),
+        Method(
+            "fedproto",
+            "per-class mean features averaged by class counts (Tan et al. 2022)",
+            "strategies.fedproto:FedProto",
+            "client.procedures.fedproto:FedProtoClient",
+            {P.PROTOTYPES: "float32", P.CLASS_COUNTS: "float32"},
+            {
+                "fedproto-lambda": non_negative("FedProto: weight of the pull of features towards the global prototypes", 1.0),
+                "fedproto-predict": Key(
+                    "head",
+                    "FedProto: the accuracy reported first: local head, or nearest global prototype (both are recorded)",
+                    choices=("head", "prototype"),
+                ),
+            },
+        ),
+        Method(
+            "fedprof",
+            "FedAvg with clients sampled by exp(-alpha * KL) of their representation profiles (Wu et al. 2023)",
+            "strategies.fedprof:FedProf",
+            "client.procedures.fedprof:FedProfClient",
+            {**MODEL, P.PROFILE: "float32"},
+            {
+                "fedprof-layer": Key(
+                    "body",
+                    "FedProf: the module whose outputs are profiled (a name from the model's named_modules; body: the feature layer)",
+                ),
+                "fedprof-alpha": non_negative("FedProf: penalty alpha of the score exp(-alpha * div); 0: uniform selection", 10.0),
+                "fedprof-val-size": positive(
+                    "FedProf: training rows the server holds out (never given to a client); its validation set D^V for baseline profiles is a private random half of them",
+                    1000,
+                ),
+                "fedprof-aggregation": Key(
+                    "full",
+                    "FedProf: full (unselected clients count with the previous global model), full-cache (unselected clients count with "
+                    "their last local model, which the server keeps) or partial (scheme II of Li et al. 2020)",
+                    choices=("full", "full-cache", "partial"),
+                ),
+            },
+        ),
+        Method(
+            "fedpft",
+            "per-class Gaussian mixtures of frozen-extractor features; the server trains a head on samples of them, one shot (Beitollahi et al. 2024)",
+            "strategies.fedpft:FedPFT",
+            "client.procedures.fedpft:FedPFTClient",
+            {P.GMM_CLASSES: "int32", P.GMM_WEIGHTS: "float16", P.GMM_MEANS: "float16", P.GMM_COVARIANCES: "float16"},
+            {
+                "fedpft-extractor": Key(
+                    "efficientnet-lite0",
+                    "FedPFT: frozen pretrained feature extractor shared by all clients (identity: the raw input)",
+                    choices=("efficientnet-lite0", "resnet18", "resnet50", "vit_b_16", "identity"),
+                ),
+                "fedpft-extractor-weights": Key(
+                    "",
+                    "FedPFT: state-dict file of the extractor's weights; empty: the packaged (efficientnet-lite0) or downloaded (torchvision) ones",
+                ),
+                "fedpft-resolution": non_negative(
+                    "FedPFT: side in pixels images are resized to before extraction; 0: the extractor's own (224)", 0
+                ),
+                "fedpft-cache-dir": Key(
+                    "", "FedPFT: feature cache folder; empty: $HEADWAY_CACHE_DIR/features or the user cache; none: no cache"
+                ),
+                "fedpft-components": positive(
+                    "FedPFT: K, Gaussian components per class (a class with n < 2K examples gets max(1, n // 2))", 1
+                ),
+                "fedpft-covariance": Key("spherical", "FedPFT: covariance family of the mixtures", choices=("spherical", "diag", "full")),
+                "fedpft-min-class-examples": positive(
+                    "FedPFT: classes with fewer local examples are not sent (a 1-example mixture would be the raw feature)", 2
+                ),
+                "fedpft-em-init": Key("kmeans", "FedPFT: EM initialization", choices=("kmeans", "k-means++", "random")),
+                "fedpft-em-tol": positive("FedPFT: EM stops when a class's mean log-likelihood changes less than this", 1e-3),
+                "fedpft-em-max-iter": positive("FedPFT: EM iterations at most", 100),
+                "fedpft-reg-covar": positive("FedPFT: added to every variance in EM", 1e-6),
+                "fedpft-topology": Key(
+                    "centralized",
+                    "FedPFT: centralized (the server trains the head) or chain (clients pass mixtures along partition ids, relayed by the server)",
+                    choices=("centralized", "chain"),
+                ),
+                "fedpft-dp": Key(
+                    "off", "FedPFT: DP-FedPFT (Theorem 4.1; K = 1, features scaled to the unit sphere)", choices=("off", "on")
+                ),
+                "fedpft-epsilon": positive("FedPFT: DP epsilon per class", 1.0),
+                "fedpft-delta": Key(0.0, "FedPFT: DP delta per class; 0: 1/n of each class", check=lambda v: 0 <= v < 1, rule="in [0, 1)"),
+                "fedpft-max-synthetic": positive(
+                    "FedPFT: most synthetic features drawn at once (server, or a chain client); larger claimed counts are scaled down proportionally",
+                    500_000,
+                ),
+                "fedpft-head-optimizer": Key(
+                    "adamw",
+                    "FedPFT: optimizer of the head (adamw: the authors' Flower baseline; adam: the paper)",
+                    choices=("adamw", "adam"),
+                ),
+                "fedpft-head-lr": positive("FedPFT: learning rate of the head", 1e-4),
+                "fedpft-head-epochs": positive("FedPFT: epochs of head training", 50),
+                "fedpft-head-batch-size": positive("FedPFT: batch size of head training", 32),
+            },
+        ),
     )
 }
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -123,7 +124,9 @@ def linear(input_shape: tuple[int, ...], m: int) -> nn.Module:
     """The input as its own features (see :class:`Flat`); m must be 0 or the input's width."""
     width = _flat(input_shape)
     if m and m != width:
-        raise ValueError(f"body 'linear' has no layers, so its features are the input's {width} values; feature-dim={m} cannot apply: leave it 0")
+        raise ValueError(
+            f"body 'linear' has no layers, so its features are the input's {width} values; feature-dim={m} cannot apply: leave it 0"
+        )
     return Flat(width)
 
 
@@ -259,7 +262,9 @@ def body_factory(name: str) -> Callable[..., nn.Module]:
         return _checked(name, _torchvision_builder(name))
     if is_custom_body(name):
         return _checked(name, _imported(name))
-    raise BodyError(f"unknown body {name!r}; allowed: {', '.join(sorted(BODIES))}, torchvision:<arch>[@weights.pth] or package.module:factory")
+    raise BodyError(
+        f"unknown body {name!r}; allowed: {', '.join(sorted(BODIES))}, torchvision:<arch>[@weights.pth] or package.module:factory"
+    )
 
 
 def _imported(name: str) -> Callable[..., nn.Module]:
@@ -269,8 +274,10 @@ def _imported(name: str) -> Callable[..., nn.Module]:
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise BodyError(f"body {name!r}: module {module_name!r} cannot be imported (ModuleNotFoundError: {_line(exc)}); "
-                        "install it or put it on PYTHONPATH, on the server and on every SuperNode that runs it") from None
+        raise BodyError(
+            f"body {name!r}: module {module_name!r} cannot be imported (ModuleNotFoundError: {_line(exc)}); "
+            "install it or put it on PYTHONPATH, on the server and on every SuperNode that runs it"
+        ) from None
     except Exception as exc:  # the module itself fails to import (SyntaxError, ImportError, its own code)
         raise BodyError(f"body {name!r}: importing module {module_name!r} raised {type(exc).__name__}: {_line(exc)}") from None
     for part in attr.split("."):
@@ -278,18 +285,22 @@ def _imported(name: str) -> Callable[..., nn.Module]:
             raise BodyError(f"body {name!r}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise BodyError(f"body {name!r}: {attr!r} in module {module_name!r} is of type {type(obj).__name__}, not callable; "
-                        "it must be a factory (input_shape, feature_dim) -> nn.Module")
+        raise BodyError(
+            f"body {name!r}: {attr!r} in module {module_name!r} is of type {type(obj).__name__}, not callable; "
+            "it must be a factory (input_shape, feature_dim) -> nn.Module"
+        )
     return obj
 
 
 def _torchvision_builder(name: str) -> Callable[[tuple[int, ...], int], nn.Module]:
-    arch, at, weights = name[len(TORCHVISION):].partition("@")
+    arch, at, weights = name[len(TORCHVISION) :].partition("@")
     from torchvision import models
 
     if arch not in models.list_models(module=models):  # classification architectures only
-        raise BodyError(f"body {name!r}: torchvision has no classification architecture {arch!r} "
-                        "(e.g. resnet18, mobilenet_v3_small, efficientnet_b0; see torchvision.models.list_models())")
+        raise BodyError(
+            f"body {name!r}: torchvision has no classification architecture {arch!r} "
+            "(e.g. resnet18, mobilenet_v3_small, efficientnet_b0; see torchvision.models.list_models())"
+        )
     if at and not weights:
         raise BodyError(f"body {name!r}: '@' must be followed by a weights file (a state dict of the full torchvision model)")
     if weights and not Path(weights).is_file():
@@ -297,7 +308,9 @@ def _torchvision_builder(name: str) -> Callable[[tuple[int, ...], int], nn.Modul
 
     def build(input_shape: tuple[int, ...], m: int) -> nn.Module:
         if len(input_shape) != 3:
-            raise BodyError(f"body {name!r}: torchvision networks take images (channels, height, width); the inputs have shape {tuple(input_shape)}")
+            raise BodyError(
+                f"body {name!r}: torchvision networks take images (channels, height, width); the inputs have shape {tuple(input_shape)}"
+            )
         net = models.get_model(arch, weights=None)  # untrained: nothing is downloaded
         state = _load_weights(name, weights) if weights else None
         if state is not None:
@@ -321,7 +334,9 @@ def _load_weights(name: str, path: str) -> Mapping[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)  # tensors only: a weights file runs no code
     except Exception as exc:
-        raise BodyError(f"body {name!r}: weights file {path!r} cannot be read as a state dict: {type(exc).__name__}: {_line(exc)}") from None
+        raise BodyError(
+            f"body {name!r}: weights file {path!r} cannot be read as a state dict: {type(exc).__name__}: {_line(exc)}"
+        ) from None
     if not isinstance(state, Mapping):
         raise BodyError(f"body {name!r}: weights file {path!r} holds a value of type {type(state).__name__}, not a state dict")
     return state
@@ -345,7 +360,9 @@ def _adapt_first_conv(name: str, net: nn.Module, channels: int, pretrained: bool
     qualified, old = next(((n, mod) for n, mod in net.named_modules() if isinstance(mod, nn.Conv2d)), (None, None))
     if old is None or old.in_channels != 3 or old.groups != 1:
         raise BodyError(f"body {name!r}: cannot adapt torchvision's first convolution to {channels}-channel inputs")
-    new = nn.Conv2d(channels, old.out_channels, old.kernel_size, old.stride, old.padding, old.dilation, 1, old.bias is not None, old.padding_mode)
+    new = nn.Conv2d(
+        channels, old.out_channels, old.kernel_size, old.stride, old.padding, old.dilation, 1, old.bias is not None, old.padding_mode
+    )
     if pretrained:
         with torch.no_grad():
             new.weight.copy_(old.weight.sum(1, keepdim=True).repeat(1, channels, 1, 1) / channels)
@@ -361,8 +378,10 @@ def _drop_classifier(name: str, net: nn.Module) -> tuple[int, float]:
     Sequential, moved out to TorchvisionBody as mobilenet-v2's is (0 where there is none)."""
     linears = [(n, mod) for n, mod in net.named_modules() if isinstance(mod, nn.Linear)]
     if not linears or linears[-1][1].out_features != 1000:
-        raise BodyError(f"body {name!r}: found no final nn.Linear classifier (1000 ImageNet classes) to replace; "
-                        "use package.module:factory for this network")
+        raise BodyError(
+            f"body {name!r}: found no final nn.Linear classifier (1000 ImageNet classes) to replace; "
+            "use package.module:factory for this network"
+        )
     qualified, fc = linears[-1]
     parent, leaf = _parent(net, qualified)
     setattr(parent, leaf, nn.Identity())
@@ -404,7 +423,9 @@ def output_width(name: str, body: nn.Module, input_shape: tuple[int, ...], m: in
     if declared is not None and declared != width:
         raise BodyError(f"body {name!r} has out_dim={declared} but outputs {width} features")
     if m and width != m:
-        raise BodyError(f"body {name!r} outputs {width} features, but feature-dim={m}: its factory receives feature_dim={m} and must output that many")
+        raise BodyError(
+            f"body {name!r} outputs {width} features, but feature-dim={m}: its factory receives feature_dim={m} and must output that many"
+        )
     return width
 
 

@@ -112,7 +112,15 @@ def dirichlet(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_cla
     return train, split_by_class(y_test, counts, rng)
 
 
-def dominant(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_classes: int, fraction: float, sizes: np.ndarray | None, rng: np.random.Generator):
+def dominant(
+    y_train: np.ndarray,
+    y_test: np.ndarray,
+    num_clients: int,
+    num_classes: int,
+    fraction: float,
+    sizes: np.ndarray | None,
+    rng: np.random.Generator,
+):
     """FedProf §5: each client has one dominant class holding ``fraction`` of its data, the
     rest spread evenly over the other classes. Dominant classes are dealt round-robin in a
     random order, so every class dominates equally many clients and the class supply
@@ -137,7 +145,9 @@ def client_sizes(num_clients: int, mean: float, std: float, available: int, seed
     sizes = np.maximum(1, np.rint(np.random.default_rng([seed, 0x73697A65]).normal(mean, std, num_clients))).astype(np.int64)
     if sizes.sum() > available:
         if num_clients > available:
-            raise ValueError(f"client-size-mean: {num_clients} clients need at least one row each, and only {available} training rows are left")
+            raise ValueError(
+                f"client-size-mean: {num_clients} clients need at least one row each, and only {available} training rows are left"
+            )
         sizes = np.maximum(1, np.floor(sizes * (available / sizes.sum()))).astype(np.int64)
         while sizes.sum() > available:  # the floor of at least 1 can still overshoot by a few rows
             sizes[np.argmax(sizes)] -= 1
@@ -164,16 +174,35 @@ def server_holdout(cfg: dict) -> int:
 def make_partition(ds: Dataset, cfg: dict) -> Partition:
     """The partition a run config asks for (cached: every client of a process shares it)."""
     return _make_partition(
-        ds, cfg["partition"], cfg["num-clients"], cfg["classes-per-client"],
-        cfg["dirichlet-alpha"], cfg["train-fraction"], cfg["seed"], cfg["natural-column"], server_holdout(cfg),
-        cfg["dominant-class-fraction"], cfg["client-size-mean"], cfg["client-size-std"],
+        ds,
+        cfg["partition"],
+        cfg["num-clients"],
+        cfg["classes-per-client"],
+        cfg["dirichlet-alpha"],
+        cfg["train-fraction"],
+        cfg["seed"],
+        cfg["natural-column"],
+        server_holdout(cfg),
+        cfg["dominant-class-fraction"],
+        cfg["client-size-mean"],
+        cfg["client-size-std"],
     )
 
 
 @lru_cache(maxsize=8)
 def _make_partition(
-    ds: Dataset, scheme: str, num_clients: int, per_client: int, alpha: float, fraction: float, seed: int, column: str,
-    holdout: int = 0, dominant_fraction: float = 0.6, size_mean: float = 0.0, size_std: float = 0.0,
+    ds: Dataset,
+    scheme: str,
+    num_clients: int,
+    per_client: int,
+    alpha: float,
+    fraction: float,
+    seed: int,
+    column: str,
+    holdout: int = 0,
+    dominant_fraction: float = 0.6,
+    size_mean: float = 0.0,
+    size_std: float = 0.0,
 ) -> Partition:
     rng = np.random.default_rng(seed)
     classification = ds.task == "classification"

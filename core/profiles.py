@@ -10,7 +10,7 @@ over spatial positions first (the paper's "channel-wise fused" representation).
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -123,7 +123,9 @@ def profile_problem(profile: np.ndarray, units: int) -> str | None:
     return None
 
 
-def full_aggregate(previous: Mapping[str, np.ndarray], models: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[float], total: float) -> dict[str, np.ndarray]:
+def full_aggregate(
+    previous: Mapping[str, np.ndarray], models: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[float], total: float
+) -> dict[str, np.ndarray]:
     """Full aggregation: θ ← Σ_{k=1..N} ρ_k θ_k with ρ_k = n_k / n over all N clients,
     where a client not selected this round contributes the previous global model:
     θ ← Σ_{k∈S} ρ_k θ_k + (1 − Σ_{k∈S} ρ_k) θ."""
@@ -133,7 +135,9 @@ def full_aggregate(previous: Mapping[str, np.ndarray], models: Sequence[Mapping[
     return weighted_average([previous, *models], [max(1.0 - rho.sum(), 0.0), *rho], like=previous)
 
 
-def cached_aggregate(initial: Mapping[str, np.ndarray], latest: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[float], total: float) -> dict[str, np.ndarray]:
+def cached_aggregate(
+    initial: Mapping[str, np.ndarray], latest: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[float], total: float
+) -> dict[str, np.ndarray]:
     """Full aggregation over a cache of every client's last local model (as in the authors'
     SAFA/CFCFM line of work): θ ← Σ_{k=1..N} ρ_k θ_k^last, where ``latest`` are the cached
     models of the clients trained so far and a client never trained still holds the
@@ -141,7 +145,9 @@ def cached_aggregate(initial: Mapping[str, np.ndarray], latest: Sequence[Mapping
     return full_aggregate(initial, latest, sizes, total)
 
 
-def partial_aggregate(models: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[float], total: float, num_clients: int, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def partial_aggregate(
+    models: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[float], total: float, num_clients: int, like: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """Partial aggregation, scheme II of Li et al. (2020): θ ← Σ_{k∈S} ρ_k (N/K) θ_k,
     K = |S|. With equal data sizes this is the plain mean of FedProf's Eq. 36; with
     unequal sizes the weights sum to 1 only in expectation, as [5] defines it."""

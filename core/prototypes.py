@@ -7,7 +7,7 @@ per-class sums come from :func:`core.fedlog.sufficient_statistics`.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from core.config import LOCAL, ConfigError, dataset_kind
 from core.data import SPECS, Dataset, DatasetSpec, load_dataset, spec_of
@@ -58,8 +59,10 @@ def load_run_dataset(cfg: Mapping[str, Any]) -> Dataset:
         return load_dataset(cfg["dataset"], cfg["data-dir"], cfg["seed"])
     if kind == "path":
         return _whole_source(str(Path(cfg["dataset"]).expanduser()), source_options(cfg))[0]
-    raise ConfigError("run-config key 'dataset' is 'local': every SuperNode reads its own data (--node-config data=PATH), "
-                      "so there is no one data set to load or partition; in simulation give the path of a source instead")
+    raise ConfigError(
+        "run-config key 'dataset' is 'local': every SuperNode reads its own data (--node-config data=PATH), "
+        "so there is no one data set to load or partition; in simulation give the path of a source instead"
+    )
 
 
 def local_spec(schema: Any) -> DatasetSpec:
@@ -124,5 +127,16 @@ def load_server_data(cfg: Mapping[str, Any], schema: Any) -> Dataset | None:
     return load_node_data(cfg["server-data"], cfg, schema.to_json())
 
 
-__all__ = ["LOCAL", "dataset_label", "read_profile", "load_node_data", "load_run_dataset", "load_server_data", "local_spec", "node_profile",
-           "run_spec", "source_name", "source_options"]
+__all__ = [
+    "LOCAL",
+    "dataset_label",
+    "read_profile",
+    "load_node_data",
+    "load_run_dataset",
+    "load_server_data",
+    "local_spec",
+    "node_profile",
+    "run_spec",
+    "source_name",
+    "source_options",
+]

@@ -9,8 +9,8 @@ is not k·w_i/Σw in general; :func:`inclusion_probabilities` computes it exactl
 
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Sequence
+from collections.abc import Sequence
+from functools import cache
 
 import numpy as np
 
@@ -74,7 +74,7 @@ def inclusion_probabilities(weights: Sequence[float], k: int) -> np.ndarray:
         raise ValueError(f"exact inclusion probabilities enumerate 2^n subsets; n={n} is too many")
     weights_t = tuple(w.tolist())
 
-    @lru_cache(maxsize=None)
+    @cache
     def reach(mask: int) -> float:
         """Probability that the first popcount(mask) draws are exactly the set ``mask``."""
         if mask == 0:

@@ -3,8 +3,9 @@ allowed values and a value rule. Shared by the common keys and the method declar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,10 @@ import importlib
 import json
 import math
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -123,7 +124,7 @@ class RawSplit:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def take(self, rows: np.ndarray) -> "RawSplit":
+    def take(self, rows: np.ndarray) -> RawSplit:
         """These rows only, in this order (for held-out test rows and for writing partitions)."""
         pick = lambda seq: [seq[i] for i in rows]  # noqa: E731
         if isinstance(self.x, np.ndarray):
@@ -132,8 +133,9 @@ class RawSplit:
             x = {c: v[rows] if isinstance(v, np.ndarray) else pick(v) for c, v in self.x.items()}
         else:
             x = pick(self.x)
-        return RawSplit(pick(self.labels), x, pick(self.image_info) if self.image_info else [],
-                        pick(self.attrs) if self.attrs is not None else None)
+        return RawSplit(
+            pick(self.labels), x, pick(self.image_info) if self.image_info else [], pick(self.attrs) if self.attrs is not None else None
+        )
 
 
 @dataclass
@@ -238,7 +240,9 @@ def _has_class_folders(root: Path) -> bool:
 def _read_image_folder(root: Path, opts: SourceOptions) -> tuple[str, str, RawSplit, RawSplit | None]:
     """ROOT/train/<class>/* (and ROOT/test/<class>/*), or ROOT/<class>/* as training rows only."""
     if opts.natural_column:
-        raise SourceError(f"{root}: run-config key 'natural-column' is {opts.natural_column!r}, but an image folder has no columns: leave it empty")
+        raise SourceError(
+            f"{root}: run-config key 'natural-column' is {opts.natural_column!r}, but an image folder has no columns: leave it empty"
+        )
     if (root / "train").is_dir():
         train = _image_files(root / "train")
         test = _image_files(root / "test") if (root / "test").is_dir() else None
@@ -247,7 +251,9 @@ def _read_image_folder(root: Path, opts: SourceOptions) -> tuple[str, str, RawSp
     else:
         train, test = _image_files(root), None
     if not len(train):
-        raise SourceError(f"{root}: no training images ({', '.join(IMAGE_SUFFIXES)}) in class folders: expected train/<class>/*.png or <class>/*.png")
+        raise SourceError(
+            f"{root}: no training images ({', '.join(IMAGE_SUFFIXES)}) in class folders: expected train/<class>/*.png or <class>/*.png"
+        )
     return "image", "image-folder", train, test
 
 
@@ -362,12 +368,16 @@ def _npz_split(data: Any, xkey: str, ykey: str, where: str) -> RawSplit:
 def _read_npz(file: Path, opts: SourceOptions) -> tuple[str, str, RawSplit, RawSplit | None]:
     """An .npz with x_train, y_train and optionally x_test, y_test (no pickled objects)."""
     if opts.natural_column:
-        raise SourceError(f"{file}: run-config key 'natural-column' is {opts.natural_column!r}, but an npz has no named columns: leave it empty")
+        raise SourceError(
+            f"{file}: run-config key 'natural-column' is {opts.natural_column!r}, but an npz has no named columns: leave it empty"
+        )
     try:
         with np.load(file, allow_pickle=False) as data:
             keys = set(data.files)
             if not {"x_train", "y_train"} <= keys:
-                raise SourceError(f"{file}: npz without x_train and y_train (keys found: {', '.join(sorted(keys)) or 'none'}): save them under those names")
+                raise SourceError(
+                    f"{file}: npz without x_train and y_train (keys found: {', '.join(sorted(keys)) or 'none'}): save them under those names"
+                )
             if ("x_test" in keys) != ("y_test" in keys):
                 raise SourceError(f"{file}: npz with only one of x_test and y_test: save both or neither")
             train = _npz_split(data, "x_train", "y_train", str(file))
@@ -403,7 +413,9 @@ def _hf_split(ds: Any, where: str, opts: SourceOptions, hf: Any) -> tuple[str, R
     image_col = next((c for c, f in features.items() if isinstance(f, hf.Image)), None)
     if image_col is not None:
         if opts.natural_column:
-            raise SourceError(f"{where}: run-config key 'natural-column' applies to tables; this dataset holds images in column '{image_col}'")
+            raise SourceError(
+                f"{where}: run-config key 'natural-column' applies to tables; this dataset holds images in column '{image_col}'"
+            )
         images = list(ds[image_col])
         for i, im in enumerate(images):
             if im is None:
@@ -429,7 +441,9 @@ def _read_huggingface(root: Path, opts: SourceOptions) -> tuple[str, str, RawSpl
         raise SourceError(f"{root}: not a readable Hugging Face dataset ({_one_line(exc)})") from None
     if isinstance(saved, hf.DatasetDict):
         if "train" not in saved:
-            raise SourceError(f"{root}: a DatasetDict without a 'train' split (splits: {', '.join(saved)}): name the training split 'train'")
+            raise SourceError(
+                f"{root}: a DatasetDict without a 'train' split (splits: {', '.join(saved)}): name the training split 'train'"
+            )
         train_set, test_set = saved["train"], saved.get("test")
     else:
         train_set, test_set = saved, None
@@ -466,8 +480,10 @@ def _read_any(root: Path, opts: SourceOptions) -> tuple[str, str, RawSplit, RawS
         return _read_npz(npzs[0], opts)
     if (root / "train").is_dir() or (root / "test").is_dir() or _has_class_folders(root):
         return _read_image_folder(root, opts)
-    raise SourceError(f"{root}: no data source found: expected image folders (train/<class>/*.png or <class>/*.png), "
-                      "train.csv or train.parquet, one .npz, or a Hugging Face save_to_disk folder")
+    raise SourceError(
+        f"{root}: no data source found: expected image folders (train/<class>/*.png or <class>/*.png), "
+        "train.csv or train.parquet, one .npz, or a Hugging Face save_to_disk folder"
+    )
 
 
 def _hold_out(labels: list[str], fraction: float, seed: int) -> np.ndarray:
@@ -628,7 +644,9 @@ def _profile_problem(prof: Any) -> str | None:
         if prof.get("channels") not in (1, 3) or isinstance(prof.get("channels"), bool):
             return f"'channels' must be 1 or 3, got {prof.get('channels')!r}"
         size = prof.get("size")
-        if size is not None and not (isinstance(size, (list, tuple)) and len(size) == 2 and all(_is_count(s) and 0 < s <= 10**6 for s in size)):
+        if size is not None and not (
+            isinstance(size, (list, tuple)) and len(size) == 2 and all(_is_count(s) and 0 < s <= 10**6 for s in size)
+        ):
             return f"'size' must be [h, w] of positive whole numbers or null, got {_one_line(repr(size))[:80]}"
         return None
     columns = prof.get("columns")
@@ -660,18 +678,24 @@ class DataSchema:
 
     def to_json(self) -> str:
         """The schema as JSON text (floats round-trip exactly)."""
-        return json.dumps({
-            "kind": self.kind, "classes": list(self.classes), "input_shape": list(self.input_shape),
-            "numeric": [list(n) for n in self.numeric], "categorical": [[c, list(levels)] for c, levels in self.categorical],
-        })
+        return json.dumps(
+            {
+                "kind": self.kind,
+                "classes": list(self.classes),
+                "input_shape": list(self.input_shape),
+                "numeric": [list(n) for n in self.numeric],
+                "categorical": [[c, list(levels)] for c, levels in self.categorical],
+            }
+        )
 
     @staticmethod
-    def from_json(text: str) -> "DataSchema":
+    def from_json(text: str) -> DataSchema:
         """A schema from :meth:`to_json`'s text; SourceError when it is malformed."""
         try:
             d = json.loads(text)
             schema = DataSchema(
-                kind=str(d["kind"]), classes=tuple(str(c) for c in d["classes"]),
+                kind=str(d["kind"]),
+                classes=tuple(str(c) for c in d["classes"]),
                 input_shape=tuple(int(s) for s in d["input_shape"]),
                 numeric=tuple((str(c), float(m), float(s)) for c, m, s in d["numeric"]),
                 categorical=tuple((str(c), tuple(str(v) for v in levels)) for c, levels in d["categorical"]),
@@ -696,16 +720,24 @@ def _merge_images(profiles: list[dict], opts: SourceOptions) -> tuple[int, int, 
     sizes = [p.get("size") for p in profiles]
     if any(s is None for s in sizes):
         i = sizes.index(None)
-        raise SourceError(f"images differ in size within node data {i} and run-config key 'image-size' is 0: set image-size (e.g. image-size=32)")
+        raise SourceError(
+            f"images differ in size within node data {i} and run-config key 'image-size' is 0: set image-size (e.g. image-size=32)"
+        )
     distinct = sorted({tuple(s) for s in sizes})
     if len(distinct) > 1:
         shown = ", ".join(f"{h}x{w}" for h, w in distinct[:5])
-        raise SourceError(f"images differ in size across nodes ({shown}) and run-config key 'image-size' is 0: set image-size (e.g. image-size={distinct[0][0]})")
+        raise SourceError(
+            f"images differ in size across nodes ({shown}) and run-config key 'image-size' is 0: set image-size (e.g. image-size={distinct[0][0]})"
+        )
     h, w = distinct[0]
     if max(h, w) > MAX_IMAGE_SIZE:
-        raise SourceError(f"images are {h}x{w}, larger than {MAX_IMAGE_SIZE} pixels a side, and run-config key 'image-size' is 0: set image-size (e.g. image-size=224)")
+        raise SourceError(
+            f"images are {h}x{w}, larger than {MAX_IMAGE_SIZE} pixels a side, and run-config key 'image-size' is 0: set image-size (e.g. image-size=224)"
+        )
     if h != w:
-        raise SourceError(f"images are {h}x{w}, not square, and run-config key 'image-size' is 0: set image-size (e.g. image-size={max(h, w)})")
+        raise SourceError(
+            f"images are {h}x{w}, not square, and run-config key 'image-size' is 0: set image-size (e.g. image-size={max(h, w)})"
+        )
     return channels, h, w
 
 
@@ -716,13 +748,17 @@ def _merge_columns(profiles: list[dict]) -> tuple[tuple, tuple]:
     for col in names:
         lacking = [i for i, p in enumerate(profiles) if col not in p["columns"]]
         if lacking:
-            raise SourceError(f"column '{col}' is missing in node data {lacking[:10]} and present elsewhere: every node needs the same columns")
+            raise SourceError(
+                f"column '{col}' is missing in node data {lacking[:10]} and present elsewhere: every node needs the same columns"
+            )
         specs = [p["columns"][col] for p in profiles]
         types = sorted({s["type"] for s in specs})
         if len(types) > 1:
             where = [i for i, s in enumerate(specs) if s["type"] == "categorical"][:10]
-            raise SourceError(f"column '{col}' is numeric at some nodes and categorical at node data {where} (a value that is no number): "
-                              "clean the column or make it text everywhere")
+            raise SourceError(
+                f"column '{col}' is numeric at some nodes and categorical at node data {where} (a value that is no number): "
+                "clean the column or make it text everywhere"
+            )
         if types == ["numeric"]:
             n = sum(s["n"] for s in specs)
             total, squares = math.fsum(s["sum"] for s in specs), math.fsum(s["sumsq"] for s in specs)
@@ -757,8 +793,10 @@ def merge(profiles: list[dict], opts: SourceOptions) -> DataSchema:
     numeric, categorical = _merge_columns(profiles)
     width = len(numeric) + sum(len(levels) for _, levels in categorical)
     if width > MAX_INPUT_WIDTH:
-        raise SourceError(f"the table's columns encode to {width} features (one per numeric column and per level of a categorical one), "
-                          f"more than {MAX_INPUT_WIDTH}: drop or bucket high-cardinality text columns")
+        raise SourceError(
+            f"the table's columns encode to {width} features (one per numeric column and per level of a categorical one), "
+            f"more than {MAX_INPUT_WIDTH}: drop or bucket high-cardinality text columns"
+        )
     if width == 0:
         raise SourceError("the feature columns have no values at any node (every categorical column is empty): nothing to train on")
     return DataSchema(kind, tuple(classes), (width,), numeric, categorical)
@@ -879,8 +917,10 @@ def _encode_labels(labels: list[str], schema: DataSchema, where: str) -> np.ndar
     index = {c: i for i, c in enumerate(schema.classes)}
     unknown = sort_classes({name for name in labels if name not in index})
     if unknown:
-        raise SourceError(f"{where}: labels {unknown[:10]} are not among the run's classes ({', '.join(schema.classes[:20])}): "
-                          "add them to run-config key 'classes' or drop those rows")
+        raise SourceError(
+            f"{where}: labels {unknown[:10]} are not among the run's classes ({', '.join(schema.classes[:20])}): "
+            "add them to run-config key 'classes' or drop those rows"
+        )
     return np.array([index[name] for name in labels], dtype=np.int64)
 
 
@@ -897,8 +937,19 @@ def encode(raw: RawSource, schema: DataSchema, opts: SourceOptions, name: str) -
     if opts.natural_column and raw.train.attrs is not None:
         attrs_train = {opts.natural_column: np.array(raw.train.attrs, dtype=str)}
         attrs_test = {opts.natural_column: np.array(raw.test.attrs or [], dtype=str)}
-    return Dataset(name, "classification", len(schema.classes), tuple(schema.input_shape), xs[0], ys[0], xs[1], ys[1],
-                   attrs_train, attrs_test, natural_column=opts.natural_column)
+    return Dataset(
+        name,
+        "classification",
+        len(schema.classes),
+        tuple(schema.input_shape),
+        xs[0],
+        ys[0],
+        xs[1],
+        ys[1],
+        attrs_train,
+        attrs_test,
+        natural_column=opts.natural_column,
+    )
 
 
 def load_user_source(path: str, opts: SourceOptions, name: str) -> tuple[Dataset, DataSchema]:
@@ -916,14 +967,16 @@ def _names_array(names: Iterable[Any]) -> np.ndarray:
     return np.array([str(n) for n in names], dtype=str)
 
 
-def write_npz(folder: str | Path, x_train: np.ndarray, y_train_names: Sequence[str],
-              x_test: np.ndarray, y_test_names: Sequence[str]) -> Path:
+def write_npz(
+    folder: str | Path, x_train: np.ndarray, y_train_names: Sequence[str], x_test: np.ndarray, y_test_names: Sequence[str]
+) -> Path:
     """folder/data.npz with x_train, y_train, x_test, y_test (labels as class names); its path."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "data.npz"
-    np.savez(path, x_train=np.asarray(x_train), y_train=_names_array(y_train_names),
-             x_test=np.asarray(x_test), y_test=_names_array(y_test_names))
+    np.savez(
+        path, x_train=np.asarray(x_train), y_train=_names_array(y_train_names), x_test=np.asarray(x_test), y_test=_names_array(y_test_names)
+    )
     return path
 
 
@@ -934,8 +987,9 @@ def _class_folder(name: str) -> str:
     return name
 
 
-def write_image_folder(folder: str | Path, x_train_uint8_nchw: np.ndarray, y_train_names: Sequence[str],
-                       x_test: np.ndarray, y_test_names: Sequence[str]) -> Path:
+def write_image_folder(
+    folder: str | Path, x_train_uint8_nchw: np.ndarray, y_train_names: Sequence[str], x_test: np.ndarray, y_test_names: Sequence[str]
+) -> Path:
     """PNG files folder/train/<class>/NNNNNN.png and folder/test/<class>/...; the folder."""
     from PIL import Image
 
@@ -974,8 +1028,9 @@ def _columns_of(x: Any) -> dict[str, Sequence[Any]]:
     return {f"x{j}": x[:, j] for j in range(x.shape[1])}
 
 
-def write_csv(folder: str | Path, x_train: Any, y_train_names: Sequence[str], x_test: Any,
-              y_test_names: Sequence[str], label_column: str = "label") -> Path:
+def write_csv(
+    folder: str | Path, x_train: Any, y_train_names: Sequence[str], x_test: Any, y_test_names: Sequence[str], label_column: str = "label"
+) -> Path:
     """folder/train.csv and folder/test.csv (features, then the label column of class names); the folder."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -992,7 +1047,21 @@ def write_csv(folder: str | Path, x_train: Any, y_train_names: Sequence[str], x_
 
 
 __all__ = [
-    "DataSchema", "RawSource", "RawSplit", "SourceError", "SourceOptions", "encode", "fits", "is_path_source",
-    "load_user_source", "merge", "options_from_config", "profile", "read_source", "sort_classes",
-    "write_csv", "write_image_folder", "write_npz",
+    "DataSchema",
+    "RawSource",
+    "RawSplit",
+    "SourceError",
+    "SourceOptions",
+    "encode",
+    "fits",
+    "is_path_source",
+    "load_user_source",
+    "merge",
+    "options_from_config",
+    "profile",
+    "read_source",
+    "sort_classes",
+    "write_csv",
+    "write_image_folder",
+    "write_npz",
 ]

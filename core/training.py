@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 
 from core.data import augment_batch
-
 
 
 def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -76,7 +75,9 @@ def train_epochs(
 
 
 @torch.no_grad()
-def predict(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int = 1000, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+def predict(
+    forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int = 1000, device: torch.device = torch.device("cpu")
+) -> torch.Tensor:
     """Outputs of ``forward`` over ``x`` in batches, on the CPU. An empty ``x`` gives an
     empty output of the right width (forward runs on the 0-row batch), so an empty
     partition yields empty statistics instead of a shape error."""

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -56,14 +57,19 @@ def profiled_layers(cfg: Mapping[str, Any], spec: Any) -> list[str]:
 
     model = build_model(cfg["body"], spec.input_shape, cfg["feature-dim"], spec.num_classes, cfg["seed"], cfg["body-dropout"])
     seen: list[str] = []
-    hooks = [module.register_forward_hook(lambda _m, _i, out, name=name: seen.append(name) if isinstance(out, torch.Tensor) else None)
-             for name, module in model.named_modules() if name]
+    hooks = [
+        module.register_forward_hook(lambda _m, _i, out, name=name: seen.append(name) if isinstance(out, torch.Tensor) else None)
+        for name, module in model.named_modules()
+        if name
+    ]
     try:
         with torch.no_grad():
             model(torch.zeros((2, *spec.input_shape)))
     except Exception as exc:  # e.g. a body built for another input shape
-        raise ConfigError(f"run-config key 'body' is {cfg['body']!r}, which cannot run on data set '{cfg['dataset']}' inputs of shape "
-                          f"{tuple(spec.input_shape)}: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+        raise ConfigError(
+            f"run-config key 'body' is {cfg['body']!r}, which cannot run on data set '{cfg['dataset']}' inputs of shape "
+            f"{tuple(spec.input_shape)}: {type(exc).__name__}: {' '.join(str(exc).split())}"
+        ) from None
     finally:
         for hook in hooks:
             hook.remove()
@@ -75,8 +81,10 @@ def check_profiled_layer(cfg: Mapping[str, Any], spec: Any) -> None:
     layer = cfg["fedprof-layer"]
     names = profiled_layers(cfg, spec)
     if layer not in names:
-        raise ConfigError(f"run-config key 'fedprof-layer' is {layer!r}, which is not a layer with an output in body {cfg['body']!r}; "
-                          f"choose one of: {', '.join(names)}")
+        raise ConfigError(
+            f"run-config key 'fedprof-layer' is {layer!r}, which is not a layer with an output in body {cfg['body']!r}; "
+            f"choose one of: {', '.join(names)}"
+        )
 
 
 def check_partition(cfg: Mapping[str, Any], dataset: Any) -> None:
@@ -94,9 +102,11 @@ def check_partition(cfg: Mapping[str, Any], dataset: Any) -> None:
     key = "fedprof-val-size" if cfg["algorithm"] == "fedprof" else "server-holdout"
     rows, holdout, clients, fraction = len(dataset.y_train), server_holdout(dict(cfg)), cfg["num-clients"], cfg["train-fraction"]
     most = rows - math.ceil(clients / fraction)  # the largest holdout that leaves train-fraction x the rest >= one row per client
-    refusal = (f"run-config key '{key}' is {holdout}, but data set '{cfg['dataset']}' has {rows} training rows, and "
-               f"train-fraction={fraction:g} of what the holdout leaves must be at least one row per client ({clients}): "
-               + (f"set {key} <= {most}" if most >= 0 else "no holdout fits: lower num-clients or raise train-fraction"))
+    refusal = (
+        f"run-config key '{key}' is {holdout}, but data set '{cfg['dataset']}' has {rows} training rows, and "
+        f"train-fraction={fraction:g} of what the holdout leaves must be at least one row per client ({clients}): "
+        + (f"set {key} <= {most}" if most >= 0 else "no holdout fits: lower num-clients or raise train-fraction")
+    )
     if holdout >= rows:
         raise ConfigError(refusal)
     try:
@@ -125,7 +135,14 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     found = discover(grid, cfg) if cfg["dataset"] == LOCAL else None  # nodes that own their data agree on a schema first
     strategy = build_strategy(cfg, None, None) if found is None else build_strategy(cfg, found.schema, found.described)
     recorder = Recorder(out, cfg, overwrite=overwrite)
-    log.info("headway: %s on %s, %d clients, %d rounds -> %s", cfg["algorithm"], cfg["dataset"], cfg["num-clients"], cfg["num-server-rounds"], out)
+    log.info(
+        "headway: %s on %s, %d clients, %d rounds -> %s",
+        cfg["algorithm"],
+        cfg["dataset"],
+        cfg["num-clients"],
+        cfg["num-server-rounds"],
+        out,
+    )
     try:
         strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(), num_rounds=cfg["num-server-rounds"], on_round=recorder.round)
     except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, a stop signal (Flower exits 0), or Flower exiting on an error
@@ -136,18 +153,31 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
         log.error("headway: run %s after %d rounds: %s; results so far are in %s", status, summary["rounds"], why, out)
         raise
     except Exception as exc:
-        summary = recorder.finish({**strategy.summary_extra(), **strategy.participants()}, status="failed", reason=f"{type(exc).__name__}: {exc}")
+        summary = recorder.finish(
+            {**strategy.summary_extra(), **strategy.participants()}, status="failed", reason=f"{type(exc).__name__}: {exc}"
+        )
         log.error("headway: run failed after %d rounds: %s", summary["rounds"], summary["reason"])
         raise
-    extra = {**strategy.summary_extra(), **strategy.participants(), "aggregated_rounds": sum(bool(r.get("aggregated")) for r in recorder.rounds),
-             **({} if found is None else found.summary()), **server_data_note(strategy)}
+    extra = {
+        **strategy.summary_extra(),
+        **strategy.participants(),
+        "aggregated_rounds": sum(bool(r.get("aggregated")) for r in recorder.rounds),
+        **({} if found is None else found.summary()),
+        **server_data_note(strategy),
+    }
     never = never_aggregated(recorder.rounds, cfg)
     if never:  # the rounds ran, but the model (or head) never moved from where it started: not a complete run
         summary = recorder.finish(extra, status="failed", reason=never)
         log.error("headway: run failed after %d rounds: %s", summary["rounds"], never)
         return summary
     summary = recorder.finish(extra)
-    log.info("headway: final accuracy %s, best %s, total bytes %d, %.1f s", summary["final_accuracy"], summary["best_accuracy"], summary["total_bytes"], summary["wall_seconds"])
+    log.info(
+        "headway: final accuracy %s, best %s, total bytes %d, %.1f s",
+        summary["final_accuracy"],
+        summary["best_accuracy"],
+        summary["total_bytes"],
+        summary["wall_seconds"],
+    )
     return summary
 
 
@@ -166,8 +196,10 @@ def never_aggregated(rounds: list[dict[str, Any]], cfg: Mapping[str, Any]) -> st
     if not flags or any(flags):
         return None
     most = max((int(r.get("clients") or 0) for r in rounds), default=0)
-    return (f"no round aggregated: in each of the {len(rounds)} rounds fewer than min-replies={cfg['min-replies']} valid replies arrived "
-            f"(at most {most}), so the model never changed from its initialization; see failure_reasons in rounds.jsonl")
+    return (
+        f"no round aggregated: in each of the {len(rounds)} rounds fewer than min-replies={cfg['min-replies']} valid replies arrived "
+        f"(at most {most}), so the model never changed from its initialization; see failure_reasons in rounds.jsonl"
+    )
 
 
 def build_server_app(overrides: Mapping[str, Any] | None = None, out_dir: str | Path | None = None, overwrite: bool = False) -> ServerApp:

@@ -34,7 +34,7 @@ def make_certs(out: Path, hosts: list[str] | str, days: int = 365) -> None:
     localhost): ca.crt goes to every client machine, server.key stays on the server."""
     hosts = [hosts] if isinstance(hosts, str) else list(hosts)
     out.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
 
     def key() -> rsa.RSAPrivateKey:
         return rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -44,16 +44,31 @@ def make_certs(out: Path, hosts: list[str] | str, days: int = 365) -> None:
 
     ca_key = key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "headway CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + dt.timedelta(days=days))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
     srv_key = key()
     names = [_san(h) for h in hosts] + [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
     names = list(dict.fromkeys(names))
-    srv = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])).issuer_name(ca_name)
-           .public_key(srv_key.public_key()).serial_number(x509.random_serial_number()).not_valid_before(now)
-           .not_valid_after(now + dt.timedelta(days=days)).add_extension(x509.SubjectAlternativeName(names), critical=False)
-           .sign(ca_key, hashes.SHA256()))
+    srv = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_name)
+        .public_key(srv_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     _private(out / "ca.key", pem(ca_key))
     (out / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     _private(out / "server.key", pem(srv_key))
@@ -71,5 +86,7 @@ def make_node_key(out: Path, name: str = "supernode") -> tuple[Path, Path]:
             raise FileExistsError(f"{path} exists; remove it or pick another --name (a key is never overwritten)")
     key = ec.generate_private_key(ec.SECP384R1())
     _private(private, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + f" {name}\n".encode())
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + f" {name}\n".encode()
+    )
     return private, public

@@ -26,9 +26,8 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 from server.credentials import make_certs, make_node_key
 from server.processes import stop_pid, supervise
@@ -44,8 +43,18 @@ def flwr_home() -> Path:
 def superlink_command(args: argparse.Namespace) -> list[str]:
     """flower-superlink with the Fleet API on ``--bind`` (where SuperNodes dial in) and the
     Control API on ``--control-bind`` (127.0.0.1 unless asked: it accepts code to run)."""
-    cmd = ["flower-superlink", "--fleet-api-address", f"{args.bind}:{args.fleet_port}", "--host", args.control_bind, "--port", str(args.control_port),
-           "--isolation", "subprocess", "--disable-runtime-dependency-installation"]
+    cmd = [
+        "flower-superlink",
+        "--fleet-api-address",
+        f"{args.bind}:{args.fleet_port}",
+        "--host",
+        args.control_bind,
+        "--port",
+        str(args.control_port),
+        "--isolation",
+        "subprocess",
+        "--disable-runtime-dependency-installation",
+    ]
     if args.insecure:
         cmd.append("--insecure")
     else:
@@ -66,15 +75,28 @@ def supernode_command(args: argparse.Namespace) -> list[str]:
     elif args.partition_id is not None and args.num_partitions is not None:
         node_config, data = f"partition-id={args.partition_id} num-partitions={args.num_partitions}", ""
     else:
-        raise SystemExit("error: give the node its own data (--data PATH, for runs with dataset='local'), "
-                         "or its share of one data set (--partition-id N --num-partitions M)")
+        raise SystemExit(
+            "error: give the node its own data (--data PATH, for runs with dataset='local'), "
+            "or its share of one data set (--partition-id N --num-partitions M)"
+        )
     for key, value in (("data", data), ("body", args.body), ("data-dir", args.data_dir), ("state-dir", args.state_dir)):
         if value:
             if "'" in value or '"' in value:
                 raise SystemExit(f"error: --{key} must not contain quotes: {value!r}")
             node_config += f"{' ' if node_config else ''}{key}='{value}'"
-    cmd = ["flower-supernode", "--superlink", args.superlink, "--host", "127.0.0.1", "--port", str(args.port), "--node-config", node_config,
-           "--isolation", "subprocess"]
+    cmd = [
+        "flower-supernode",
+        "--superlink",
+        args.superlink,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.port),
+        "--node-config",
+        node_config,
+        "--isolation",
+        "subprocess",
+    ]
     cmd += ["--insecure"] if args.insecure else ["--root-certificates", args.root_cert]
     if args.auth_key:
         cmd += ["--auth-supernode-private-key", args.auth_key]
@@ -90,11 +112,15 @@ def check_files(args: argparse.Namespace) -> str | None:
     if args.cmd == "superlink" and not args.insecure:
         missing = [n for n in ("ca.crt", "server.crt", "server.key") if not (Path(args.certs) / n).is_file()]
         if missing:
-            return (f"TLS is on but {args.certs} lacks {', '.join(missing)}: make them with `python -m server.launch certs {args.certs} "
-                    "--host THIS_HOST`, or pass --insecure on a trusted network")
+            return (
+                f"TLS is on but {args.certs} lacks {', '.join(missing)}: make them with `python -m server.launch certs {args.certs} "
+                "--host THIS_HOST`, or pass --insecure on a trusted network"
+            )
     if args.cmd == "supernode":
         if not args.insecure and not Path(args.root_cert).is_file():
-            return f"--root-cert {args.root_cert} is not a file: copy ca.crt from the server machine, or pass --insecure on a trusted network"
+            return (
+                f"--root-cert {args.root_cert} is not a file: copy ca.crt from the server machine, or pass --insecure on a trusted network"
+            )
         if args.auth_key and not Path(args.auth_key).is_file():
             return f"--auth-key {args.auth_key} is not a file: make one with `python -m server.launch keys DIR`"
         if args.auth_key and args.insecure:
@@ -116,10 +142,14 @@ def write_connection(name: str, address: str, insecure: bool, root_cert: str | N
     if "[superlink]" not in tomllib.loads(text) and not text.startswith("[superlink]"):
         text = "[superlink]\n" + text
     if simulation is not None:
-        simulation = {k: int(v) if float(v).is_integer() and k != "num-gpus" else v for k, v in simulation.items()}  # Flower wants whole CPUs
-        block = (f'\n[superlink.{name}]\naddress = ":local:"\noptions.num-supernodes = {simulation["num-supernodes"]}\n'
-                 f'options.backend.client-resources.num-cpus = {simulation["num-cpus"]}\n'
-                 f'options.backend.client-resources.num-gpus = {simulation["num-gpus"]}\n')
+        simulation = {
+            k: int(v) if float(v).is_integer() and k != "num-gpus" else v for k, v in simulation.items()
+        }  # Flower wants whole CPUs
+        block = (
+            f'\n[superlink.{name}]\naddress = ":local:"\noptions.num-supernodes = {simulation["num-supernodes"]}\n'
+            f"options.backend.client-resources.num-cpus = {simulation['num-cpus']}\n"
+            f"options.backend.client-resources.num-gpus = {simulation['num-gpus']}\n"
+        )
     else:
         block = f'\n[superlink.{name}]\naddress = "{address}"\n'
         block += "insecure = true\n" if insecure else f'root-certificates = "{Path(root_cert).resolve()}"\n'
@@ -136,15 +166,21 @@ def parser() -> argparse.ArgumentParser:
     tls.add_argument("--certs", default="certs", help="folder with ca.crt, server.crt, server.key (see `certs`; default ./certs)")
     link.add_argument("--no-supernode-auth", action="store_true", help="with TLS, accept any SuperNode (default: only registered keys)")
     link.add_argument("--bind", default="0.0.0.0", help="address of the Fleet API, where SuperNodes connect (default all interfaces)")
-    link.add_argument("--control-bind", default="127.0.0.1", help="address of the Control API, where `flwr run` submits code (default 127.0.0.1)")
+    link.add_argument(
+        "--control-bind", default="127.0.0.1", help="address of the Control API, where `flwr run` submits code (default 127.0.0.1)"
+    )
     link.add_argument("--fleet-port", type=int, default=FLEET_PORT)
     link.add_argument("--control-port", type=int, default=CONTROL_PORT)
     link.add_argument("--database", default="", help="SQLite state file (default: in memory)")
     node = sub.add_parser("supernode", help="start a SuperNode (client machine)")
     node.add_argument("--superlink", required=True, help="HOST:PORT of the SuperLink's Fleet API")
     share = node.add_mutually_exclusive_group()
-    share.add_argument("--data", default="", help="this node's own data (a folder or file; runs with dataset='local'): it reads nothing else")
-    share.add_argument("--partition-id", type=int, default=None, help="a demo: this node's share of one data set every node holds (with --num-partitions)")
+    share.add_argument(
+        "--data", default="", help="this node's own data (a folder or file; runs with dataset='local'): it reads nothing else"
+    )
+    share.add_argument(
+        "--partition-id", type=int, default=None, help="a demo: this node's share of one data set every node holds (with --num-partitions)"
+    )
     node.add_argument("--num-partitions", type=int, default=None)
     node.add_argument("--body", default="", help="this client's body architecture (overrides the run config)")
     node.add_argument("--data-dir", default="", help="this machine's data directory")
@@ -172,7 +208,9 @@ def parser() -> argparse.ArgumentParser:
     conn.add_argument("--client-gpus", type=float, default=0.0, help="GPU share per virtual client (simulation), e.g. 0.25")
     certs = sub.add_parser("certs", help="make a CA and a SuperLink certificate (TLS)")
     certs.add_argument("out", help="folder to write ca.crt, ca.key, server.crt, server.key")
-    certs.add_argument("--host", required=True, action="append", help="the SuperLink's host name or IP as clients dial it (repeat for several)")
+    certs.add_argument(
+        "--host", required=True, action="append", help="the SuperLink's host name or IP as clients dial it (repeat for several)"
+    )
     keys = sub.add_parser("keys", help="make a SuperNode's key pair (SuperNode authentication)")
     keys.add_argument("out", help="folder to write NAME (private key) and NAME.pub")
     keys.add_argument("--name", default="supernode", help="file name of the key (default supernode)")
@@ -180,7 +218,9 @@ def parser() -> argparse.ArgumentParser:
     reg.add_argument("public_key", help="the SuperNode's NAME.pub")
     reg.add_argument("connection", help="the connection name given to `connect`")
     spl = sub.add_parser("split", help="write a data set's partition as one data folder per node (deployment demo data)")
-    spl.add_argument("source", help="a built-in data set (mnist, uci-adult, ...) or a user path (image folder, .csv, .parquet, .npz, HF folder)")
+    spl.add_argument(
+        "source", help="a built-in data set (mnist, uci-adult, ...) or a user path (image folder, .csv, .parquet, .npz, HF folder)"
+    )
     spl.add_argument("--out", required=True, help="folder to write node-0/, node-1/, ... into")
     spl.add_argument("--format", default="npz", choices=("npz", "images", "csv"), help="npz (default), images (PNG class folders) or csv")
     spl.add_argument("--partition", help="run-config 'partition' (default: the run config's)")
@@ -240,7 +280,9 @@ def _split(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {len(folders)} node folders ({args.format}) to {args.out}: give each SuperNode its folder (supernode --data {args.out}/node-K)")
+    print(
+        f"wrote {len(folders)} node folders ({args.format}) to {args.out}: give each SuperNode its folder (supernode --data {args.out}/node-K)"
+    )
     return 0
 
 
@@ -248,8 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.cmd == "certs":
         make_certs(Path(args.out), args.host)
-        print(f"wrote ca.crt, server.crt, server.key to {args.out} (for {', '.join(args.host)}); copy ca.crt to every client machine, "
-              "keep ca.key offline")
+        print(
+            f"wrote ca.crt, server.crt, server.key to {args.out} (for {', '.join(args.host)}); copy ca.crt to every client machine, "
+            "keep ca.key offline"
+        )
         return 0
     if args.cmd == "keys":
         try:
@@ -257,8 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         except FileExistsError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print(f"wrote {private} (stays on this SuperNode: --auth-key {private}) and {public} "
-              f"(register it: python -m server.launch register {public} CONNECTION)")
+        print(
+            f"wrote {private} (stays on this SuperNode: --auth-key {private}) and {public} "
+            f"(register it: python -m server.launch register {public} CONNECTION)"
+        )
         return 0
     if args.cmd == "split":
         return _split(args)
@@ -284,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.address and not (args.insecure or args.root_cert):
             print("error: a remote connection needs --insecure or --root-cert", file=sys.stderr)
             return 2
-        sim = {"num-supernodes": args.num_supernodes, "num-cpus": args.client_cpus, "num-gpus": args.client_gpus} if args.simulation else None
+        sim = (
+            {"num-supernodes": args.num_supernodes, "num-cpus": args.client_cpus, "num-gpus": args.client_gpus} if args.simulation else None
+        )
         path = write_connection(args.name, args.address, args.insecure, args.root_cert, sim)
         print(f"added [superlink.{args.name}] to {path}; submit runs with: flwr run . {args.name} --stream")
         return 0
@@ -298,12 +346,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     exe = shutil.which(cmd[0], path=flower_path())
     if exe is None:
-        print(f"error: {cmd[0]} not found beside {sys.executable} nor on PATH: install headway (pip install -e .) in this environment",
-              file=sys.stderr)
+        print(
+            f"error: {cmd[0]} not found beside {sys.executable} nor on PATH: install headway (pip install -e .) in this environment",
+            file=sys.stderr,
+        )
         return 2
     if args.cmd == "superlink" and args.control_bind not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: the Control API listens on {args.control_bind}: whoever reaches port {args.control_port} can submit code "
-              "that runs on this machine and every SuperNode" + (" (and TLS is off)" if args.insecure else ""), file=sys.stderr)
+        print(
+            f"warning: the Control API listens on {args.control_bind}: whoever reaches port {args.control_port} can submit code "
+            "that runs on this machine and every SuperNode" + (" (and TLS is off)" if args.insecure else ""),
+            file=sys.stderr,
+        )
     return supervise([exe, *cmd[1:]], grace=args.grace, pid_file=args.pid_file, env=flower_env())
 
 

@@ -18,8 +18,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -151,8 +151,13 @@ def supervise(cmd: list[str], grace: float = 10.0, pid_file: str = "", env: Mapp
             Path(pid_file).write_text(f"{os.getpid()}\n")
         # its own process group: Ctrl-C in a terminal reaches the supervisor only, which then
         # stops the processes in order (without a subreaper: its own session, to kill as a group)
-        child = subprocess.Popen(cmd, env=None if env is None else dict(env), preexec_fn=_die_with_parent, process_group=0 if subreaper else None,
-                                 start_new_session=not subreaper)
+        child = subprocess.Popen(
+            cmd,
+            env=None if env is None else dict(env),
+            preexec_fn=_die_with_parent,
+            process_group=0 if subreaper else None,
+            start_new_session=not subreaper,
+        )
         rc = child.wait()
         stopping.append(0)  # cleaning up after the command: no signal interrupts that
     except _Stop as stop:

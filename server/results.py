@@ -85,7 +85,7 @@ class Recorder:
         (self.out / "rounds.jsonl").write_text("")
 
     @classmethod
-    def reopen(cls, out_dir: str | Path, cfg: dict[str, Any], started: float | None = None) -> "Recorder":
+    def reopen(cls, out_dir: str | Path, cfg: dict[str, Any], started: float | None = None) -> Recorder:
         """A Recorder over a folder a run already wrote into (its rounds.jsonl is read back,
         a torn last line skipped), so that :meth:`finish` can write the summary of a run
         whose own Recorder never did. Writes config.json and rounds.jsonl only where they
@@ -129,7 +129,12 @@ class Recorder:
         acc_s = "n/a" if acc is None else f"{acc:.4f}"
         log.info(
             "round %d  accuracy %s  bytes %d (cumulative %d)  failures %d  %.1f s",
-            record["round"], acc_s, record["bytes_down"] + record["bytes_up"], self.cumulative, record["failures"], record["seconds"],
+            record["round"],
+            acc_s,
+            record["bytes_down"] + record["bytes_up"],
+            self.cumulative,
+            record["failures"],
+            record["seconds"],
         )
 
     def finish(self, extra: dict[str, Any] | None = None, status: str = "complete", reason: str | None = None) -> dict[str, Any]:
@@ -237,7 +242,10 @@ def plot_curves(series: dict[str, list[dict[str, Any]]], out: Path, title: str) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    for key, name, label, logx in (("round", "accuracy_vs_round.png", "round", False), ("cumulative_bytes", "accuracy_vs_bytes.png", "cumulative bytes (up + down)", True)):
+    for key, name, label, logx in (
+        ("round", "accuracy_vs_round.png", "round", False),
+        ("cumulative_bytes", "accuracy_vs_bytes.png", "cumulative bytes (up + down)", True),
+    ):
         fig, ax = plt.subplots(figsize=(6, 4))
         for label_s, rounds in series.items():
             pts = [(r[key], r["accuracy"]) for r in rounds if r.get("accuracy") is not None]

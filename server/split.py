@@ -7,8 +7,9 @@ and labels as class names, in a format core.sources reads back (npz, PNG folders
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -16,8 +17,17 @@ from core.config import SCHEMA, resolve
 from core.data import Dataset, load_dataset
 from core.partition import make_partition
 from core.sources import (
-    RawSource, RawSplit, encode, is_path_source, merge, options_from_config, profile, read_source,
-    write_csv, write_image_folder, write_npz,
+    RawSource,
+    RawSplit,
+    encode,
+    is_path_source,
+    merge,
+    options_from_config,
+    profile,
+    read_source,
+    write_csv,
+    write_image_folder,
+    write_npz,
 )
 
 FORMATS = ("npz", "images", "csv")
@@ -66,8 +76,9 @@ def _check_free(out: Path, num_clients: int) -> None:
             raise FileExistsError(f"{folder} already holds files: remove it or pick another --out")
 
 
-def _write_node(folder: Path, fmt: str, ds: Dataset, raw: RawSource | None, train: np.ndarray, test: np.ndarray,
-                names: np.ndarray, label_column: str) -> None:
+def _write_node(
+    folder: Path, fmt: str, ds: Dataset, raw: RawSource | None, train: np.ndarray, test: np.ndarray, names: np.ndarray, label_column: str
+) -> None:
     """One node's rows in `fmt`; a user table as CSV keeps its own columns, cells and label column."""
     y_train, y_test = names[ds.y_train[train]], names[ds.y_test[test]]
     if fmt == "npz":

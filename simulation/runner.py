@@ -63,8 +63,10 @@ def preflight(cfg: dict[str, Any], out_dir: str | Path, overwrite: bool = False)
     method's strategy refuses: ``server.app.preflight``), ResultsFolderError (``out_dir``
     holds files and ``overwrite`` is not set) or DatasetMissingError."""
     if cfg["dataset"] == LOCAL:
-        raise ConfigError("run-config key 'dataset' is 'local', which is for a deployment where every SuperNode reads its own data; "
-                          "in simulation give the path of your source as dataset, and it is split over the clients like a built-in")
+        raise ConfigError(
+            "run-config key 'dataset' is 'local', which is for a deployment where every SuperNode reads its own data; "
+            "in simulation give the path of your source as dataset, and it is split over the clients like a built-in"
+        )
     check_out_dir(out_dir, overwrite)
     load_run_dataset(cfg)  # a missing data set or an unreadable source fails here, once
     check_against_spec(cfg, run_spec(cfg))
@@ -111,7 +113,9 @@ def _ensure_summary(cfg: dict[str, Any], out_dir: Path, started: float, status: 
     return Recorder.reopen(out_dir, cfg, started=started).finish(status=status, reason=reason)
 
 
-def simulate(cfg: dict[str, Any], out_dir: str | Path, verbose: bool = False, overwrite: bool = False, *, check: bool = True) -> dict[str, Any]:
+def simulate(
+    cfg: dict[str, Any], out_dir: str | Path, verbose: bool = False, overwrite: bool = False, *, check: bool = True
+) -> dict[str, Any]:
     """Run ``cfg`` with ``num-clients`` virtual SuperNodes; returns summary.json's content.
 
     ``check`` runs :func:`preflight` first (its errors are raised before Ray starts);
@@ -167,7 +171,9 @@ def simulate(cfg: dict[str, Any], out_dir: str | Path, verbose: bool = False, ov
 
 
 def _report_interrupted(out: Path, summary: dict[str, Any]) -> None:
-    print(f"interrupted: {out / 'summary.json'} has status {summary.get('status')!r} after {summary.get('rounds')} round(s)", file=sys.stderr)
+    print(
+        f"interrupted: {out / 'summary.json'} has status {summary.get('status')!r} after {summary.get('rounds')} round(s)", file=sys.stderr
+    )
 
 
 def _descendants(pid: int) -> list[int]:
@@ -202,7 +208,9 @@ def _stop_on_signal(cfg: dict[str, Any], out: Path, started: float):
     def handler(signum, frame):
         for sig in STOP_REASONS:  # a second signal ends the process at once
             signal.signal(sig, signal.SIG_DFL)
-        _report_interrupted(out, _ensure_summary(cfg, out, started, "interrupted", STOP_REASONS.get(signum, f"interrupted by signal {signum}")))
+        _report_interrupted(
+            out, _ensure_summary(cfg, out, started, "interrupted", STOP_REASONS.get(signum, f"interrupted by signal {signum}"))
+        )
         sys.stdout.flush()
         sys.stderr.flush()
         for pid in _descendants(os.getpid()):  # Ray's processes; its agents would outlive us by a minute
@@ -238,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit code: 0 complete, 1 failed, 2 stopped by a
     pre-flight check (one ``error:`` line on stderr), 130 interrupted by Ctrl-C (SIGINT),
     143 by SIGTERM (a stop by signal ends the process with that code at once)."""
-    parser = argparse.ArgumentParser(prog="python -m simulation", description=sys.modules["simulation"].__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m simulation", description=sys.modules["simulation"].__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("config", nargs="?", help="TOML file of run-config keys")
     parser.add_argument("--out", required=True, help="results folder to write: new or empty, unless --overwrite")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key (repeatable)")

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import lru_cache
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
@@ -28,8 +29,8 @@ from flwr.serverapp.strategy import Strategy
 from flwr.serverapp.strategy.result import Result
 
 from core import protocol as P
-from core.data import DatasetSpec
 from core.config import body_names
+from core.data import DatasetSpec
 from core.models import BODIES, build_model, common_width, is_custom_body
 from core.training import predict, score
 from strategies.engine import Engine, RoundFailed, RoundMeter
@@ -63,8 +64,10 @@ def unknown_body(body: str, cfg: Mapping[str, Any]) -> str | None:
     if is_custom_body(body):
         if body in own:
             return None
-        return (f"registration names body {body!r}, an import path or torchvision body that is not one of this run config's own "
-                f"body/bodies ({', '.join(own) or 'none'}): the server builds only those, and imports nothing a node names")
+        return (
+            f"registration names body {body!r}, an import path or torchvision body that is not one of this run config's own "
+            f"body/bodies ({', '.join(own) or 'none'}): the server builds only those, and imports nothing a node names"
+        )
     return f"registration names body {body!r}, which this server does not know; known bodies: {', '.join(sorted(BODIES) + own)}"
 
 
@@ -131,8 +134,15 @@ class HeadwayStrategy(Strategy):
             "participants": {str(c.partition_id): c.body for c in clients},
             "refused_nodes": sorted(engine.registry.refused.values()),
         }
-        declared = {str(c.partition_id): {"classes": c.declared, "train_examples": c.declared_count("train"), "test_examples": c.declared_count("test")}
-                    for c in clients if c.declared is not None}
+        declared = {
+            str(c.partition_id): {
+                "classes": c.declared,
+                "train_examples": c.declared_count("train"),
+                "test_examples": c.declared_count("test"),
+            }
+            for c in clients
+            if c.declared is not None
+        }
         if declared:  # dataset=local: what each node said its own data holds (class -> [train, test])
             out["declared_data"] = declared
         return out
@@ -231,7 +241,14 @@ class HeadwayStrategy(Strategy):
         test = self.services.data.test_tensors()
         if test is None:
             return {}
-        model = build_model(self.cfg["body"], self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"], self.cfg["body-dropout"])
+        model = build_model(
+            self.cfg["body"],
+            self.spec.input_shape,
+            self.cfg["feature-dim"],
+            self.spec.num_classes,
+            self.cfg["seed"],
+            self.cfg["body-dropout"],
+        )
         model.load_state_dict(arrays.to_torch_state_dict())
         s = score(self.spec.task, predict(model.eval(), test[0]), test[1])
         return {f"global_{k}": v for k, v in s.items()}
@@ -282,11 +299,16 @@ class HeadwayStrategy(Strategy):
             if rnd == num_rounds:
                 evaluation.update(self.final_evaluation(arrays, engine))
             evaluation.update(self.global_evaluation(arrays))
-            record = self._round_record(rnd, step, {**extra, **evaluation}, engine.end_round(), time.monotonic() - t0, time.monotonic() - started)
+            record = self._round_record(
+                rnd, step, {**extra, **evaluation}, engine.end_round(), time.monotonic() - t0, time.monotonic() - started
+            )
             # whether the server's state moved this round: new arrays, or (no arrays to return, e.g. FedPFT's chain) a quorum of
             # replies; round 1 also counts a first model built before it (FedLog's statistics round)
-            record["aggregated"] = bool(step.arrays is not None or step.clients >= self.cfg["min-replies"]
-                                        or (rnd == 1 and prep is not None and prep.arrays is not None))
+            record["aggregated"] = bool(
+                step.arrays is not None
+                or step.clients >= self.cfg["min-replies"]
+                or (rnd == 1 and prep is not None and prep.arrays is not None)
+            )
             result.arrays = arrays
             result.evaluate_metrics_clientapp[rnd] = MetricRecord({k: v for k, v in evaluation.items() if np.isfinite(v)})
             if on_round is not None:
@@ -297,7 +319,9 @@ class HeadwayStrategy(Strategy):
     def _first_reason(meter: RoundMeter, what: str) -> str:
         return f"{what}; first failure: {meter.failures[0]}" if meter.failures else what
 
-    def _round_record(self, rnd: int, step: Step, figures: Mapping[str, float], meter: RoundMeter, seconds: float, elapsed: float) -> dict[str, Any]:
+    def _round_record(
+        self, rnd: int, step: Step, figures: Mapping[str, float], meter: RoundMeter, seconds: float, elapsed: float
+    ) -> dict[str, Any]:
         down, up = meter.cost()
         values_down, values_up = meter.cost(values=True)
         record: dict[str, Any] = {

@@ -12,8 +12,8 @@ the run config pins the class list, so no node can add to it.
 
 from __future__ import annotations
 
-import logging
 import json
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,11 +38,22 @@ class Discovery:
     bytes_down: int
     bytes_up: int
     left_out: list[str] = field(default_factory=list)
-    described: dict[int, dict[str, Any]] = field(default_factory=dict)  # node id -> the description merged (registration may not declare more)
+    described: dict[int, dict[str, Any]] = field(
+        default_factory=dict
+    )  # node id -> the description merged (registration may not declare more)
 
     def summary(self) -> dict[str, Any]:
-        return {"discovery": {"nodes": self.nodes, "bytes_down": self.bytes_down, "bytes_up": self.bytes_up, "left_out": self.left_out,
-                              "classes": list(self.schema.classes), "input_shape": list(self.schema.input_shape), "kind": self.schema.kind}}
+        return {
+            "discovery": {
+                "nodes": self.nodes,
+                "bytes_down": self.bytes_down,
+                "bytes_up": self.bytes_up,
+                "left_out": self.left_out,
+                "classes": list(self.schema.classes),
+                "input_shape": list(self.schema.input_shape),
+                "kind": self.schema.kind,
+            }
+        }
 
 
 def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
@@ -91,8 +102,13 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
         raise RoundFailed("dataset=local: no node described its data" + (f"; first problem: {left_out[0]}" if left_out else ""))
     schema = merge(profiles, opts)
     down, up = engine.meter.phase(P.PHASE_DESCRIBE)
-    log.info("discovery: %d nodes described their data: %d classes %s, inputs %s", len(profiles), len(schema.classes),
-             list(schema.classes)[:20], tuple(schema.input_shape))
+    log.info(
+        "discovery: %d nodes described their data: %d classes %s, inputs %s",
+        len(profiles),
+        len(schema.classes),
+        list(schema.classes)[:20],
+        tuple(schema.input_shape),
+    )
     return Discovery(schema, len(profiles), down, up, left_out, kept)
 
 
@@ -102,5 +118,7 @@ def _shape(profile: dict[str, Any], opts: Any) -> str:
     if profile.get("kind") == "image":
         return json.dumps(["image", None if opts.image_size else profile.get("size")])
     columns = profile.get("columns")
-    types = sorted((str(c), str(s.get("type")) if isinstance(s, dict) else "") for c, s in columns.items()) if isinstance(columns, dict) else []
+    types = (
+        sorted((str(c), str(s.get("type")) if isinstance(s, dict) else "") for c, s in columns.items()) if isinstance(columns, dict) else []
+    )
     return json.dumps([str(profile.get("kind")), types])

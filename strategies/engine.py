@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Iterable, Mapping
+from typing import Any
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -89,8 +90,10 @@ class ClientRegistry:
         if holder is not None and holder != node_id:
             if holder in connected and self.displaced.get(node_id) != pid:
                 self.conflicts[node_id] = holder
-                return (f"partition id {pid} is already held by node {holder}, which is still connected: two SuperNodes were started "
-                        f"with the same --partition-id (this one is asked again if node {holder} leaves)")
+                return (
+                    f"partition id {pid} is already held by node {holder}, which is still connected: two SuperNodes were started "
+                    f"with the same --partition-id (this one is asked again if node {holder} leaves)"
+                )
             state = self.clients.pop(holder).state
             self.displaced[holder] = pid
             if holder in connected:  # the returning first holder takes precedence over the node that took its place
@@ -235,7 +238,9 @@ class Engine:
             nodes = sorted(self.grid.get_node_ids())
             if len(nodes) >= wanted or self.clock() >= deadline:
                 if len(nodes) < wanted:
-                    log.warning("only %d of %d clients connected after %.0f s; going on with them", len(nodes), wanted, self.cfg["sample-timeout"])
+                    log.warning(
+                        "only %d of %d clients connected after %.0f s; going on with them", len(nodes), wanted, self.cfg["sample-timeout"]
+                    )
                 return nodes
             time.sleep(0.5)
 
@@ -256,8 +261,14 @@ class Engine:
             # again: offer it to a node still waiting, so a misfit node never keeps a fitting one out of the run
             while waiting and (free := self.registry.free_indices(len(waiting))):
                 offered = dict(zip(waiting, free))
-                self._registrations({n: RecordDict({P.CONFIG: ConfigRecord({**fields, P.DATA_SCHEMA: schema_json, P.CLIENT_INDEX: i})})
-                                     for n, i in offered.items()}, connected, offered)
+                self._registrations(
+                    {
+                        n: RecordDict({P.CONFIG: ConfigRecord({**fields, P.DATA_SCHEMA: schema_json, P.CLIENT_INDEX: i})})
+                        for n, i in offered.items()
+                    },
+                    connected,
+                    offered,
+                )
                 waiting = [n for n in waiting if n not in offered]
             for node in waiting:
                 self.registry.refuse(node, f"every one of the num-clients={self.cfg['num-clients']} client indices is taken")
@@ -322,12 +333,17 @@ class Engine:
             before = described["classes"]
             more = next((c for c, (a, b) in declared.items() if c not in before or a > before[c][0] or b > before[c][1]), None)
             if more is not None:
-                return None, (f"it declares {declared[more]} examples of class {_short(repr(more), 80)}, more than the "
-                              f"{before.get(more, [0, 0])} it described before the run")
+                return None, (
+                    f"it declares {declared[more]} examples of class {_short(repr(more), 80)}, more than the "
+                    f"{before.get(more, [0, 0])} it described before the run"
+                )
         cap = self.example_cap()
         total = sum(a + b for a, b in declared.values())
         if total > cap:
-            return None, f"it declares {total} examples, more than max-client-examples={cap} allows: raise that key if the node truly holds them"
+            return (
+                None,
+                f"it declares {total} examples, more than max-client-examples={cap} allows: raise that key if the node truly holds them",
+            )
         return declared, None
 
     def example_cap(self) -> int:
@@ -422,7 +438,9 @@ class Engine:
         self.registry.seen(node, self.round)
         return decoded
 
-    def exchange(self, phase: str, contents: Mapping[int, RecordDict], kind: str, layout: Layout | Callable[[int], Layout], split: str = "train") -> list[Reply]:
+    def exchange(
+        self, phase: str, contents: Mapping[int, RecordDict], kind: str, layout: Layout | Callable[[int], Layout], split: str = "train"
+    ) -> list[Reply]:
         """Send each node its content; return the valid replies, decoded against ``layout``
         (or ``layout(node_id)`` where replies differ per client, e.g. by body).
 

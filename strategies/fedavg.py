@@ -29,7 +29,9 @@ def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()})  # order="C" keeps 0-d arrays 0-d (BatchNorm counters); ascontiguousarray makes them (1,)
+    return ArrayRecord(
+        {k: Array(np.asarray(v, order="C")) for k, v in arrays.items()}
+    )  # order="C" keeps 0-d arrays 0-d (BatchNorm counters); ascontiguousarray makes them (1,)
 
 
 class FedAvg(HeadwayStrategy):
@@ -46,7 +48,14 @@ class FedAvg(HeadwayStrategy):
         self.draws: dict[int, int] = {}  # client-sampling=data-ratio: node id -> times drawn this round
 
     def initial_arrays(self) -> ArrayRecord:
-        model = build_model(self.cfg["body"], self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"], self.cfg["body-dropout"])
+        model = build_model(
+            self.cfg["body"],
+            self.spec.input_shape,
+            self.cfg["feature-dim"],
+            self.spec.num_classes,
+            self.cfg["seed"],
+            self.cfg["body-dropout"],
+        )
         return ArrayRecord(model.state_dict())
 
     def body_problem(self, body: str) -> str | None:
@@ -94,7 +103,9 @@ class FedAvg(HeadwayStrategy):
         key = "max-first-update-norm" if server_round <= 1 else "max-update-norm"
         return key, float(self.cfg[key])
 
-    def check_update(self, arrays: dict[str, np.ndarray], reply: Reply, bound: tuple[str, float]) -> tuple[dict[str, np.ndarray] | None, str | None]:
+    def check_update(
+        self, arrays: dict[str, np.ndarray], reply: Reply, bound: tuple[str, float]
+    ) -> tuple[dict[str, np.ndarray] | None, str | None]:
         """``arrays`` when they may be averaged: a count to weigh them by, and an update no
         further from the model sent than ``bound`` (key, value) allows."""
         if reply.count == 0:
@@ -102,7 +113,10 @@ class FedAvg(HeadwayStrategy):
         norm = relative_update_norm(self.sent, arrays)
         key, limit = bound
         if not norm <= limit:
-            return None, Rejection(f"update norm {norm:.4g} × max(|w_global|, 1) exceeds {key}={limit:g} (raise it if honest clients move this far)", update_norm=norm)
+            return None, Rejection(
+                f"update norm {norm:.4g} × max(|w_global|, 1) exceeds {key}={limit:g} (raise it if honest clients move this far)",
+                update_norm=norm,
+            )
         return arrays, None
 
     def update_norms(self, replies: list[Reply]) -> dict[str, float]:

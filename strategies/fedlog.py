@@ -43,8 +43,15 @@ class FedLog(HeadwayStrategy):
         self.half_up = cfg["fedlog-uplink-dtype"] == "float16"  # statistics come up as [count, means] rows
         precision = 2.0**-11 if self.half_up else 0.0  # float16's relative rounding of a mean
         self.nonnegative = all(nonnegative_features(b, spec.input_shape, cfg["feature-dim"]) for b in body_names(cfg))
-        self.checker = StatsCheck(self.classes, self.m, bound, self.sigma if self.local_dp else 0.0, count_known=not self.local_dp,
-                                  precision=precision, nonnegative=self.nonnegative)
+        self.checker = StatsCheck(
+            self.classes,
+            self.m,
+            bound,
+            self.sigma if self.local_dp else 0.0,
+            count_known=not self.local_dp,
+            precision=precision,
+            nonnegative=self.nonnegative,
+        )
         self.eta = np.random.default_rng(cfg["seed"]).normal(0.0, 1.0 / np.sqrt(self.m), size=(self.classes, self.m))
         self.phi_sum: np.ndarray | None = None  # last aggregate Φ (FedLog-C sends it)
         self.solve_seconds: list[float] = []
@@ -156,5 +163,13 @@ class FedLog(HeadwayStrategy):
             "solve_seconds_mean": float(np.mean(self.solve_seconds)) if self.solve_seconds else None,
         }
         if cfg["fedlog-dp"] != "off":
-            extra["dp"] = {"mode": cfg["fedlog-dp"], "epsilon": cfg["fedlog-epsilon"], "delta": cfg["fedlog-delta"], "clip": cfg["fedlog-clip"], "k": releases(cfg), "sigma": self.sigma, "noise": "OS entropy"}
+            extra["dp"] = {
+                "mode": cfg["fedlog-dp"],
+                "epsilon": cfg["fedlog-epsilon"],
+                "delta": cfg["fedlog-delta"],
+                "clip": cfg["fedlog-clip"],
+                "k": releases(cfg),
+                "sigma": self.sigma,
+                "noise": "OS entropy",
+            }
         return extra

@@ -56,9 +56,13 @@ class FedPFT(HeadwayStrategy):
                 "every client sends its mixtures once and the head is trained once"
             )
         if cfg["fedpft-extractor"] != "identity" and len(spec.input_shape) != 3:
-            raise ConfigError(f"fedpft-extractor {cfg['fedpft-extractor']!r} takes images; data set '{cfg['dataset']}' is tabular: use fedpft-extractor=identity")
+            raise ConfigError(
+                f"fedpft-extractor {cfg['fedpft-extractor']!r} takes images; data set '{cfg['dataset']}' is tabular: use fedpft-extractor=identity"
+            )
         if cfg["fedpft-dp"] == "on" and cfg["fedpft-components"] != 1:
-            raise ConfigError(f"fedpft-dp=on releases one Gaussian per class (Theorem 4.1 is for K = 1): set fedpft-components=1 (got {cfg['fedpft-components']})")
+            raise ConfigError(
+                f"fedpft-dp=on releases one Gaussian per class (Theorem 4.1 is for K = 1): set fedpft-components=1 (got {cfg['fedpft-components']})"
+            )
         self.chain = cfg["fedpft-topology"] == "chain"
         self.eval_metrics = ("correct-local",) if self.chain else ()
         self.classes = spec.num_classes
@@ -69,7 +73,9 @@ class FedPFT(HeadwayStrategy):
         # Gaussian samples of the ones relayed to it as well (unbounded): only max-feature-value bounds them
         unbounded = cfg["fedpft-dp"] == "on" or cfg["fedpft-topology"] == "chain"
         value_range = None if unbounded else feature_range(cfg["fedpft-extractor"], cfg["dataset"])
-        self.checker = PayloadCheck(self.classes, self.dim, self.k, self.covariance, cfg["max-feature-value"], cfg["fedpft-min-class-examples"], value_range)
+        self.checker = PayloadCheck(
+            self.classes, self.dim, self.k, self.covariance, cfg["max-feature-value"], cfg["fedpft-min-class-examples"], value_range
+        )
         self.head: tuple[np.ndarray, np.ndarray] | None = None
         self.received: list[tuple[int, int]] = []  # (class, count) of every mixture received
         self.payload_bytes: list[int] = []  # wire bytes of each valid reply
@@ -80,15 +86,22 @@ class FedPFT(HeadwayStrategy):
     def train_layout(self, server_round: int) -> Layout:
         """Class table and float16 mixtures, as many classes and components as a client
         can hold (named dimensions), checked by :class:`core.fedpft.PayloadCheck`."""
-        cov = {"spherical": ("components",), "diag": ("components", self.dim), "full": ("components", self.dim * (self.dim + 1) // 2)}[self.covariance]
+        cov = {"spherical": ("components",), "diag": ("components", self.dim), "full": ("components", self.dim * (self.dim + 1) // 2)}[
+            self.covariance
+        ]
         arrays = {
             P.GMM_CLASSES: ArraySpec(("classes", 3), "int32"),
             P.GMM_WEIGHTS: ArraySpec(("components",), "float16"),
             P.GMM_MEANS: ArraySpec(("components", self.dim), "float16"),
             P.GMM_COVARIANCES: ArraySpec(cov, "float16"),
         }
-        return Layout(arrays, count=True, optional=(P.LOSS,), check=self.check_payload,
-                      dims={"classes": self.classes, "components": self.classes * self.k})
+        return Layout(
+            arrays,
+            count=True,
+            optional=(P.LOSS,),
+            check=self.check_payload,
+            dims={"classes": self.classes, "components": self.classes * self.k},
+        )
 
     def check_payload(self, arrays: dict[str, np.ndarray], reply: Reply) -> tuple[Any, str | None]:
         bound = None if reply.count is None else reply.count + (self.relayed_examples if self.chain else 0)
@@ -114,10 +127,23 @@ class FedPFT(HeadwayStrategy):
             return Step(None, len(replies), {"synthetic_examples": 0.0})
         cfg = self.cfg
         t0 = time.perf_counter()
-        self.head = train_head(x, y, self.classes, cfg["fedpft-head-optimizer"], cfg["fedpft-head-lr"], cfg["fedpft-head-epochs"],
-                               cfg["fedpft-head-batch-size"], cfg["seed"], resolve_device(cfg["device"]))
+        self.head = train_head(
+            x,
+            y,
+            self.classes,
+            cfg["fedpft-head-optimizer"],
+            cfg["fedpft-head-lr"],
+            cfg["fedpft-head-epochs"],
+            cfg["fedpft-head-batch-size"],
+            cfg["seed"],
+            resolve_device(cfg["device"]),
+        )
         self.head_seconds = time.perf_counter() - t0
-        return Step(self.head_record(), len(replies), {"synthetic_examples": float(len(y)), "classes_received": float(len(mixtures)), "head_seconds": self.head_seconds})
+        return Step(
+            self.head_record(),
+            len(replies),
+            {"synthetic_examples": float(len(y)), "classes_received": float(len(mixtures)), "head_seconds": self.head_seconds},
+        )
 
     def _chain(self, server_round: int, engine: Engine) -> Step:
         """§4.2: relay each client's mixtures to the next, in partition order."""
@@ -125,10 +151,16 @@ class FedPFT(HeadwayStrategy):
 
         def forward(reply: Reply) -> RecordDict:
             self.relayed_examples = int(sum(m.count for m in reply.payload))
-            return self.content(server_round, ArrayRecord({k: Array(np.asarray(reply.arrays[k], order="C")) for k in GMM_ARRAYS}), **{P.PHASE: P.PHASE_CHAIN})
+            return self.content(
+                server_round,
+                ArrayRecord({k: Array(np.asarray(reply.arrays[k], order="C")) for k in GMM_ARRAYS}),
+                **{P.PHASE: P.PHASE_CHAIN},
+            )
 
         first = self.content(server_round, ArrayRecord(), **{P.PHASE: P.PHASE_CHAIN})
-        out = engine.relay(P.PHASE_CHAIN, engine.nodes(), first, forward, self.train_layout(server_round), hop_timeout=self.cfg["round-timeout"])
+        out = engine.relay(
+            P.PHASE_CHAIN, engine.nodes(), first, forward, self.train_layout(server_round), hop_timeout=self.cfg["round-timeout"]
+        )
         self._note(out)
         return Step(None, len(out), {"chain_hops": float(len(out))}, {"chain_order": [r.partition_id for r in out]})
 

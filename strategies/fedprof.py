@@ -27,11 +27,10 @@ What a client cannot game (issue 23, item 4):
 
 from __future__ import annotations
 
-from functools import partial
-
 import hashlib
 import logging
 import os
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -41,7 +40,16 @@ from core import protocol as P
 from core.config import ConfigError
 from core.data import DatasetSpec
 from core.models import build_model
-from core.profiles import cached_aggregate, divergence, full_aggregate, model_profile, partial_aggregate, private_validation_rows, profile_problem, score
+from core.profiles import (
+    cached_aggregate,
+    divergence,
+    full_aggregate,
+    model_profile,
+    partial_aggregate,
+    private_validation_rows,
+    profile_problem,
+    score,
+)
 from strategies.base import Step, mean_finite
 from strategies.engine import Engine
 from strategies.fedavg import FedAvg, to_numpy, to_record
@@ -82,8 +90,10 @@ class FedProf(FedAvg):
         if self.validation is None:
             held = self.services.data.validation_tensors()
             if held is None:
-                raise ConfigError("fedprof needs the server to hold the data set for its validation set D^V (fedprof-val-size rows); "
-                                  "give the server a data-dir with the data")
+                raise ConfigError(
+                    "fedprof needs the server to hold the data set for its validation set D^V (fedprof-val-size rows); "
+                    "give the server a data-dir with the data"
+                )
             rng, source = validation_stream(self.cfg["seed"], os.environ.get(SECRET_ENV))
             rows = private_validation_rows(len(held[0]), rng)
             self.validation = (held[0][rows], source, len(held[0]))
@@ -92,7 +102,14 @@ class FedProf(FedAvg):
     def baseline(self, arrays: ArrayRecord) -> np.ndarray:
         """RP^B of the global model ``arrays`` on the server's validation set."""
         val = self.validation_inputs()
-        model = build_model(self.cfg["body"], self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"], self.cfg["body-dropout"])
+        model = build_model(
+            self.cfg["body"],
+            self.spec.input_shape,
+            self.cfg["feature-dim"],
+            self.spec.num_classes,
+            self.cfg["seed"],
+            self.cfg["body-dropout"],
+        )
         model.load_state_dict(arrays.to_torch_state_dict())
         return model_profile(model, self.cfg["fedprof-layer"], val)
 
@@ -212,7 +229,9 @@ class FedProf(FedAvg):
         """The model it was sent (as FedAvg) plus its (q, 2) profile."""
         specs = {k: ArraySpec(tuple(v.shape), str(v.dtype)) for k, v in self.sent.items()}
         specs[P.PROFILE] = ArraySpec((self.units, 2))
-        return Layout(specs, count=True, optional=(P.LOSS,), check=partial(self.check_update_and_profile, bound=self.update_bound(server_round)))
+        return Layout(
+            specs, count=True, optional=(P.LOSS,), check=partial(self.check_update_and_profile, bound=self.update_bound(server_round))
+        )
 
     def check_profile(self, arrays: dict[str, np.ndarray], reply: Reply):
         problem = profile_problem(arrays[P.PROFILE], self.units)
@@ -253,13 +272,16 @@ class FedProf(FedAvg):
 
     def summary_extra(self) -> dict[str, Any]:
         clients = getattr(self, "engine", None)
-        divs = {} if clients is None else {str(c.partition_id): c.state["div"] for c in clients.registry.clients.values() if "div" in c.state}
+        divs = (
+            {} if clients is None else {str(c.partition_id): c.state["div"] for c in clients.registry.clients.values() if "div" in c.state}
+        )
         return {
             "fedprof_alpha": self.cfg["fedprof-alpha"],
             "fedprof_aggregation": self.cfg["fedprof-aggregation"],
             "fedprof_selections": {str(k): v for k, v in sorted(self.selections.items())},
             "fedprof_last_divergence": divs,
             # where D^V came from, never the draw itself: a client must not be able to rebuild it
-            "fedprof_validation": None if self.validation is None else {
-                "rows": int(len(self.validation[0])), "held_out": self.validation[2], "drawn_from": self.validation[1]},
+            "fedprof_validation": None
+            if self.validation is None
+            else {"rows": int(len(self.validation[0])), "held_out": self.validation[2], "drawn_from": self.validation[1]},
         }

@@ -47,8 +47,10 @@ class LayerSharing(FedAvg):
         """Why ``body``'s shared layers differ from the run body's, or None."""
         shapes = self._shared_shapes(self._model(body))
         if shapes != self.reference:
-            return (f"the shared layers of body {body!r} do not match those of {self.cfg['body']!r} ({shapes} vs {self.reference}); "
-                    "use bodies whose shared layers agree")
+            return (
+                f"the shared layers of body {body!r} do not match those of {self.cfg['body']!r} ({shapes} vs {self.reference}); "
+                "use bodies whose shared layers agree"
+            )
         return None
 
     def body_problem(self, body: str) -> str | None:
@@ -70,7 +72,9 @@ class LayerSharing(FedAvg):
         raise NotImplementedError
 
     def _model(self, body: str) -> Net:
-        return build_model(body, self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"], self.cfg["body-dropout"])
+        return build_model(
+            body, self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"], self.cfg["body-dropout"]
+        )
 
     def _shared_shapes(self, model: Net) -> dict[str, tuple[int, ...]]:
         """Shapes of the layers shared after any warm-up (the part that must agree across bodies)."""
@@ -85,4 +89,3 @@ class LayerSharing(FedAvg):
     def shared(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
         layers = self.shared_layers(self.template, server_round)
         return arrays if layers is None else to_record(select(to_numpy(arrays), layers))
-

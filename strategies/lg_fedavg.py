@@ -14,7 +14,6 @@ import logging
 from typing import Any
 
 import torch
-
 from flwr.app import ArrayRecord, MessageType
 
 from core import protocol as P
@@ -38,7 +37,9 @@ class LGFedAvg(LayerSharing):
 
     def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
         if cfg["lg-warmup-rounds"] > 0 and len(body_names(cfg)) > 1:
-            raise ConfigError("lg-fedavg: warm-up rounds average whole models, so every client must run the same body: set lg-warmup-rounds=0 or leave 'bodies' empty")
+            raise ConfigError(
+                "lg-fedavg: warm-up rounds average whole models, so every client must run the same body: set lg-warmup-rounds=0 or leave 'bodies' empty"
+            )
         super().__init__(cfg, spec, services)
 
     def body_problem(self, body: str) -> str | None:
@@ -63,7 +64,9 @@ class LGFedAvg(LayerSharing):
         if test is None:
             return {}
         content = self.content(self.cfg["num-server-rounds"], arrays, **{P.PHASE: P.PHASE_UPLOAD})
-        replies = engine.exchange(P.PHASE_UPLOAD, {n: content for n in engine.nodes()}, MessageType.EVALUATE, lambda node: self.upload_layout(engine, node))
+        replies = engine.exchange(
+            P.PHASE_UPLOAD, {n: content for n in engine.nodes()}, MessageType.EVALUATE, lambda node: self.upload_layout(engine, node)
+        )
         models = [self._uploaded(engine, r) for r in replies]
         if not models:
             return {}

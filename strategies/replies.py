@@ -10,8 +10,9 @@ is ever aggregated.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 from flwr.app import Message
@@ -87,7 +88,7 @@ class Rejection(str):
 
     figures: dict[str, float]
 
-    def __new__(cls, reason: str, **figures: float) -> "Rejection":
+    def __new__(cls, reason: str, **figures: float) -> Rejection:
         out = super().__new__(cls, reason)
         out.figures = figures
         return out
@@ -124,7 +125,9 @@ def _integral(name: str, value: float, upper: float) -> str | None:
     return None
 
 
-def _match_shape(name: str, got: tuple[int, ...], want: tuple[int | str, ...], dims: Mapping[str, int], bound: dict[str, int]) -> tuple[tuple[int, ...], str | None]:
+def _match_shape(
+    name: str, got: tuple[int, ...], want: tuple[int | str, ...], dims: Mapping[str, int], bound: dict[str, int]
+) -> tuple[tuple[int, ...], str | None]:
     """The concrete shape ``got`` when it fits ``want`` (binding named dimensions in ``bound``), else the reason."""
     if len(got) != len(want) or any(not isinstance(w, str) and g != w for g, w in zip(got, want)):
         return got, f"array {name!r} has shape {got}, expected {want}"

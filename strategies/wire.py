@@ -30,6 +30,7 @@ from flwr.common.serde import message_to_proto
 from flwr.proto.message_pb2 import ObjectTree  # pylint: disable=no-name-in-module
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
 
+
 def _content_size(content: RecordDict) -> tuple[ObjectTree, int]:
     """(object tree, total deflated bytes) of a RecordDict and everything under it."""
     objects = get_all_nested_objects(content)

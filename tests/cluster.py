@@ -102,13 +102,18 @@ class Cluster:
 
     def __init__(self, tmp: Path, data_dir: str, netns: Netns | None = None, path: list[str] | None = None):
         self.tmp, self.netns = tmp, netns
-        self.env = {**os.environ, "FLWR_HOME": str(tmp / "flwr-home"), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-                    "HEADWAY_DATA_DIR": data_dir, "PYTHONPATH": str(ROOT)}
+        self.env = {
+            **os.environ,
+            "FLWR_HOME": str(tmp / "flwr-home"),
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "HEADWAY_DATA_DIR": data_dir,
+            "PYTHONPATH": str(ROOT),
+        }
         self.env["PATH"] = os.pathsep.join([*(path or []), str(Path(sys.executable).parent), self.env.get("PATH", "")])
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: list = []
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -128,8 +133,14 @@ class Cluster:
         """Start ``python -m server.launch ARGS`` (on ``host``) in its own session."""
         fh = open(self.log(name), "a")
         self.logs.append(fh)
-        proc = subprocess.Popen([*self._prefix(host), sys.executable, "-m", "server.launch", *args], cwd=ROOT, env={**self.env, **(env or {})},
-                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [*self._prefix(host), sys.executable, "-m", "server.launch", *args],
+            cwd=ROOT,
+            env={**self.env, **(env or {})},
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs[name] = proc
         return proc
 
@@ -166,10 +177,16 @@ class Cluster:
     def launcher(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "server.launch", *args]
 
-    def submit(self, connection: str, run_config: str, results: Path, host: str | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
+    def submit(
+        self, connection: str, run_config: str, results: Path, host: str | None = None, timeout: float = 400
+    ) -> subprocess.CompletedProcess:
         """`flwr run . CONNECTION --stream` with ``run_config`` writing under ``results``."""
-        return self.command(["flwr", "run", ".", connection, "--stream", "--run-config", f"{run_config} results-dir='{results}'"],
-                            host=host, timeout=timeout, check=False)
+        return self.command(
+            ["flwr", "run", ".", connection, "--stream", "--run-config", f"{run_config} results-dir='{results}'"],
+            host=host,
+            timeout=timeout,
+            check=False,
+        )
 
 
 def run_folder(results: Path, out: subprocess.CompletedProcess | None = None, *logs: Path) -> Path:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
@@ -38,7 +38,12 @@ class FakeGrid:
             self.sent.append(msg)
             pid = msg.metadata.dst_node_id - 101
             if msg.metadata.message_type == MessageType.QUERY:
-                content = RecordDict({"metrics": MetricRecord({"partition-id": pid}), "config": ConfigRecord({"body": self.bodies[pid] if self.bodies else "mnist-cnn"})})
+                content = RecordDict(
+                    {
+                        "metrics": MetricRecord({"partition-id": pid}),
+                        "config": ConfigRecord({"body": self.bodies[pid] if self.bodies else "mnist-cnn"}),
+                    }
+                )
             else:
                 content = self.answer(pid, msg)
             if isinstance(content, Error):
@@ -51,7 +56,9 @@ class FakeGrid:
 def reply(arrays: dict[str, np.ndarray], n: int | None, pid: int, **metrics) -> RecordDict:
     """A training reply as a client sends it."""
     met = {"partition-id": pid, **({} if n is None else {"num-examples": n}), **metrics}
-    return RecordDict({"arrays": ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()}), "metrics": MetricRecord(met)})
+    return RecordDict(
+        {"arrays": ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()}), "metrics": MetricRecord(met)}
+    )
 
 
 def make_strategy(algorithm: str, **cfg):

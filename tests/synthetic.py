@@ -20,8 +20,20 @@ def circle_round(seed: int, iterations: int = 30, lr: float = 0.01):
     (client 0) and a two-layer (client 1) body; a local iteration is one epoch
     (4 batches of 10). Returns (train accuracy under the new
     global head, per-client accuracies, features per client, labels per client, η)."""
-    cfg = resolve({"dataset": "circle", "num-clients": 2, "local-epochs": iterations, "batch-size": 10, "lr": lr,
-                   "feature-dim": 2, "seed": seed, "fedlog-init": "random", "bodies": "mlp-deep,mlp", "body": "mlp"})
+    cfg = resolve(
+        {
+            "dataset": "circle",
+            "num-clients": 2,
+            "local-epochs": iterations,
+            "batch-size": 10,
+            "lr": lr,
+            "feature-dim": 2,
+            "seed": seed,
+            "fedlog-init": "random",
+            "bodies": "mlp-deep,mlp",
+            "body": "mlp",
+        }
+    )
     ds = make_circle(80, 1000, seed=seed)
     order = np.argsort(ds.x_train[:, 0])
     halves = [order[:40], order[40:]]
@@ -32,7 +44,9 @@ def circle_round(seed: int, iterations: int = 30, lr: float = 0.01):
         x, y = to_tensors(ds, ds.x_train[rows], ds.y_train[rows])
         env = ClientEnv(cfg, pid, body, ds, x, y, x, y, torch.device("cpu"))
         state = RecordDict()
-        content = RecordDict({P.ARRAYS: ArrayRecord({"eta": Array(eta0.astype(np.float32))}), P.CONFIG: ConfigRecord({P.ROUND: 1, P.PHASE: "train"})})
+        content = RecordDict(
+            {P.ARRAYS: ArrayRecord({"eta": Array(eta0.astype(np.float32))}), P.CONFIG: ConfigRecord({P.ROUND: 1, P.PHASE: "train"})}
+        )
         reply = client.train(env, content, state)
         stats.append(reply[P.ARRAYS]["stats"].numpy().astype(np.float64))
         envs.append(env)

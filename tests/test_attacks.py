@@ -62,7 +62,9 @@ def test_a_body_whose_shared_layers_do_not_fit_is_refused_at_registration(task_i
 def test_local_dp_count_row_is_bounded_by_what_the_client_can_hold(task_identity, data_dir):
     """A client with ~60 examples claiming ~1,000,000 through its noised count row was
     accepted; the row's total is now bounded by the partition's size plus 8 noise std."""
-    s = make_strategy("fedlog", **{"data-dir": data_dir, "fedlog-dp": "local", "fedlog-clip": 1.0, "fedlog-epsilon": 50.0, "num-server-rounds": 2})
+    s = make_strategy(
+        "fedlog", **{"data-dir": data_dir, "fedlog-dp": "local", "fedlog-clip": 1.0, "fedlog-epsilon": 50.0, "num-server-rounds": 2}
+    )
     sizes = s.services.data.partition_sizes
     rng = np.random.default_rng(0)
 
@@ -73,7 +75,12 @@ def test_local_dp_count_row_is_bounded_by_what_the_client_can_hold(task_identity
         return (stats + rng.normal(0.0, s.sigma, stats.shape)).astype(np.float32)
 
     def answer(pid, msg):
-        return RecordDict({P.ARRAYS: ArrayRecord({P.STATS: Array(stats_of(pid, 999_960.0 if pid == 1 else 0.0))}), P.METRICS: MetricRecord({P.PARTITION_ID: pid})})
+        return RecordDict(
+            {
+                P.ARRAYS: ArrayRecord({P.STATS: Array(stats_of(pid, 999_960.0 if pid == 1 else 0.0))}),
+                P.METRICS: MetricRecord({P.PARTITION_ID: pid}),
+            }
+        )
 
     engine = engine_for(s, FakeGrid(3, answer))
     step = s.train_round(1, s.initial_arrays(), engine)
@@ -139,6 +146,7 @@ def test_round_one_has_its_own_bound_for_the_long_moves_of_honest_training_from_
     model in round 1 (mnist-cnn, 5 Adam epochs); after it, at most 0.95. By default round 1 is
     held to 1.5 too (a sign flip there locked a run: the damaged model made honest round-2
     updates 1.54); the refusal says which key to raise, and raising it loosens round 1 only."""
+
     def answer(pid, msg):
         return model_reply(msg, pid, scale=3.7)  # moved by 2.7 |w|
 
@@ -197,12 +205,28 @@ class ReversedGrid(FakeGrid):
 def test_fedpft_head_does_not_depend_on_the_order_replies_arrive(task_identity, data_dir):
     def payload(pid):
         rng = np.random.default_rng(pid)
-        return encode([ClassMixture(c, 20, np.ones(1), np.clip(rng.normal(0.4 * c, 0.3, (1, 784)), -0.4, 2.8), np.full((1, 784), 0.5), "diag") for c in (pid, pid + 3)], 784, "diag")
+        return encode(
+            [
+                ClassMixture(c, 20, np.ones(1), np.clip(rng.normal(0.4 * c, 0.3, (1, 784)), -0.4, 2.8), np.full((1, 784), 0.5), "diag")
+                for c in (pid, pid + 3)
+            ],
+            784,
+            "diag",
+        )
 
     heads = []
     for grid_type in (FakeGrid, ReversedGrid):
-        s = make_strategy("fedpft", **{"num-server-rounds": 1, "fedpft-extractor": "identity", "fedpft-covariance": "diag",
-                                       "fedpft-head-epochs": 2, "data-dir": data_dir, "global-eval": False})
+        s = make_strategy(
+            "fedpft",
+            **{
+                "num-server-rounds": 1,
+                "fedpft-extractor": "identity",
+                "fedpft-covariance": "diag",
+                "fedpft-head-epochs": 2,
+                "data-dir": data_dir,
+                "global-eval": False,
+            },
+        )
         engine = engine_for(s, grid_type(3, lambda pid, msg: reply(payload(pid), 40, pid)))
         step = s.train_round(1, s.initial_arrays(), engine)
         assert step.clients == 3
@@ -237,27 +261,50 @@ def test_fedlog_statistics_pushed_below_zero_are_refused_where_features_are_relu
     engine = engine_for(s, FakeGrid(3, answer))
     step = s.train_round(1, s.initial_arrays(), engine)
     assert step.clients == 2 and "feature sum is negative" in engine.meter.failures[0]
-    signed = make_strategy("fedlog", **{"data-dir": data_dir, "body": "linear", "fedlog-clip": 1.0})  # raw pixels: signed after normalization
+    signed = make_strategy(
+        "fedlog", **{"data-dir": data_dir, "body": "linear", "fedlog-clip": 1.0}
+    )  # raw pixels: signed after normalization
     assert not signed.nonnegative
 
 
 def test_fedpft_means_outside_the_extractors_range_are_refused(task_identity, data_dir):
     """Means up to 1e4 passed max-feature-value; with the identity extractor on MNIST a
     feature is a normalized pixel, in [(0 − 0.1307)/0.3081, (1 − 0.1307)/0.3081]."""
-    s = make_strategy("fedpft", **{"num-server-rounds": 1, "fedpft-extractor": "identity", "fedpft-covariance": "diag", "data-dir": data_dir})
+    s = make_strategy(
+        "fedpft", **{"num-server-rounds": 1, "fedpft-extractor": "identity", "fedpft-covariance": "diag", "data-dir": data_dir}
+    )
     lo, hi = s.checker.value_range
     assert lo == pytest.approx(-0.4242, abs=1e-3) and hi == pytest.approx(2.8215, abs=1e-3)
 
     def answer(pid, msg):
         mean = {0: 0.5, 1: 1e4, 2: hi}[pid]  # the pixel range's edge is still data
-        return reply(encode([ClassMixture(pid, 20, np.ones(1), np.full((1, 784), mean), np.full((1, 784), 0.5), "diag")], 784, "diag"), 20, pid)
+        return reply(
+            encode([ClassMixture(pid, 20, np.ones(1), np.full((1, 784), mean), np.full((1, 784), 0.5), "diag")], 784, "diag"), 20, pid
+        )
 
     engine = engine_for(s, FakeGrid(3, answer))
     step = s.train_round(1, s.initial_arrays(), engine)
     assert step.clients == 2 and "range of the extractor" in engine.meter.failures[0]
-    dp = make_strategy("fedpft", **{"num-server-rounds": 1, "fedpft-extractor": "identity", "fedpft-covariance": "diag", "data-dir": data_dir,
-                                    "fedpft-dp": "on", "fedpft-components": 1})
+    dp = make_strategy(
+        "fedpft",
+        **{
+            "num-server-rounds": 1,
+            "fedpft-extractor": "identity",
+            "fedpft-covariance": "diag",
+            "data-dir": data_dir,
+            "fedpft-dp": "on",
+            "fedpft-components": 1,
+        },
+    )
     assert dp.checker.value_range is None  # noised means may leave the range
-    chain = make_strategy("fedpft", **{"num-server-rounds": 1, "fedpft-extractor": "identity", "fedpft-covariance": "diag", "data-dir": data_dir,
-                                       "fedpft-topology": "chain"})
+    chain = make_strategy(
+        "fedpft",
+        **{
+            "num-server-rounds": 1,
+            "fedpft-extractor": "identity",
+            "fedpft-covariance": "diag",
+            "data-dir": data_dir,
+            "fedpft-topology": "chain",
+        },
+    )
     assert chain.checker.value_range is None  # a chain client also fits Gaussian samples of what it was relayed

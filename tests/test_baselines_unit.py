@@ -45,11 +45,24 @@ def test_layers_are_named_in_forward_order_and_selected_by_prefix():
         ("lg-fedavg", {"lg-global-layers": 1}, {"head.weight", "head.bias"}),
         ("lg-fedavg", {"lg-global-layers": 2}, {"head.weight", "head.bias", "body.fcs.0.weight", "body.fcs.0.bias"}),
         ("fedper", {}, {"body.convs.0.weight", "body.convs.0.bias", "body.convs.1.weight", "body.convs.1.bias"}),
-        ("fedrep", {"fedrep-local-layers": 1}, {"body.convs.0.weight", "body.convs.0.bias", "body.convs.1.weight", "body.convs.1.bias", "body.fcs.0.weight", "body.fcs.0.bias"}),
+        (
+            "fedrep",
+            {"fedrep-local-layers": 1},
+            {
+                "body.convs.0.weight",
+                "body.convs.0.bias",
+                "body.convs.1.weight",
+                "body.convs.1.bias",
+                "body.fcs.0.weight",
+                "body.fcs.0.bias",
+            },
+        ),
     ],
 )
 def test_each_method_sends_its_shared_layers_and_averages_them_by_count(task_identity, algorithm, cfg, shared):
-    s = strategy(algorithm, **cfg, **{"max-first-update-norm": 100.0})  # constant arrays are far from the initial model: this test is about the average
+    s = strategy(
+        algorithm, **cfg, **{"max-first-update-norm": 100.0}
+    )  # constant arrays are far from the initial model: this test is about the average
 
     def answer(pid, msg):
         sent = {k: v.numpy() for k, v in msg.content["arrays"].items()}
@@ -223,7 +236,9 @@ def test_fedproto_server_averages_valid_prototypes_only(task_identity):
     nan = p2.copy()
     nan[1, 0] = np.nan
     payloads = [(p1, c1), (p2, c2), (nan, c2)]
-    grid = FakeGrid(3, lambda pid, msg: reply({"prototypes": payloads[pid][0], "class-counts": payloads[pid][1]}, int(payloads[pid][1].sum()), pid))
+    grid = FakeGrid(
+        3, lambda pid, msg: reply({"prototypes": payloads[pid][0], "class-counts": payloads[pid][1]}, int(payloads[pid][1].sum()), pid)
+    )
     engine = engine_for(s, grid)
     step = s.train_round(1, ArrayRecord(), engine)
     assert len(grid.sent[-1].content["arrays"]) == 0  # nothing to send before the first aggregation
@@ -245,11 +260,18 @@ def test_fedproto_pulls_the_features_before_feature_dropout_towards_the_prototyp
     seen = []
     real = fp.prototype_loss
     monkeypatch.setattr(fp, "prototype_loss", lambda f, *a: seen.append(f.detach().clone()) or real(f, *a))
-    env = client_env({"algorithm": "fedproto", "data-dir": data_dir, "train-fraction": 0.01, "local-epochs": 1, "body-dropout": 0.95},
-                     {"partition-id": 0, "num-partitions": 50})
-    content = RecordDict({"arrays": ArrayRecord({"prototypes": Array(np.full((10, 50), 0.5, np.float32)),
-                                                 "class-counts": Array(np.full(10, 100.0, np.float32))}),
-                          "config": ConfigRecord({"server-round": 2, "phase": "train"})})
+    env = client_env(
+        {"algorithm": "fedproto", "data-dir": data_dir, "train-fraction": 0.01, "local-epochs": 1, "body-dropout": 0.95},
+        {"partition-id": 0, "num-partitions": 50},
+    )
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(
+                {"prototypes": Array(np.full((10, 50), 0.5, np.float32)), "class-counts": Array(np.full(10, 100.0, np.float32))}
+            ),
+            "config": ConfigRecord({"server-round": 2, "phase": "train"}),
+        }
+    )
     fp.FedProtoClient().train(env, content, RecordDict())
     nonzero = float(np.mean([(f != 0).float().mean() for f in seen]))
     assert seen and nonzero > 0.2, nonzero  # dropped-out features would be ~5 % × the ReLU's share

@@ -24,7 +24,7 @@ EXAMPLE = ROOT / "examples" / "custom_body"
 EXAMPLE_BODY = "headway_example_body:small_cnn"
 
 # a user module with a factory of every kind that must be refused (and one without out_dim)
-BAD_BODIES = '''
+BAD_BODIES = """
 import torch
 from torch import nn
 
@@ -41,7 +41,7 @@ def not_2d(input_shape, feature_dim):
 
 def no_out_dim(input_shape, feature_dim):  # honours feature_dim, sets no out_dim
     return nn.Sequential(nn.Flatten(), nn.Linear(int(torch.tensor(input_shape).prod()), feature_dim or 12), nn.ReLU())
-'''
+"""
 
 
 @pytest.fixture
@@ -135,7 +135,11 @@ def test_a_weights_file_that_is_missing_or_does_not_fit_is_refused_naming_it(tmp
 
 # ----- 3. refusals: one line naming the key ---------------------------------------------
 IMPORT_REFUSALS = [  # refused by resolve: the name does not resolve to a factory
-    ({"body": "no_such_package.bodies:net"}, "'body'", "module 'no_such_package.bodies' cannot be imported (ModuleNotFoundError: No module named 'no_such_package')"),
+    (
+        {"body": "no_such_package.bodies:net"},
+        "'body'",
+        "module 'no_such_package.bodies' cannot be imported (ModuleNotFoundError: No module named 'no_such_package')",
+    ),
     ({"bodies": "mnist-cnn,bad_bodies:missing"}, "'bodies'", "module 'bad_bodies' has no attribute 'missing'"),
     ({"body": "bad_bodies:not_callable"}, "'body'", "is of type int, not callable"),
     ({"body": "torchvision:resnet19"}, "'body'", "torchvision has no classification architecture 'resnet19'"),
@@ -196,7 +200,9 @@ def test_bodies_that_resolve_and_build_pass_preflight(example_on_path, user_modu
 
 # ----- 4. a client's declared body never makes the server import a module ------------------
 @pytest.mark.parametrize("algorithm", ["fedlog", "fedproto", "lg-fedavg", "fedavg"])
-def test_a_registration_naming_an_import_path_not_in_the_run_config_is_refused_without_importing_it(task_identity, tmp_path, monkeypatch, data_dir, algorithm):
+def test_a_registration_naming_an_import_path_not_in_the_run_config_is_refused_without_importing_it(
+    task_identity, tmp_path, monkeypatch, data_dir, algorithm
+):
     (tmp_path / "planted_body.py").write_text("raise SystemExit('the server imported a module a client named')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     s = make_strategy(algorithm, **{"data-dir": data_dir})
@@ -224,12 +230,25 @@ def test_a_registration_naming_the_run_configs_own_import_path_is_admitted(examp
 def test_fedlog_runs_the_example_body_in_a_flower_simulation(tmp_path, monkeypatch, data_dir):
     """As the example's README says: the module on PYTHONPATH of `python -m simulation`
     (whose Ray workers build the clients' bodies); without it, refused before Ray starts."""
-    sets = {"algorithm": "fedlog", "dataset": "mnist", "data-dir": data_dir, "body": EXAMPLE_BODY, "num-clients": 2, "num-server-rounds": 2,
-            "train-fraction": 0.01, "partition": "iid", "local-epochs": 1, "seed": 0, "sample-timeout": 30.0}
+    sets = {
+        "algorithm": "fedlog",
+        "dataset": "mnist",
+        "data-dir": data_dir,
+        "body": EXAMPLE_BODY,
+        "num-clients": 2,
+        "num-server-rounds": 2,
+        "train-fraction": 0.01,
+        "partition": "iid",
+        "local-epochs": 1,
+        "seed": 0,
+        "sample-timeout": 30.0,
+    }
     cmd = [sys.executable, "-m", "simulation", "--out", str(tmp_path / "out")] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     monkeypatch.delenv("PYTHONPATH", raising=False)
     missing = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert missing.returncode == 2 and "No module named 'headway_example_body'" in missing.stderr and not (tmp_path / "out").exists(), missing.stderr
+    assert missing.returncode == 2 and "No module named 'headway_example_body'" in missing.stderr and not (tmp_path / "out").exists(), (
+        missing.stderr
+    )
     monkeypatch.setenv("PYTHONPATH", str(EXAMPLE))  # inherited by the runner and by Ray's workers
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

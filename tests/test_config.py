@@ -20,14 +20,17 @@ def test_unknown_key_is_named():
         resolve({"num_clients": 3})
 
 
-@pytest.mark.parametrize("key,value,needle", [
-    ("partition", "random", "allowed values: iid, pathological, shards, dirichlet, natural"),
-    ("optimizer", "rmsprop", "allowed values: adam, sgd"),
-    ("fraction-train", 1.5, "in (0, 1]"),
-    ("num-clients", 0, "> 0"),
-    ("lr", "fast", "must be a number"),
-    ("body", "vgg", "unknown body 'vgg'"),
-])
+@pytest.mark.parametrize(
+    "key,value,needle",
+    [
+        ("partition", "random", "allowed values: iid, pathological, shards, dirichlet, natural"),
+        ("optimizer", "rmsprop", "allowed values: adam, sgd"),
+        ("fraction-train", 1.5, "in (0, 1]"),
+        ("num-clients", 0, "> 0"),
+        ("lr", "fast", "must be a number"),
+        ("body", "vgg", "unknown body 'vgg'"),
+    ],
+)
 def test_bad_values_name_key_and_allowed(key, value, needle):
     with pytest.raises(ConfigError) as err:
         resolve({key: value})

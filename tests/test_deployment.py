@@ -17,8 +17,9 @@ from tests.cluster import Cluster, free_port, read_rounds, run_folder
 pytestmark = pytest.mark.deployment
 
 
-def deploy(tmp_path: Path, data_dir: str, run_config: str, num_nodes: int = 2, probe: bool = False,
-           node_args: dict[int, list[str]] | None = None) -> tuple[Path, subprocess.CompletedProcess]:
+def deploy(
+    tmp_path: Path, data_dir: str, run_config: str, num_nodes: int = 2, probe: bool = False, node_args: dict[int, list[str]] | None = None
+) -> tuple[Path, subprocess.CompletedProcess]:
     """A SuperLink and ``num_nodes`` SuperNodes on 127.0.0.1 (insecure), one ``flwr run`` with
     ``run_config``; returns the run's results folder and what ``flwr run`` printed. With
     ``probe``, each SuperNode runs under :mod:`tests.wire_probe` and logs its Fleet bytes to
@@ -35,21 +36,39 @@ def deploy(tmp_path: Path, data_dir: str, run_config: str, num_nodes: int = 2, p
     results = tmp_path / "results"
     with Cluster(tmp_path, data_dir, path=path) as c:
         c.env["HEADWAY_FLOWER_PATH"] = os.pathsep.join(path)  # before the launcher's own interpreter folder
-        c.launch("superlink", ["superlink", "--insecure", "--bind", "127.0.0.1", "--fleet-port", str(fleet), "--control-port", str(control)])
+        c.launch(
+            "superlink", ["superlink", "--insecure", "--bind", "127.0.0.1", "--fleet-port", str(fleet), "--control-port", str(control)]
+        )
         c.wait_for_port("superlink", fleet)
         c.wait_for_port("superlink", control)
         for pid in range(num_nodes):
-            c.launch(f"supernode{pid}", ["supernode", "--insecure", "--superlink", f"127.0.0.1:{fleet}", "--partition-id", str(pid),
-                                         "--num-partitions", str(num_nodes), "--port", str(free_port()), *(node_args or {}).get(pid, [])],
-                     env={"HEADWAY_WIRE_LOG": str(tmp_path / f"wire-{pid}.jsonl")})
+            c.launch(
+                f"supernode{pid}",
+                [
+                    "supernode",
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{fleet}",
+                    "--partition-id",
+                    str(pid),
+                    "--num-partitions",
+                    str(num_nodes),
+                    "--port",
+                    str(free_port()),
+                    *(node_args or {}).get(pid, []),
+                ],
+                env={"HEADWAY_WIRE_LOG": str(tmp_path / f"wire-{pid}.jsonl")},
+            )
         c.command(c.launcher("connect", "test", "--address", f"127.0.0.1:{control}", "--insecure"))
         out = c.submit("test", run_config, results)
         return run_folder(results, out, c.log("superlink")), out
 
 
 def test_fedavg_over_grpc_with_a_superlink_and_two_supernodes(tmp_path, data_dir):
-    run_config = ("algorithm='fedavg' dataset='mnist' num-clients=2 num-server-rounds=2 train-fraction=0.01 local-epochs=1 "
-                  "batch-size=10 partition='iid' sample-timeout=60.0 round-timeout=120.0")
+    run_config = (
+        "algorithm='fedavg' dataset='mnist' num-clients=2 num-server-rounds=2 train-fraction=0.01 local-epochs=1 "
+        "batch-size=10 partition='iid' sample-timeout=60.0 round-timeout=120.0"
+    )
     folder, _ = deploy(tmp_path, data_dir, run_config)
     summary = json.loads((folder / "summary.json").read_text())
     rounds = read_rounds(folder)
@@ -64,14 +83,18 @@ def test_fedavg_over_grpc_with_a_superlink_and_two_supernodes(tmp_path, data_dir
 def test_metered_bytes_are_the_bytes_the_supernodes_move(tmp_path, data_dir):
     """The meter's total, every phase and both directions, against what the two SuperNodes
     pulled and pushed on their Fleet channels (headers, object trees, object contents)."""
-    run_config = ("algorithm='fedlog' dataset='mnist' num-clients=2 num-server-rounds=2 train-fraction=0.01 local-epochs=1 "
-                  "batch-size=10 partition='pathological' sample-timeout=60.0 round-timeout=120.0")
+    run_config = (
+        "algorithm='fedlog' dataset='mnist' num-clients=2 num-server-rounds=2 train-fraction=0.01 local-epochs=1 "
+        "batch-size=10 partition='pathological' sample-timeout=60.0 round-timeout=120.0"
+    )
     folder, _ = deploy(tmp_path, data_dir, run_config, probe=True)
     rounds = read_rounds(folder)
     assert all(r["failures"] == 0 and r["clients"] == 2 for r in rounds)
     # bytes_down/up hold the method's own phases (stats and train here); measurement phases apart
-    metered = {way: sum(r[f"bytes_{way}"] + r.get(f"eval_bytes_{way}", 0) + r.get(f"register_bytes_{way}", 0) for r in rounds)
-               for way in ("down", "up")}
+    metered = {
+        way: sum(r[f"bytes_{way}"] + r.get(f"eval_bytes_{way}", 0) + r.get(f"register_bytes_{way}", 0) for r in rounds)
+        for way in ("down", "up")
+    }
     moved = {"down": 0, "up": 0}
     calls = 0
     for pid in range(2):
@@ -94,9 +117,11 @@ def test_fedpft_chain_over_grpc_keeps_each_clients_head_between_messages(tmp_pat
     mixtures to node 1; each node trains its head in the chain message and scores it in the
     evaluation message, a fresh ClientApp process, from its node state."""
     pytest.importorskip("efficientnet_lite_pytorch")
-    run_config = ("algorithm='fedpft' dataset='mnist' num-clients=2 num-server-rounds=1 train-fraction=0.01 partition='iid' "
-                  f"fedpft-topology='chain' fedpft-resolution=32 fedpft-head-epochs=20 fedpft-head-lr=0.001 fedpft-cache-dir='{tmp_path / 'cache'}' "
-                  "sample-timeout=60.0 round-timeout=300.0")
+    run_config = (
+        "algorithm='fedpft' dataset='mnist' num-clients=2 num-server-rounds=1 train-fraction=0.01 partition='iid' "
+        f"fedpft-topology='chain' fedpft-resolution=32 fedpft-head-epochs=20 fedpft-head-lr=0.001 fedpft-cache-dir='{tmp_path / 'cache'}' "
+        "sample-timeout=60.0 round-timeout=300.0"
+    )
     folder, _ = deploy(tmp_path, data_dir, run_config)
     summary = json.loads((folder / "summary.json").read_text())
     r = read_rounds(folder)[0]
@@ -110,8 +135,10 @@ def test_a_supernode_with_an_unknown_body_is_refused_and_lg_fedavg_runs_on(tmp_p
     """Issue 23: a typo in one SuperNode's --body ended an LG-FedAvg run (status failed, 0
     rounds). Its registration is now refused and counted; the other two nodes finish the run,
     the new test included."""
-    run_config = ("algorithm='lg-fedavg' dataset='mnist' num-clients=3 num-server-rounds=1 train-fraction=0.01 local-epochs=1 "
-                  "batch-size=10 partition='iid' lg-global-layers=1 sample-timeout=60.0 round-timeout=120.0")
+    run_config = (
+        "algorithm='lg-fedavg' dataset='mnist' num-clients=3 num-server-rounds=1 train-fraction=0.01 local-epochs=1 "
+        "batch-size=10 partition='iid' lg-global-layers=1 sample-timeout=60.0 round-timeout=120.0"
+    )
     folder, _ = deploy(tmp_path, data_dir, run_config, num_nodes=3, node_args={1: ["--body", "mnist-cnnn"]})
     summary = json.loads((folder / "summary.json").read_text())
     r = read_rounds(folder)[0]

@@ -15,8 +15,16 @@ from core.partition import make_partition
 
 
 def empty_client(algorithm: str, data_dir: str):
-    cfg = resolve({"algorithm": algorithm, "partition": "dirichlet", "dirichlet-alpha": 0.05, "num-clients": 100,
-                   "data-dir": data_dir, "local-epochs": 1})
+    cfg = resolve(
+        {
+            "algorithm": algorithm,
+            "partition": "dirichlet",
+            "dirichlet-alpha": 0.05,
+            "num-clients": 100,
+            "data-dir": data_dir,
+            "local-epochs": 1,
+        }
+    )
     part = make_partition(load_dataset("mnist", data_dir, cfg["seed"]), cfg)
     empty = [k for k, rows in enumerate(part.train) if len(rows) == 0]
     assert empty, "this split is expected to leave some clients without training data"

@@ -36,7 +36,12 @@ def test_update_norm_is_relative_to_the_global_model():
 
 def test_exchange_decodes_meters_both_ways_and_counts_errors_silence_and_bad_replies(task_identity):
     def answer(pid, msg):
-        return [reply({"x": np.ones(4, np.float32)}, 5, pid), Error(code=7, reason="Traceback ...\nValueError: boom"), None, reply({"x": np.ones(3, np.float32)}, 5, pid)][pid]
+        return [
+            reply({"x": np.ones(4, np.float32)}, 5, pid),
+            Error(code=7, reason="Traceback ...\nValueError: boom"),
+            None,
+            reply({"x": np.ones(3, np.float32)}, 5, pid),
+        ][pid]
 
     s = make_strategy("fedavg", **{"num-clients": 4})
     grid = FakeGrid(4, answer)
@@ -60,7 +65,12 @@ def test_exchange_decodes_meters_both_ways_and_counts_errors_silence_and_bad_rep
 
 
 def test_values_bytes_count_elements_not_framing_and_survive_a_hostile_dtype():
-    content = RecordDict({"a": ArrayRecord({"x": Array(np.zeros((2, 3), np.float16)), "y": Array(np.zeros(5, np.int64))}), "c": ConfigRecord({"k": "v" * 50})})
+    content = RecordDict(
+        {
+            "a": ArrayRecord({"x": Array(np.zeros((2, 3), np.float16)), "y": Array(np.zeros(5, np.int64))}),
+            "c": ConfigRecord({"k": "v" * 50}),
+        }
+    )
     assert values_bytes(content) == 2 * 3 * 2 + 5 * 8  # no npy header, no config
     for dtype in ("<not a dtype>", "f8,("):  # numpy raises TypeError, and SyntaxError, on these
         garbage = Array(dtype=dtype, shape=(3,), stype="numpy.ndarray", data=b"x" * 7)
@@ -114,7 +124,9 @@ def test_quorum_keeps_the_previous_model_when_too_few_replies_are_valid(task_ide
 
 def test_registry_refuses_a_second_claim_and_replies_under_another_partition(task_identity):
     s = make_strategy("fedavg")
-    grid = FakeGrid(3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, 10, 0))  # everyone claims 0 in replies
+    grid = FakeGrid(
+        3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, 10, 0)
+    )  # everyone claims 0 in replies
     grid.send_and_receive_orig = grid.send_and_receive
 
     def registration_claims(messages, timeout):  # nodes 101 and 102 both register as partition 0
@@ -191,7 +203,9 @@ def test_data_ratio_sampling_draws_by_partition_size_and_weighs_every_draw_equal
     s = make_strategy("fedprox", **{"client-sampling": "data-ratio", "fraction-train": 1.0})
     s.services.data.__dict__["partition_sizes"] = [(10, 1), (0, 1), (30, 1)]  # partition 1 holds nothing: never drawn
     delta = {0: 0.001, 1: 0.5, 2: 0.007}
-    grid = FakeGrid(3, lambda pid, msg: reply({k: v.numpy() + delta[pid] for k, v in msg.content["arrays"].items()}, {0: 10, 1: 1, 2: 1}[pid], pid))  # counts n-weighting would use
+    grid = FakeGrid(
+        3, lambda pid, msg: reply({k: v.numpy() + delta[pid] for k, v in msg.content["arrays"].items()}, {0: 10, 1: 1, 2: 1}[pid], pid)
+    )  # counts n-weighting would use
     arrays = s.initial_arrays()
     name = next(iter(arrays.keys()))
     base = arrays[name].numpy().astype(np.float64)
@@ -243,7 +257,7 @@ def test_each_client_can_get_its_own_content(task_identity):
 
 def test_relay_passes_each_reply_on_and_skips_a_dropped_hop(task_identity):
     s = make_strategy("fedavg", **{"num-clients": 4})
-    grid = FakeGrid(4, lambda pid, msg: None if pid == 1 else reply({"x": msg.content["arrays"]["x"].numpy() + 10 ** pid}, 1, pid))
+    grid = FakeGrid(4, lambda pid, msg: None if pid == 1 else reply({"x": msg.content["arrays"]["x"].numpy() + 10**pid}, 1, pid))
     engine = engine_for(s, grid)
 
     def forward(r):
@@ -269,7 +283,11 @@ def test_fedlog_collects_statistics_from_every_client_before_round_1(task_identi
     grid = FakeGrid(3, answer)
     engine = engine_for(s, grid)
     arrays, prep = s.prepare(s.initial_arrays(), engine)
-    assert prep.clients == 3 and {m.metadata.dst_node_id for m in grid.sent if m.content["config"].get("phase") == "stats"} == {101, 102, 103}
+    assert prep.clients == 3 and {m.metadata.dst_node_id for m in grid.sent if m.content["config"].get("phase") == "stats"} == {
+        101,
+        102,
+        103,
+    }
     assert engine.meter.phase("stats")[0] > 0 and "eta" in arrays
 
 

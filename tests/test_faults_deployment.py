@@ -46,20 +46,46 @@ def test_a_killed_supernode_costs_one_deadline_and_rejoins_with_its_state_while_
     fleet, control, timeout = free_port(), free_port(), 25
     results, state = tmp_path / "results", tmp_path / "state"
     with Cluster(tmp_path, data_dir) as c:
-        c.launch("superlink", ["superlink", "--insecure", "--bind", "127.0.0.1", "--fleet-port", str(fleet), "--control-port", str(control)])
+        c.launch(
+            "superlink", ["superlink", "--insecure", "--bind", "127.0.0.1", "--fleet-port", str(fleet), "--control-port", str(control)]
+        )
         c.wait_for_port("superlink", control)
 
         def supernode(pid: int, name: str) -> subprocess.Popen:
-            return c.launch(name, ["supernode", "--insecure", "--superlink", f"127.0.0.1:{fleet}", "--partition-id", str(pid),
-                                   "--num-partitions", "3", "--port", str(free_port()), "--state-dir", str(state / f"node{pid}")])
+            return c.launch(
+                name,
+                [
+                    "supernode",
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{fleet}",
+                    "--partition-id",
+                    str(pid),
+                    "--num-partitions",
+                    "3",
+                    "--port",
+                    str(free_port()),
+                    "--state-dir",
+                    str(state / f"node{pid}"),
+                ],
+            )
 
         nodes = [supernode(pid, f"supernode{pid}") for pid in range(3)]
         c.command(c.launcher("connect", "test", "--address", f"127.0.0.1:{control}", "--insecure"))
-        run_config = ("algorithm='fedlog' dataset='mnist' num-clients=3 num-server-rounds=4 train-fraction=0.01 local-epochs=1 batch-size=10 "
-                      f"partition='iid' sample-timeout=60.0 round-timeout={float(timeout)} fault-clients='2' fault-mode='silent' "
-                      f"results-dir='{results}'")
-        run = subprocess.Popen(["flwr", "run", ".", "test", "--stream", "--run-config", run_config], cwd=c.env["PYTHONPATH"], env=c.env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        run_config = (
+            "algorithm='fedlog' dataset='mnist' num-clients=3 num-server-rounds=4 train-fraction=0.01 local-epochs=1 batch-size=10 "
+            f"partition='iid' sample-timeout=60.0 round-timeout={float(timeout)} fault-clients='2' fault-mode='silent' "
+            f"results-dir='{results}'"
+        )
+        run = subprocess.Popen(
+            ["flwr", "run", ".", "test", "--stream", "--run-config", run_config],
+            cwd=c.env["PYTHONPATH"],
+            env=c.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
             _wait_rounds(results, 1, run)
             tree = descendants(nodes[1].pid)
@@ -106,18 +132,53 @@ def test_a_superlink_restarted_on_its_database_ends_the_lost_run_clearly_and_ser
     on the restarted SuperLink completes."""
     fleet, control = free_port(), free_port()
     results, db = tmp_path / "results", tmp_path / "state.db"
-    link_args = ["superlink", "--insecure", "--bind", "127.0.0.1", "--fleet-port", str(fleet), "--control-port", str(control), "--database", str(db)]
+    link_args = [
+        "superlink",
+        "--insecure",
+        "--bind",
+        "127.0.0.1",
+        "--fleet-port",
+        str(fleet),
+        "--control-port",
+        str(control),
+        "--database",
+        str(db),
+    ]
     with Cluster(tmp_path, data_dir) as c:
         c.launch("superlink", link_args)
         c.wait_for_port("superlink", control)
         for pid in range(2):
-            c.launch(f"supernode{pid}", ["supernode", "--insecure", "--superlink", f"127.0.0.1:{fleet}", "--partition-id", str(pid),
-                                         "--num-partitions", "2", "--port", str(free_port()), "--max-wait-time", "120"])
+            c.launch(
+                f"supernode{pid}",
+                [
+                    "supernode",
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{fleet}",
+                    "--partition-id",
+                    str(pid),
+                    "--num-partitions",
+                    "2",
+                    "--port",
+                    str(free_port()),
+                    "--max-wait-time",
+                    "120",
+                ],
+            )
         c.command(c.launcher("connect", "test", "--address", f"127.0.0.1:{control}", "--insecure"))
-        run_config = ("algorithm='fedlog' dataset='mnist' num-clients=2 num-server-rounds=5 train-fraction=0.01 local-epochs=1 batch-size=10 "
-                      "sample-timeout=60.0 round-timeout=60.0")
-        run = subprocess.Popen(["flwr", "run", ".", "test", "--stream", "--run-config", f"{run_config} results-dir='{results / 'lost'}'"],
-                               cwd=c.env["PYTHONPATH"], env=c.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        run_config = (
+            "algorithm='fedlog' dataset='mnist' num-clients=2 num-server-rounds=5 train-fraction=0.01 local-epochs=1 batch-size=10 "
+            "sample-timeout=60.0 round-timeout=60.0"
+        )
+        run = subprocess.Popen(
+            ["flwr", "run", ".", "test", "--stream", "--run-config", f"{run_config} results-dir='{results / 'lost'}'"],
+            cwd=c.env["PYTHONPATH"],
+            env=c.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
             _wait_rounds(results / "lost", 1, run)
             link = c.procs["superlink"]

@@ -3,7 +3,14 @@ import pytest
 from scipy.optimize import minimize
 
 from core.fedlog import (
-    StatsCheck, add_noise, class_means, dp_sigma, log_posterior, solve_head, stationarity_residual, sufficient_statistics,
+    StatsCheck,
+    add_noise,
+    class_means,
+    dp_sigma,
+    log_posterior,
+    solve_head,
+    stationarity_residual,
+    sufficient_statistics,
 )
 
 
@@ -13,7 +20,9 @@ def _features(rng, n, m, classes):
     return phi, y
 
 
-@pytest.mark.parametrize("classes,m,n,nu,chi", [(10, 51, 3000, 1.0, 0.0), (2, 3, 80, 1.0, 0.0), (100, 101, 20000, 0.5, 0.1), (5, 8, 10, 3.0, 0.0)])
+@pytest.mark.parametrize(
+    "classes,m,n,nu,chi", [(10, 51, 3000, 1.0, 0.0), (2, 3, 80, 1.0, 0.0), (100, 101, 20000, 0.5, 0.1), (5, 8, 10, 3.0, 0.0)]
+)
 def test_solve_head_is_stationary(classes, m, n, nu, chi):
     rng = np.random.default_rng(classes)
     phi, y = _features(rng, n, m, classes)

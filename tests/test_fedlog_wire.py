@@ -55,7 +55,9 @@ def sparse_reply(pid: int, classes=None, counts=None):
 
 
 def test_the_server_solves_the_same_head_from_sparse_rows_with_fewer_bytes(task_identity):
-    dense_eta, dense_fail, dense_up = _head_after_one_round("dense", lambda pid, msg: reply({"stats": _stats(pid)}, int(_stats(pid)[:, 0].sum()), pid, loss=0.5))
+    dense_eta, dense_fail, dense_up = _head_after_one_round(
+        "dense", lambda pid, msg: reply({"stats": _stats(pid)}, int(_stats(pid)[:, 0].sum()), pid, loss=0.5)
+    )
     sparse_eta, sparse_fail, sparse_up = _head_after_one_round("sparse", lambda pid, msg: sparse_reply(pid))
     assert dense_fail == sparse_fail == []
     np.testing.assert_array_equal(sparse_eta, dense_eta)  # the sum and the solve see exactly the same T
@@ -63,15 +65,18 @@ def test_the_server_solves_the_same_head_from_sparse_rows_with_fewer_bytes(task_
     assert dense_up - sparse_up >= 3 * (8 * 51 * 4 - 2 * 4 - 16), (sparse_up, dense_up)
 
 
-@pytest.mark.parametrize("bad, reason", [
-    (lambda pid: sparse_reply(pid, classes=[pid, 10]), "whole number in 0..9"),
-    (lambda pid: sparse_reply(pid, classes=[pid, 0.5]), "whole number in 0..9"),
-    (lambda pid: sparse_reply(pid, classes=[pid, pid]), "repeated"),
-    (lambda pid: sparse_reply(pid, counts=[3.0, 0.0]), "no examples"),
-    (lambda pid: reply({"stats-rows": present_rows(_stats(pid))[:, 1:].astype(np.float32)}, 11, pid), "shape"),  # no index column
-    (lambda pid: reply({"stats-rows": np.ones((11, 52), np.float32)}, 11, pid), "rows"),  # more rows than classes
-    (lambda pid: reply({"stats": _stats(pid)}, 11, pid), "stats"),  # dense, where sparse was asked for
-])
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        (lambda pid: sparse_reply(pid, classes=[pid, 10]), "whole number in 0..9"),
+        (lambda pid: sparse_reply(pid, classes=[pid, 0.5]), "whole number in 0..9"),
+        (lambda pid: sparse_reply(pid, classes=[pid, pid]), "repeated"),
+        (lambda pid: sparse_reply(pid, counts=[3.0, 0.0]), "no examples"),
+        (lambda pid: reply({"stats-rows": present_rows(_stats(pid))[:, 1:].astype(np.float32)}, 11, pid), "shape"),  # no index column
+        (lambda pid: reply({"stats-rows": np.ones((11, 52), np.float32)}, 11, pid), "rows"),  # more rows than classes
+        (lambda pid: reply({"stats": _stats(pid)}, 11, pid), "stats"),  # dense, where sparse was asked for
+    ],
+)
 def test_bad_sparse_replies_are_rejected_and_the_round_goes_on(task_identity, bad, reason):
     eta, failures, _ = _head_after_one_round("sparse", lambda pid, msg: bad(pid) if pid == 2 else sparse_reply(pid))
     assert len(failures) == 1 and "partition 2" in failures[0] and reason in failures[0], failures
@@ -79,9 +84,16 @@ def test_bad_sparse_replies_are_rejected_and_the_round_goes_on(task_identity, ba
 
 
 def test_a_client_sends_only_the_rows_of_its_classes(data_dir):
-    env = client_env({"algorithm": "fedlog", "data-dir": data_dir, "fedlog-uplink": "sparse", "train-fraction": 0.01, "local-epochs": 1},
-                     {"partition-id": 0, "num-partitions": 50})
-    content = RecordDict({"arrays": ArrayRecord({"eta": Array(np.zeros((10, 51), np.float32))}), "config": ConfigRecord({"server-round": 1, "phase": "train"})})
+    env = client_env(
+        {"algorithm": "fedlog", "data-dir": data_dir, "fedlog-uplink": "sparse", "train-fraction": 0.01, "local-epochs": 1},
+        {"partition-id": 0, "num-partitions": 50},
+    )
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({"eta": Array(np.zeros((10, 51), np.float32))}),
+            "config": ConfigRecord({"server-round": 1, "phase": "train"}),
+        }
+    )
     out = PROCEDURES["fedlog"].train(env, content, RecordDict())["arrays"]
     held = sorted(set(env.y_train.tolist()))
     rows = out["stats-rows"].numpy()
@@ -115,7 +127,9 @@ def test_float16_head_and_class_means_down_within_half_precision(task_identity):
 
 
 def test_a_client_trains_on_a_float16_head(data_dir):
-    env = client_env({"algorithm": "fedlog", "data-dir": data_dir, "train-fraction": 0.01, "local-epochs": 1}, {"partition-id": 0, "num-partitions": 50})
+    env = client_env(
+        {"algorithm": "fedlog", "data-dir": data_dir, "train-fraction": 0.01, "local-epochs": 1}, {"partition-id": 0, "num-partitions": 50}
+    )
     eta = np.random.default_rng(1).normal(0, 0.1, size=(10, 51)).astype(np.float16)
     content = RecordDict({"arrays": ArrayRecord({"eta": Array(eta)}), "config": ConfigRecord({"server-round": 1, "phase": "train"})})
     out = PROCEDURES["fedlog"].train(env, content, RecordDict())
@@ -165,16 +179,24 @@ def test_the_server_solves_nearly_the_same_head_from_float16_statistics(task_ide
         step = s.train_round(1, s.initial_arrays(), engine)
         return step.arrays["eta"].numpy(), engine.meter.failures, engine.meter.phase("train")[1]
 
-    exact = (lambda pid, msg: sparse_reply(pid)) if uplink == "sparse" else (lambda pid, msg: reply({"stats": _stats(pid)}, int(_stats(pid)[:, 0].sum()), pid, loss=0.5))
+    exact = (
+        (lambda pid, msg: sparse_reply(pid))
+        if uplink == "sparse"
+        else (lambda pid, msg: reply({"stats": _stats(pid)}, int(_stats(pid)[:, 0].sum()), pid, loss=0.5))
+    )
     eta32, fail32, up32 = head("float32", exact)
     eta16, fail16, up16 = head("float16", lambda pid, msg: half_reply(pid, uplink == "sparse"))
     assert fail32 == fail16 == []
     np.testing.assert_allclose(eta16, eta32, rtol=1e-2, atol=1e-3)  # the solve sees T within 2^-11
     assert up32 - up16 >= 3 * (0.9 * (2 if uplink == "sparse" else 10) * 51 * 2), (up32, up16)  # half the value bytes
     # a float32 fallback reply is accepted; a float64 one, or one whose count is not its classes', is not
-    _, fail, _ = head("float16", lambda pid, msg: half_reply(pid, uplink == "sparse", np.float32) if pid == 1 else half_reply(pid, uplink == "sparse"))
+    _, fail, _ = head(
+        "float16", lambda pid, msg: half_reply(pid, uplink == "sparse", np.float32) if pid == 1 else half_reply(pid, uplink == "sparse")
+    )
     assert fail == []
-    _, fail, _ = head("float16", lambda pid, msg: half_reply(pid, uplink == "sparse", np.float64) if pid == 1 else half_reply(pid, uplink == "sparse"))
+    _, fail, _ = head(
+        "float16", lambda pid, msg: half_reply(pid, uplink == "sparse", np.float64) if pid == 1 else half_reply(pid, uplink == "sparse")
+    )
     assert len(fail) == 1 and "float16 or float32" in fail[0]
 
 
@@ -184,7 +206,12 @@ def test_float16_reply_whose_data_is_not_what_it_declares_or_with_means_on_an_em
     def lying(pid, msg):  # declares float16, ships float64 bytes
         sent = Array(uplink_array(_stats(pid).astype(np.float64), False, "float16").astype(np.float64))
         sent.dtype = "float16"
-        return RecordDict({"arrays": ArrayRecord({"stats": sent}), "metrics": MetricRecord({"num-examples": int(_stats(pid)[:, 0].sum()), "partition-id": pid})})
+        return RecordDict(
+            {
+                "arrays": ArrayRecord({"stats": sent}),
+                "metrics": MetricRecord({"num-examples": int(_stats(pid)[:, 0].sum()), "partition-id": pid}),
+            }
+        )
 
     def empty_with_means(pid, msg):
         r = half_reply(pid, False)
@@ -217,21 +244,32 @@ def uplink_array_of(stats: np.ndarray, dtype_key: str) -> np.ndarray:
     return uplink_array(stats, False, dtype_key)
 
 
-@pytest.mark.parametrize("dtype_key, count, value, shift, reason", [
-    ("float16", 6e-8, 1000.0, 0.0, "whole number"),  # a tiny count carrying a mean of 1000
-    ("float16", 1e-30, 1e25, 0.0, "whole number"),  # the float32 fallback, class mean 1e25
-    ("float32", 1e-45, 1e-3, 0.0, "whole number"),  # sums / a subnormal count: an inf class mean
-    ("float32", 0.0, 0.5, 0.5, "whole number"),  # whole total, half an example moved to class 9
-    ("float32", 0.0, 1e-5, 0.0, "no examples has non-zero"),  # sums on a class without examples
-])
+@pytest.mark.parametrize(
+    "dtype_key, count, value, shift, reason",
+    [
+        ("float16", 6e-8, 1000.0, 0.0, "whole number"),  # a tiny count carrying a mean of 1000
+        ("float16", 1e-30, 1e25, 0.0, "whole number"),  # the float32 fallback, class mean 1e25
+        ("float32", 1e-45, 1e-3, 0.0, "whole number"),  # sums / a subnormal count: an inf class mean
+        ("float32", 0.0, 0.5, 0.5, "whole number"),  # whole total, half an example moved to class 9
+        ("float32", 0.0, 1e-5, 0.0, "no examples has non-zero"),  # sums on a class without examples
+    ],
+)
 def test_counts_that_are_not_whole_examples_cannot_set_a_class_mean(task_identity, dtype_key, count, value, shift, reason):
     """Without local DP a class count counts examples; a fraction of one would let a client put
     any class mean (sums / count) into FedLog-C's downlink."""
     s = make_strategy("fedlog", **{"fedlog-uplink-dtype": dtype_key, "fedlog-init": "random", "fedlog-alpha": 0.01, "fedlog-clip": 2.0})
-    honest = (lambda pid, msg: half_reply(pid, False)) if dtype_key == "float16" else (lambda pid, msg: reply({"stats": _stats(pid)}, int(_stats(pid)[:, 0].sum()), pid, loss=0.5))
-    engine = engine_for(s, FakeGrid(3, lambda pid, msg: _poison_class_9(pid, dtype_key, count, value, shift) if pid == 0 else honest(pid, msg)))
+    honest = (
+        (lambda pid, msg: half_reply(pid, False))
+        if dtype_key == "float16"
+        else (lambda pid, msg: reply({"stats": _stats(pid)}, int(_stats(pid)[:, 0].sum()), pid, loss=0.5))
+    )
+    engine = engine_for(
+        s, FakeGrid(3, lambda pid, msg: _poison_class_9(pid, dtype_key, count, value, shift) if pid == 0 else honest(pid, msg))
+    )
     step = s.train_round(1, s.initial_arrays(), engine)
-    assert len(engine.meter.failures) == 1 and "partition 0" in engine.meter.failures[0] and reason in engine.meter.failures[0], engine.meter.failures
+    assert len(engine.meter.failures) == 1 and "partition 0" in engine.meter.failures[0] and reason in engine.meter.failures[0], (
+        engine.meter.failures
+    )
     assert np.all(step.arrays["stats-sum"].numpy()[9] == 0)  # class 9's mean sent down stays empty
 
 
@@ -246,9 +284,23 @@ def test_float16_uplink_is_refused_under_dp_and_a_client_sends_it(data_dir):
     for mode in ("local", "central"):  # n x rounded mean: one example moves a sum by more than b
         with pytest.raises(ConfigError, match="fedlog-uplink-dtype"):
             resolve({"fedlog-uplink-dtype": "float16", "fedlog-dp": mode, "fedlog-clip": 1.0})
-    env = client_env({"algorithm": "fedlog", "data-dir": data_dir, "fedlog-uplink": "sparse", "fedlog-uplink-dtype": "float16", "train-fraction": 0.01, "local-epochs": 1},
-                     {"partition-id": 0, "num-partitions": 50})
-    content = RecordDict({"arrays": ArrayRecord({"eta": Array(np.zeros((10, 51), np.float32))}), "config": ConfigRecord({"server-round": 1, "phase": "train"})})
+    env = client_env(
+        {
+            "algorithm": "fedlog",
+            "data-dir": data_dir,
+            "fedlog-uplink": "sparse",
+            "fedlog-uplink-dtype": "float16",
+            "train-fraction": 0.01,
+            "local-epochs": 1,
+        },
+        {"partition-id": 0, "num-partitions": 50},
+    )
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({"eta": Array(np.zeros((10, 51), np.float32))}),
+            "config": ConfigRecord({"server-round": 1, "phase": "train"}),
+        }
+    )
     rows = PROCEDURES["fedlog"].train(env, content, RecordDict())["arrays"]["stats-rows"].numpy()
     held, counts = np.unique(env.y_train.numpy(), return_counts=True)
     assert rows.dtype == np.float16 and rows[:, 0].tolist() == held.tolist() and rows[:, 1].tolist() == counts.tolist()
@@ -279,12 +331,25 @@ def test_fedlog_c_pulls_the_features_before_feature_dropout_towards_the_class_me
     seen = []
     real = fl.fedlog_c_loss
     monkeypatch.setattr(fl, "fedlog_c_loss", lambda phi, *a: seen.append(phi.detach().clone()) or real(phi, *a))
-    env = client_env({"algorithm": "fedlog", "data-dir": data_dir, "train-fraction": 0.01, "local-epochs": 1, "fedlog-alpha": 0.01, "body-dropout": 0.95},
-                     {"partition-id": 0, "num-partitions": 50})
+    env = client_env(
+        {
+            "algorithm": "fedlog",
+            "data-dir": data_dir,
+            "train-fraction": 0.01,
+            "local-epochs": 1,
+            "fedlog-alpha": 0.01,
+            "body-dropout": 0.95,
+        },
+        {"partition-id": 0, "num-partitions": 50},
+    )
     phi_sum = np.zeros((10, 51), np.float32)
     phi_sum[:, 0], phi_sum[:, 1:] = 100.0, 50.0
-    content = RecordDict({"arrays": ArrayRecord({"eta": Array(np.zeros((10, 51), np.float32)), "stats-sum": Array(phi_sum)}),
-                          "config": ConfigRecord({"server-round": 1, "phase": "train"})})
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({"eta": Array(np.zeros((10, 51), np.float32)), "stats-sum": Array(phi_sum)}),
+            "config": ConfigRecord({"server-round": 1, "phase": "train"}),
+        }
+    )
     fl.FedLogClient().train(env, content, RecordDict())
     nonzero = float(np.mean([(p[:, 1:] != 0).float().mean() for p in seen]))
     assert seen and nonzero > 0.2, nonzero  # dropped-out features would be ~5 % × the ReLU's share

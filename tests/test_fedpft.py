@@ -152,18 +152,21 @@ def _bad(covariance: str, change) -> dict[str, np.ndarray]:
     return payload
 
 
-@pytest.mark.parametrize(("covariance", "change", "reason"), [
-    ("diag", lambda p: p[P.GMM_WEIGHTS].__setitem__(0, 0.9), "weights sum"),
-    ("diag", lambda p: p[P.GMM_COVARIANCES].__setitem__((0, 0), -1.0), "variance <= 0"),
-    ("spherical", lambda p: p[P.GMM_COVARIANCES].__setitem__(1, 0.0), "variance <= 0"),
-    ("diag", lambda p: p[P.GMM_CLASSES].__setitem__((0, 0), 10), "outside 0..9"),
-    ("diag", lambda p: p[P.GMM_CLASSES].__setitem__((1, 0), 0), "sent twice"),
-    ("diag", lambda p: p[P.GMM_CLASSES].__setitem__((0, 1), 10**6), "more than the 50 examples"),
-    ("diag", lambda p: p[P.GMM_CLASSES].__setitem__((0, 2), 1), "names 2 components"),
-    ("diag", lambda p: p[P.GMM_MEANS].__setitem__((0, 0), 6e4), "beyond"),
-    ("full", lambda p: p[P.GMM_COVARIANCES].__setitem__((0, 1), 60.0), "not PSD"),
-    ("full", lambda p: p[P.GMM_COVARIANCES].__setitem__((0, 0), -0.5), "diagonal entry <= 0"),
-])
+@pytest.mark.parametrize(
+    ("covariance", "change", "reason"),
+    [
+        ("diag", lambda p: p[P.GMM_WEIGHTS].__setitem__(0, 0.9), "weights sum"),
+        ("diag", lambda p: p[P.GMM_COVARIANCES].__setitem__((0, 0), -1.0), "variance <= 0"),
+        ("spherical", lambda p: p[P.GMM_COVARIANCES].__setitem__(1, 0.0), "variance <= 0"),
+        ("diag", lambda p: p[P.GMM_CLASSES].__setitem__((0, 0), 10), "outside 0..9"),
+        ("diag", lambda p: p[P.GMM_CLASSES].__setitem__((1, 0), 0), "sent twice"),
+        ("diag", lambda p: p[P.GMM_CLASSES].__setitem__((0, 1), 10**6), "more than the 50 examples"),
+        ("diag", lambda p: p[P.GMM_CLASSES].__setitem__((0, 2), 1), "names 2 components"),
+        ("diag", lambda p: p[P.GMM_MEANS].__setitem__((0, 0), 6e4), "beyond"),
+        ("full", lambda p: p[P.GMM_COVARIANCES].__setitem__((0, 1), 60.0), "not PSD"),
+        ("full", lambda p: p[P.GMM_COVARIANCES].__setitem__((0, 0), -0.5), "diagonal entry <= 0"),
+    ],
+)
 def test_hostile_payloads_are_rejected_with_a_reason(covariance, change, reason):
     problem = PayloadCheck(10, 5, 2, covariance, 1e4).decode(_bad(covariance, change), 50)[1]
     assert problem is not None and reason in problem, problem
@@ -190,8 +193,18 @@ def test_client_dp_noise_comes_from_os_entropy(data_dir):
     from client.env import client_env
     from client.procedures.fedpft import FedPFTClient
 
-    cfg = resolve({"algorithm": "fedpft", "num-server-rounds": 1, "fedpft-extractor": "identity", "fedpft-dp": "on", "num-clients": 20,
-                   "train-fraction": 0.02, "data-dir": data_dir, "partition": "iid"})
+    cfg = resolve(
+        {
+            "algorithm": "fedpft",
+            "num-server-rounds": 1,
+            "fedpft-extractor": "identity",
+            "fedpft-dp": "on",
+            "num-clients": 20,
+            "train-fraction": 0.02,
+            "data-dir": data_dir,
+            "partition": "iid",
+        }
+    )
     env = client_env(cfg, {"partition-id": 0})
     msg = RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1, P.PHASE: P.PHASE_TRAIN})})
     a = FedPFTClient().train(env, msg, RecordDict())[P.ARRAYS][P.GMM_MEANS].numpy()
@@ -225,8 +238,18 @@ def test_frozen_feature_inputs_refuse_what_cannot_work_and_size_the_model_to_the
 
 
 def test_a_hostile_reply_is_counted_and_the_head_is_trained_from_the_valid_ones(task_identity, data_dir):
-    strategy = make_strategy("fedpft", **{"num-server-rounds": 1, "fedpft-extractor": "identity", "fedpft-covariance": "diag",
-                                          "fedpft-components": 2, "fedpft-head-epochs": 3, "data-dir": data_dir, "global-eval": False})
+    strategy = make_strategy(
+        "fedpft",
+        **{
+            "num-server-rounds": 1,
+            "fedpft-extractor": "identity",
+            "fedpft-covariance": "diag",
+            "fedpft-components": 2,
+            "fedpft-head-epochs": 3,
+            "data-dir": data_dir,
+            "global-eval": False,
+        },
+    )
     rng = np.random.default_rng(0)
 
     def payload(pid):
@@ -296,8 +319,18 @@ def test_payload_size_formula_counts_reduced_components():
 
 
 # ----- through Flower's simulation engine ---------------------------------------------------
-SIM = {"algorithm": "fedpft", "dataset": "mnist", "num-server-rounds": 1, "num-clients": 3, "train-fraction": 0.01, "seed": 0,
-       "sample-timeout": 30.0, "fedpft-resolution": 32, "fedpft-head-epochs": 20, "fedpft-head-lr": 1e-3}
+SIM = {
+    "algorithm": "fedpft",
+    "dataset": "mnist",
+    "num-server-rounds": 1,
+    "num-clients": 3,
+    "train-fraction": 0.01,
+    "seed": 0,
+    "sample-timeout": 30.0,
+    "fedpft-resolution": 32,
+    "fedpft-head-epochs": 20,
+    "fedpft-head-lr": 1e-3,
+}
 
 
 def _run(tmp_path, data_dir, **overrides):
@@ -360,8 +393,15 @@ def test_fedavg_of_a_linear_head_on_frozen_features_is_a_flower_run_sharing_fedp
     from client.env import client_env
     from core.fedpft import features
 
-    cfg, summary, rounds = _run(tmp_path, data_dir, algorithm="fedavg", inputs="features", body="linear", partition="iid",
-                                **{"num-server-rounds": 2, "local-epochs": 5, "lr": 1e-3, "batch-size": 16, "optimizer": "adam"})
+    cfg, summary, rounds = _run(
+        tmp_path,
+        data_dir,
+        algorithm="fedavg",
+        inputs="features",
+        body="linear",
+        partition="iid",
+        **{"num-server-rounds": 2, "local-epochs": 5, "lr": 1e-3, "batch-size": 16, "optimizer": "adam"},
+    )
     assert summary["status"] == "complete" and all(r["failures"] == 0 and r["clients"] == 3 for r in rounds)
     head = 4 * (10 * 1280 + 10)  # float32 weight and bias: all a client sends and receives
     assert all(r["values_bytes_up"] == 3 * head and r["values_bytes_down"] == 3 * head for r in rounds)
@@ -428,13 +468,16 @@ def test_claimed_counts_are_capped_before_sampling():
     assert capped_counts(mixtures[2:], 1000) == [3]  # under the cap: unchanged
 
 
-@pytest.mark.parametrize(("change", "reason"), [
-    (lambda p: p.__setitem__(P.GMM_MEANS, np.full_like(p[P.GMM_MEANS], np.nan)), "NaN"),
-    (lambda p: p.__setitem__(P.GMM_MEANS, np.zeros((3, 7), np.float16)), "expected floats (3, 5)"),
-    (lambda p: p.__setitem__(P.GMM_CLASSES, p[P.GMM_CLASSES].reshape(-1)), "class table of shape"),
-    (lambda p: p[P.GMM_CLASSES].__setitem__((1, 1), 1), "fewer than fedpft-min-class-examples"),
-    (lambda p: p[P.GMM_CLASSES].__setitem__((0, 1), 3), "examples // 2"),
-])
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda p: p.__setitem__(P.GMM_MEANS, np.full_like(p[P.GMM_MEANS], np.nan)), "NaN"),
+        (lambda p: p.__setitem__(P.GMM_MEANS, np.zeros((3, 7), np.float16)), "expected floats (3, 5)"),
+        (lambda p: p.__setitem__(P.GMM_CLASSES, p[P.GMM_CLASSES].reshape(-1)), "class table of shape"),
+        (lambda p: p[P.GMM_CLASSES].__setitem__((1, 1), 1), "fewer than fedpft-min-class-examples"),
+        (lambda p: p[P.GMM_CLASSES].__setitem__((0, 1), 3), "examples // 2"),
+    ],
+)
 def test_relayed_payloads_are_checked_without_the_servers_decoding(change, reason):
     """A chain client re-checks what it is relayed with PayloadCheck alone: structure and
     finiteness too, not only the bounds."""

@@ -11,9 +11,17 @@ from flwr.app import MetricRecord, RecordDict
 from core.config import ConfigError, check_against_spec, resolve
 from core.data import SPECS
 from core.noise import corrupt, noise_assignment, parse_client_noise
-from core.profiles import divergence, full_aggregate, gaussian_kl, model_profile, partial_aggregate, profile_problem, representation_profile, score
+from core.profiles import (
+    divergence,
+    full_aggregate,
+    gaussian_kl,
+    model_profile,
+    partial_aggregate,
+    profile_problem,
+    representation_profile,
+    score,
+)
 from tests.fakes import FakeGrid, make_strategy, reply
-
 
 # ----------------------------------------------------------------- the maths
 
@@ -87,8 +95,18 @@ def test_partial_aggregation_is_scheme_two():
 def test_full_cache_aggregation_counts_each_client_with_its_last_local_model(task_identity, data_dir):
     """Hand computation over five rounds, 4 clients of sizes 10/20/30/40, K = 1 drawn uniformly:
     the model sent in round r+1 is Σ_k ρ_k θ_k^last, a client never trained counting with θ_0."""
-    strategy = make_strategy("fedprof", **{"fedprof-val-size": 200, "data-dir": data_dir, "fraction-train": 0.25, "fedprof-alpha": 0.0,
-                                           "fedprof-aggregation": "full-cache", "num-server-rounds": 5, "num-clients": 4})
+    strategy = make_strategy(
+        "fedprof",
+        **{
+            "fedprof-val-size": 200,
+            "data-dir": data_dir,
+            "fraction-train": 0.25,
+            "fedprof-alpha": 0.0,
+            "fedprof-aggregation": "full-cache",
+            "num-server-rounds": 5,
+            "num-clients": 4,
+        },
+    )
     initial = strategy.initial_arrays()
     sizes = {0: 10, 1: 20, 2: 30, 3: 40}
     sent: dict[int, dict[int, dict[str, np.ndarray]]] = {}  # round -> partition -> the model it was sent
@@ -144,7 +162,9 @@ def test_each_image_kind_changes_the_images_as_specified():
     assert abs(hit.mean() - 0.3) < 0.01 and set(np.unique(sp[hit])) == {0, 255}  # density 0.3, salt and pepper
     assert (hit.all(axis=1) | ~hit.any(axis=1)).all()  # a hit pixel is hit in every channel
     blurred = corrupt(x, "blur", rng)
-    assert blurred[0, 0, 14, 14] > 150 and 0 < blurred[0, 0, 9, 14] < 100 and blurred.sum() == pytest.approx(x.sum(), rel=0.02)  # edges smeared, mass kept
+    assert (
+        blurred[0, 0, 14, 14] > 150 and 0 < blurred[0, 0, 9, 14] < 100 and blurred.sum() == pytest.approx(x.sum(), rel=0.02)
+    )  # edges smeared, mass kept
     irrelevant = corrupt(x, "irrelevant", rng)
     assert irrelevant.shape == x.shape and irrelevant.dtype == np.uint8 and irrelevant.std() > 20
     assert not np.array_equal(irrelevant[0], irrelevant[1])  # one pattern per image
@@ -200,7 +220,10 @@ def test_selection_favours_matching_profiles_and_malformed_profiles_are_counted(
     assert all("negative variance" in f and "partition 1" in f for _, f in reasons), reasons
     refused_training = [rnd for rnd, f in reasons if f.startswith("train")]
     assert len(refused_training) == 1  # selected once with an invalid profile, then never drawn again
-    assert picks[1] == sum(1 for r in records if 1 in r["selected"]) and max(r["round"] for r in records if 1 in r["selected"]) == refused_training[0]
+    assert (
+        picks[1] == sum(1 for r in records if 1 in r["selected"])
+        and max(r["round"] for r in records if 1 in r["selected"]) == refused_training[0]
+    )
     retries = [rnd for rnd, f in reasons if f.startswith("profile")]
     first = refused_training[0]
     assert retries == [first + 1, first + 3, first + 7, first + 15][: len(retries)] and len(retries) >= 3

@@ -25,7 +25,9 @@ def _evaluation(pid: int) -> RecordDict:
 def _received(strategy, msg):
     """The global model a client received, as the client rebuilds it."""
     cfg = strategy.cfg
-    model = build_model(cfg["body"], strategy.spec.input_shape, cfg["feature-dim"], strategy.spec.num_classes, cfg["seed"], cfg["body-dropout"])
+    model = build_model(
+        cfg["body"], strategy.spec.input_shape, cfg["feature-dim"], strategy.spec.num_classes, cfg["seed"], cfg["body-dropout"]
+    )
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     return model
 
@@ -41,8 +43,17 @@ def test_a_client_cannot_rebuild_the_baseline_from_the_run_config(task_identity,
     a private half of them: the rebuilt profile misses the baseline by sampling noise, the
     same order as honest clients holding clean data (clients 0 and 1, iid)."""
     monkeypatch.setenv(SECRET_ENV, "test-secret")  # one fixed private draw, so the figures below are the same every run
-    strategy = make_strategy("fedprof", **{"fedprof-val-size": 400, "data-dir": data_dir, "partition": "iid", "train-fraction": 0.03,
-                                           "fraction-train": 0.34, "num-server-rounds": 2})
+    strategy = make_strategy(
+        "fedprof",
+        **{
+            "fedprof-val-size": 400,
+            "data-dir": data_dir,
+            "partition": "iid",
+            "train-fraction": 0.03,
+            "fraction-train": 0.34,
+            "num-server-rounds": 2,
+        },
+    )
     ds = load_dataset("mnist", data_dir)
     held = make_partition(ds, strategy.cfg).validation  # what the attacker computes from the run config
     x_held = to_tensors(ds, ds.x_train[held], ds.y_train[held])[0]
@@ -78,8 +89,12 @@ def test_the_private_draw_is_reproducible_only_with_the_servers_secret():
     a, source = validation_stream(0, "s3cret")
     assert source == f"${SECRET_ENV}"
     assert np.array_equal(private_validation_rows(1000, a), private_validation_rows(1000, validation_stream(0, "s3cret")[0]))
-    assert not np.array_equal(private_validation_rows(1000, validation_stream(0, "s3cret")[0]), private_validation_rows(1000, validation_stream(1, "s3cret")[0]))
-    assert not np.array_equal(private_validation_rows(1000, validation_stream(0, "s3cret")[0]), private_validation_rows(1000, validation_stream(0, "other")[0]))
+    assert not np.array_equal(
+        private_validation_rows(1000, validation_stream(0, "s3cret")[0]), private_validation_rows(1000, validation_stream(1, "s3cret")[0])
+    )
+    assert not np.array_equal(
+        private_validation_rows(1000, validation_stream(0, "s3cret")[0]), private_validation_rows(1000, validation_stream(0, "other")[0])
+    )
 
 
 # ----------------------------------------------------------------- item 4 (b): no profile, lowest score
@@ -92,7 +107,9 @@ def test_a_client_whose_profile_is_always_invalid_is_not_selected(task_identity,
     never drawn while enough clients have a profile; it is asked again for a profile after
     1, 2, 4, 8 rounds, each refusal counted. A client joining in round 6 is profiled
     before that round's draw and then takes part."""
-    strategy = make_strategy("fedprof", **{"fedprof-val-size": 200, "data-dir": data_dir, "fraction-train": 0.25, "num-server-rounds": 16, "num-clients": 4})
+    strategy = make_strategy(
+        "fedprof", **{"fedprof-val-size": 200, "data-dir": data_dir, "fraction-train": 0.25, "num-server-rounds": 16, "num-clients": 4}
+    )
     asked: dict[int, list[tuple[int, str]]] = {}
 
     def answer(pid, msg):
@@ -121,7 +138,9 @@ def test_a_client_whose_profile_is_always_invalid_is_not_selected(task_identity,
     strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(), num_rounds=16, on_round=on_round)
     picks = strategy.selections
     assert picks.get(2, 0) == 0 and picks[0] + picks[1] + picks.get(3, 0) == 16  # one pick a round (K = 1), never the invalid client
-    assert [r for r, _ in asked[2]] == [0, 2, 4, 8, 16] and {p for _, p in asked[2]} == {"profile"}  # before round 1 (sent as round 0), then backing off
+    assert [r for r, _ in asked[2]] == [0, 2, 4, 8, 16] and {p for _, p in asked[2]} == {
+        "profile"
+    }  # before round 1 (sent as round 0), then backing off
     assert sum(r["failures"] for r in records) == 5 and all("negative variance" in f for r in records for f in r.get("failure_reasons", []))
     assert asked[3][0] == (6, "profile") and picks.get(3, 0) >= 3  # the newcomer scores 1 (exactly the baseline) and is drawn
     assert records[5]["fedprof_scores"]["3"] == pytest.approx(1.0) and records[15]["fedprof_scores"]["2"] == 0.0
@@ -204,17 +223,36 @@ def test_clean_clients_outrank_salt_and_pepper_on_grayscale_cifar10(tmp_path, da
     salt-and-pepper noise and 2 with irrelevant images. Seed 10's initial model has units
     nearly dead on D^V; with the absolute floor a clean client scored 0 there, below every
     salt-and-pepper client. Every round, every clean client must outrank every noisy one."""
-    from core.noise import noise_assignment
-    from simulation import simulate
-    from core.config import resolve
-
     import json
 
+    from core.config import resolve
+    from core.noise import noise_assignment
+    from simulation import simulate
+
     monkeypatch.setenv(SECRET_ENV, "test-fedprof-attacks")  # a reproducible private D^V
-    cfg = resolve({"algorithm": "fedprof", "dataset": "cifar10-gray", "body": "mnist-cnn", "fedprof-layer": "body", "fedprof-alpha": 10.0,
-                   "num-clients": 10, "partition": "iid", "client-size-mean": 300.0, "client-size-std": 0.0, "seed": 10,
-                   "client-noise": "salt-pepper:0.3,irrelevant:0.2", "fedprof-val-size": 1000, "num-server-rounds": 3,
-                   "fraction-train": 0.3, "local-epochs": 1, "batch-size": 32, "eval-every": 0, "data-dir": data_dir, "sample-timeout": 60.0})
+    cfg = resolve(
+        {
+            "algorithm": "fedprof",
+            "dataset": "cifar10-gray",
+            "body": "mnist-cnn",
+            "fedprof-layer": "body",
+            "fedprof-alpha": 10.0,
+            "num-clients": 10,
+            "partition": "iid",
+            "client-size-mean": 300.0,
+            "client-size-std": 0.0,
+            "seed": 10,
+            "client-noise": "salt-pepper:0.3,irrelevant:0.2",
+            "fedprof-val-size": 1000,
+            "num-server-rounds": 3,
+            "fraction-train": 0.3,
+            "local-epochs": 1,
+            "batch-size": 32,
+            "eval-every": 0,
+            "data-dir": data_dir,
+            "sample-timeout": 60.0,
+        }
+    )
     summary = simulate(cfg, tmp_path)
     rounds = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     kinds = noise_assignment(cfg["client-noise"], 10, cfg["seed"])

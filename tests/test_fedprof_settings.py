@@ -62,8 +62,19 @@ def test_client_sizes_are_normal_seeded_and_fit_the_data():
 
 def test_iid_partition_takes_exactly_the_drawn_sizes(data_dir):
     ds = load_dataset("uci-gas-turbine", data_dir)
-    cfg = resolve({"dataset": "uci-gas-turbine", "body": "mlp", "partition": "iid", "num-clients": 50, "train-fraction": 1.0,
-                   "client-size-mean": 514.0, "client-size-std": 101.0, "server-holdout": 3000, "data-dir": data_dir})
+    cfg = resolve(
+        {
+            "dataset": "uci-gas-turbine",
+            "body": "mlp",
+            "partition": "iid",
+            "num-clients": 50,
+            "train-fraction": 1.0,
+            "client-size-mean": 514.0,
+            "client-size-std": 101.0,
+            "server-holdout": 3000,
+            "data-dir": data_dir,
+        }
+    )
     part = make_partition(ds, cfg)
     expected = client_sizes(50, 514.0, 101.0, len(ds.y_train) - 3000, cfg["seed"])
     assert [len(t) for t in part.train] == expected.tolist()
@@ -80,14 +91,18 @@ def test_size_keys_are_checked():
 def test_learning_rate_decays_per_round(data_dir):
     from client.env import client_env
 
-    env = client_env(resolve({"lr": 0.01, "lr-decay": 0.9, "num-clients": 2, "train-fraction": 0.01, "data-dir": data_dir}), {"partition-id": 0})
+    env = client_env(
+        resolve({"lr": 0.01, "lr-decay": 0.9, "num-clients": 2, "train-fraction": 0.01, "data-dir": data_dir}), {"partition-id": 0}
+    )
     assert env.lr(1) == pytest.approx(0.01) and env.lr(3) == pytest.approx(0.01 * 0.81)
     with pytest.raises(ConfigError, match="lr-decay"):
         resolve({"lr-decay": 1.5})
 
 
 def test_clients_evaluate_every_n_rounds_and_rounds_record_who_trained(task_identity, data_dir):
-    strategy = make_strategy("fedavg", **{"eval-every": 2, "num-clients": 4, "fraction-train": 0.5, "data-dir": data_dir, "global-eval": False})
+    strategy = make_strategy(
+        "fedavg", **{"eval-every": 2, "num-clients": 4, "fraction-train": 0.5, "data-dir": data_dir, "global-eval": False}
+    )
 
     def answer(pid, msg):
         if msg.metadata.message_type == "evaluate":
@@ -138,10 +153,20 @@ def test_participation_by_noise_counts_rounds_per_kind():
 
 
 def test_global_progress_finds_the_first_round_at_target():
-    rounds = [{"round": 1, "global_accuracy": 0.5, "cumulative_bytes": 10}, {"round": 2, "global_accuracy": 0.91, "cumulative_bytes": 20},
-              {"round": 3, "global_accuracy": 0.95, "cumulative_bytes": 30}, {"round": 4, "global_accuracy": 0.93, "cumulative_bytes": 40}]
+    rounds = [
+        {"round": 1, "global_accuracy": 0.5, "cumulative_bytes": 10},
+        {"round": 2, "global_accuracy": 0.91, "cumulative_bytes": 20},
+        {"round": 3, "global_accuracy": 0.95, "cumulative_bytes": 30},
+        {"round": 4, "global_accuracy": 0.93, "cumulative_bytes": 40},
+    ]
     got = global_progress(rounds, 0.9)
-    assert (got["global_round_to_target"], got["global_bytes_to_target"], got["global_best"], got["global_best_round"], got["global_final"]) == (2, 20, 0.95, 3, 0.93)
+    assert (
+        got["global_round_to_target"],
+        got["global_bytes_to_target"],
+        got["global_best"],
+        got["global_best_round"],
+        got["global_final"],
+    ) == (2, 20, 0.95, 3, 0.93)
     assert global_progress(rounds, 0.99)["global_round_to_target"] is None
     assert global_progress([{"round": 1, "global_r2": 0.7}], 0.5)["global_metric"] == "global_r2"
     assert global_progress([{"round": 1, "accuracy": 0.7}], 0.5) == {}
@@ -191,7 +216,16 @@ def test_fedprof_benchmark_runs_full_cache_at_the_full_groups_length(monkeypatch
     monkeypatch.setattr(rep, "report", lambda root, task, paper_rounds: None)
     bench.main(["mnist", "--modes", "full-cache", "partial", "--seeds", "0", "--rounds", "120", "60", "--tag", "t"])
     runs = {(mode, name): o for mode, name, o in calls}
-    assert set(runs) == {("full-cache", "fedprof-s0"), ("full-cache", "fedavg-s0"), ("partial", "fedprof-s0"), ("partial", "fedavg-s0"), ("partial", "fedprox-s0")}
-    assert runs[("full-cache", "fedavg-s0")]["num-server-rounds"] == 120 and runs[("full-cache", "fedavg-s0")]["fedprof-aggregation"] == "full-cache"
+    assert set(runs) == {
+        ("full-cache", "fedprof-s0"),
+        ("full-cache", "fedavg-s0"),
+        ("partial", "fedprof-s0"),
+        ("partial", "fedavg-s0"),
+        ("partial", "fedprox-s0"),
+    }
+    assert (
+        runs[("full-cache", "fedavg-s0")]["num-server-rounds"] == 120
+        and runs[("full-cache", "fedavg-s0")]["fedprof-aggregation"] == "full-cache"
+    )
     assert runs[("partial", "fedprox-s0")]["num-server-rounds"] == 60
     assert bench.GROUP["full-cache"] == "full" and ("full", "fedavg") in rep.PAPER["mnist"]

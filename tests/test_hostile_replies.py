@@ -54,8 +54,10 @@ def honest(algorithm: str, pid: int, msg) -> RecordDict:
     return reply(model, 10, pid, loss=0.7)
 
 
-@pytest.mark.parametrize(("algorithm", "mode"), [(a, m) for a in ALGORITHMS for m in TRAIN_MODES + ("scaled", "huge-values")]
-                         + [(a, m) for a in MODEL_AVERAGING for m in MODEL_MODES])
+@pytest.mark.parametrize(
+    ("algorithm", "mode"),
+    [(a, m) for a in ALGORITHMS for m in TRAIN_MODES + ("scaled", "huge-values")] + [(a, m) for a in MODEL_AVERAGING for m in MODEL_MODES],
+)
 def test_a_bad_training_reply_is_rejected_and_the_round_goes_on(task_identity, data_dir, algorithm, mode):
     s = make_strategy(algorithm, **{"data-dir": data_dir, **SETUP.get(algorithm, {})})
 
@@ -85,8 +87,10 @@ def test_an_honest_reply_of_a_model_with_hundreds_of_arrays_fits_the_cap(task_id
     rng = np.random.default_rng(0)
 
     def answer(pid, msg):  # trained-like: every array its own values (identical arrays would share one object)
-        model = {k: v.numpy() + (rng.normal(0, 1e-3, v.numpy().shape).astype(v.numpy().dtype) if v.numpy().dtype.kind == "f" else 0)
-                 for k, v in msg.content["arrays"].items()}
+        model = {
+            k: v.numpy() + (rng.normal(0, 1e-3, v.numpy().shape).astype(v.numpy().dtype) if v.numpy().dtype.kind == "f" else 0)
+            for k, v in msg.content["arrays"].items()
+        }
         if algorithm == "fedprof":
             model["profile"] = np.tile(np.array([[0.5, 1.0]], np.float32), (1024, 1))
         return reply(model, 10, pid, loss=0.7)
@@ -132,6 +136,8 @@ def test_nan_loss_from_one_client_does_not_poison_the_round_loss(task_identity, 
 def test_a_count_above_the_clients_partition_size_is_rejected(task_identity, data_dir):
     s = make_strategy("fedavg", **{"data-dir": data_dir})
     sizes = [train for train, _ in s.services.data.partition_sizes]
-    engine = engine_for(s, FakeGrid(3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, sizes[pid] + (pid == 1), pid)))
+    engine = engine_for(
+        s, FakeGrid(3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, sizes[pid] + (pid == 1), pid))
+    )
     step = s.train_round(1, s.initial_arrays(), engine)
     assert step.clients == 2 and f"is {sizes[1] + 1}, above the {sizes[1]} this client can hold" in engine.meter.failures[0]

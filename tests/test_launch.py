@@ -1,8 +1,8 @@
 import os
 import shutil
+import tomllib
 
 import pytest
-import tomllib
 
 from server.launch import main, make_certs
 from tests.conftest import ROOT
@@ -23,7 +23,9 @@ def test_launch_commands_carry_ports_tls_and_node_config(capsys, tmp_path):
     main(["superlink", "--certs", str(tmp_path), "--fleet-port", "9192", "--dry-run"])
     line = capsys.readouterr().out
     assert "--fleet-api-address 0.0.0.0:9192" in line and f"--ssl-certfile {tmp_path}/server.crt" in line and "--insecure" not in line
-    main(["supernode", "--superlink", "srv:9092", "--partition-id", "3", "--num-partitions", "8", "--body", "mlp", "--insecure", "--dry-run"])
+    main(
+        ["supernode", "--superlink", "srv:9092", "--partition-id", "3", "--num-partitions", "8", "--body", "mlp", "--insecure", "--dry-run"]
+    )
     line = capsys.readouterr().out
     assert "--node-config partition-id=3 num-partitions=8 body='mlp'" in line and "--superlink srv:9092" in line
 
@@ -60,8 +62,10 @@ def test_supervisor_stops_the_whole_tree_even_processes_in_other_sessions(tmp_pa
     from server.processes import descendants, running
 
     ready, pid_file = tmp_path / "ready", tmp_path / "sup.pid"
-    code = (f"from server.processes import supervise; raise SystemExit(supervise([{sys.executable!r}, '-c', {TREE!r}, {str(ready)!r}], "
-            f"grace=5, pid_file={str(pid_file)!r}))")
+    code = (
+        f"from server.processes import supervise; raise SystemExit(supervise([{sys.executable!r}, '-c', {TREE!r}, {str(ready)!r}], "
+        f"grace=5, pid_file={str(pid_file)!r}))"
+    )
     sup = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, start_new_session=True)
     try:
         deadline = time.monotonic() + 30
@@ -82,13 +86,34 @@ def test_supervisor_stops_the_whole_tree_even_processes_in_other_sessions(tmp_pa
 def test_launcher_defaults_are_safe_and_missing_files_are_named(capsys, tmp_path):
     main(["superlink", "--dry-run"])
     line = capsys.readouterr().out
-    assert "--host 127.0.0.1" in line and "--enable-supernode-auth" in line and "--insecure" not in line and "--ssl-certfile certs/server.crt" in line
+    assert (
+        "--host 127.0.0.1" in line
+        and "--enable-supernode-auth" in line
+        and "--insecure" not in line
+        and "--ssl-certfile certs/server.crt" in line
+    )
     main(["superlink", "--certs", str(tmp_path), "--no-supernode-auth", "--control-bind", "0.0.0.0", "--dry-run"])
     line = capsys.readouterr().out
     assert "--enable-supernode-auth" not in line and "--host 0.0.0.0" in line
     assert main(["superlink", "--certs", str(tmp_path / "none")]) == 2
     assert "lacks ca.crt, server.crt, server.key" in capsys.readouterr().err
-    assert main(["supernode", "--superlink", "h:9092", "--partition-id", "0", "--num-partitions", "2", "--insecure", "--auth-key", str(tmp_path)]) == 2
+    assert (
+        main(
+            [
+                "supernode",
+                "--superlink",
+                "h:9092",
+                "--partition-id",
+                "0",
+                "--num-partitions",
+                "2",
+                "--insecure",
+                "--auth-key",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
     assert "is not a file" in capsys.readouterr().err
 
 
@@ -129,8 +154,11 @@ def test_superlink_starts_from_the_venvs_python_with_a_path_that_lacks_the_venv(
     from tests.cluster import Netns
 
     here = os.path.realpath(os.path.dirname(sys.executable))
-    path = os.pathsep.join(p for p in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)
-                           if p and os.path.realpath(p) != here and not os.path.exists(os.path.join(p, "flower-superexec")))
+    path = os.pathsep.join(
+        p
+        for p in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+        if p and os.path.realpath(p) != here and not os.path.exists(os.path.join(p, "flower-superexec"))
+    )
     assert shutil.which("flower-superexec", path=path) is None and shutil.which("flwr", path=path) is None
     assert main(["certs", str(tmp_path / "certs"), "--host", "127.0.0.1"]) == 0
     try:  # a namespace of its own: Flower's fixed internal ports (9091, 9093) cannot clash with another test's SuperLink
@@ -141,8 +169,20 @@ def test_superlink_starts_from_the_venvs_python_with_a_path_that_lacks_the_venv(
     pid_file, log = tmp_path / "superlink.pid", open(tmp_path / "superlink.log", "w")
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     env.update(PATH=path, FLWR_HOME=str(tmp_path / "flwr-home"), PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "server.launch", "superlink", "--certs", str(tmp_path / "certs"), "--bind", "127.0.0.1",
-           "--pid-file", str(pid_file), "--grace", "5"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "server.launch",
+        "superlink",
+        "--certs",
+        str(tmp_path / "certs"),
+        "--bind",
+        "127.0.0.1",
+        "--pid-file",
+        str(pid_file),
+        "--grace",
+        "5",
+    ]
     if netns is None:
         import socket
 

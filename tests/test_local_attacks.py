@@ -15,8 +15,9 @@ import copy
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -62,8 +63,13 @@ class ScriptedGrid:
         return list(self.nodes)
 
     def queries_to(self, node: int, phase: str) -> list[Message]:
-        return [m for m in self.sent if m.metadata.dst_node_id == node and m.metadata.message_type == MessageType.QUERY
-                and m.content.config_records[P.CONFIG][P.PHASE] == phase]
+        return [
+            m
+            for m in self.sent
+            if m.metadata.dst_node_id == node
+            and m.metadata.message_type == MessageType.QUERY
+            and m.content.config_records[P.CONFIG][P.PHASE] == phase
+        ]
 
     def send_and_receive(self, messages, timeout):
         out = []
@@ -94,8 +100,9 @@ class ScriptedGrid:
 
 
 def local_cfg(**keys):
-    return resolve({"algorithm": "fedlog", "dataset": "local", "num-clients": 3, "sample-timeout": 0.0, "round-timeout": 5.0,
-                    "feature-dim": 8, **keys})
+    return resolve(
+        {"algorithm": "fedlog", "dataset": "local", "num-clients": 3, "sample-timeout": 0.0, "round-timeout": 5.0, "feature-dim": 8, **keys}
+    )
 
 
 def image_profile(classes: dict[str, list[int]] | list[str], size=(28, 28), channels: int = 1) -> dict:
@@ -105,8 +112,12 @@ def image_profile(classes: dict[str, list[int]] | list[str], size=(28, 28), chan
 
 def table_profile(classes=("a", "b"), x=(10, 50.0, 260.0), levels=("paris", "rome")) -> dict:
     n, s, ss = x
-    return {"kind": "table", "format": "csv", "classes": {c: [n // len(classes), 2] for c in classes},
-            "columns": {"x": {"type": "numeric", "n": n, "sum": s, "sumsq": ss}, "city": {"type": "categorical", "levels": list(levels)}}}
+    return {
+        "kind": "table",
+        "format": "csv",
+        "classes": {c: [n // len(classes), 2] for c in classes},
+        "columns": {"x": {"type": "numeric", "n": n, "sum": s, "sumsq": ss}, "city": {"type": "categorical", "levels": list(levels)}},
+    }
 
 
 def text(profile: dict) -> str:
@@ -139,6 +150,7 @@ def write_csv(path, rows: list[tuple[float, str, str]]) -> str:
 # ----- 1. malformed and oversized descriptions --------------------------------------------------
 def _set(path: str, value: Any) -> Callable[[dict], Any]:
     """A profile with the entry at ``path`` (keys joined by '/') set to ``value``."""
+
     def mutate(prof: dict) -> dict:
         prof = copy.deepcopy(prof)
         *keys, last = path.split("/")
@@ -147,6 +159,7 @@ def _set(path: str, value: Any) -> Callable[[dict], Any]:
             target = target[k]
         target[last] = value
         return prof
+
     return mutate
 
 
@@ -248,8 +261,8 @@ def test_one_description_cannot_move_the_federated_scaling_far(task_identity, tm
     evil = json.loads(honest[0])
     evil["columns"]["x"].update(moments)
     found = discover(ScriptedGrid([Script(h) for h in honest] + [Script(text(evil))]), cfg)
-    (_, mean0, std0), = alone.numeric
-    (_, mean, std), = found.schema.numeric
+    ((_, mean0, std0),) = alone.numeric
+    ((_, mean, std),) = found.schema.numeric
     # a fourth node holding 10 rows moves a mean of 3x10 rows at most as far as rows within 1000 std would
     assert abs(mean - mean0) <= 1000 * std0 and std0 / 1000 <= std <= 1000 * std0, (found.schema.numeric, found.left_out)
 
@@ -292,9 +305,20 @@ def test_one_node_cannot_set_an_enormous_image_size(task_identity):
     assert found.schema.input_shape == (1, 28, 28), found.left_out
 
 
-@pytest.mark.parametrize("why", ["a class outside the pinned list", pytest.param("no client index left", marks=pytest.mark.xfail(
-    strict=True, reason="gap: discovery merges every connected node's description, also of nodes that registration then refuses "
-                        "for want of a client index (more nodes than num-clients): their moments stay in the scaling"))])
+@pytest.mark.parametrize(
+    "why",
+    [
+        "a class outside the pinned list",
+        pytest.param(
+            "no client index left",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="gap: discovery merges every connected node's description, also of nodes that registration then refuses "
+                "for want of a client index (more nodes than num-clients): their moments stay in the scaling",
+            ),
+        ),
+    ],
+)
 def test_a_node_refused_at_registration_has_not_shaped_the_schema(task_identity, why):
     cfg = local_cfg(classes="a,b", **{"num-clients": 4 if why.startswith("a class") else 3})
     honest = [Script(text(table_profile())) for _ in range(3)]
@@ -341,7 +365,9 @@ def test_a_registration_other_than_the_schema_is_refused(task_identity, tmp_path
     other["columns"]["city"] = {"type": "numeric", "n": 8, "sum": 1.0, "sumsq": 1.0}  # text at discovery, numbers now (8 training rows)
     fewer = json.loads(good.describe)
     fewer["columns"]["secret"] = fewer["columns"].pop("city")
-    _, engine = registered(tcfg, tschema, ScriptedGrid([good, Script(good.describe, register=text(other)), Script(good.describe, register=text(fewer))]))
+    _, engine = registered(
+        tcfg, tschema, ScriptedGrid([good, Script(good.describe, register=text(other)), Script(good.describe, register=text(fewer))])
+    )
     assert list(engine.registry.clients) == [201]
     assert "column 'city' is numeric here and categorical in the run" in engine.registry.refused[202]
     assert "missing ['city'], extra ['secret']" in engine.registry.refused[203]
@@ -400,8 +426,9 @@ def _stats_reply(strategy, pid: int, counts: dict[int, float], n: float) -> Reco
     stats = np.zeros((strategy.classes, strategy.m), np.float32)
     for c, k in counts.items():
         stats[c, 0] = k
-    return RecordDict({P.ARRAYS: ArrayRecord({P.STATS: Array(stats)}),
-                       P.METRICS: MetricRecord({P.PARTITION_ID: pid, P.NUM_EXAMPLES: n, P.LOSS: 0.5})})
+    return RecordDict(
+        {P.ARRAYS: ArrayRecord({P.STATS: Array(stats)}), P.METRICS: MetricRecord({P.PARTITION_ID: pid, P.NUM_EXAMPLES: n, P.LOSS: 0.5})}
+    )
 
 
 def _declared_class_2(cfg):
@@ -424,13 +451,18 @@ def test_fedlog_statistics_for_ten_thousand_from_a_node_that_declared_ten_are_re
     assert len(got) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="gap: a reply is bounded by the total a node declared, not per class "
-                   "(docs/your-data.md: 'num-examples and class counts are bounded by what the node declared'): a node "
-                   "that declared 10 examples of class 2 sends FedLog statistics for 10 examples of class 3, which it holds none of")
+@pytest.mark.xfail(
+    strict=True,
+    reason="gap: a reply is bounded by the total a node declared, not per class "
+    "(docs/your-data.md: 'num-examples and class counts are bounded by what the node declared'): a node "
+    "that declared 10 examples of class 2 sends FedLog statistics for 10 examples of class 3, which it holds none of",
+)
 def test_fedlog_statistics_of_a_class_the_node_did_not_declare_are_refused(task_identity):
     strategy, engine, grid = _declared_class_2(local_cfg(classes="2,3,7"))
     grid.scripts[201].answer = lambda node, msg: _stats_reply(strategy, 0, {1: 10.0}, 10)  # class "3" is index 1
-    got = engine.exchange(P.PHASE_TRAIN, {201: RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})})}, MessageType.TRAIN, strategy.train_layout(1))
+    got = engine.exchange(
+        P.PHASE_TRAIN, {201: RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})})}, MessageType.TRAIN, strategy.train_layout(1)
+    )
     assert got == []
 
 
@@ -438,12 +470,14 @@ def test_fedlog_statistics_of_a_class_the_node_did_not_declare_are_refused(task_
 def test_claimed_indices_and_partition_ids_are_ignored_and_a_reply_under_another_index_is_refused(task_identity):
     cfg = local_cfg(algorithm="fedavg", classes="0,1", **{"fraction-train": 1.0, "num-clients": 4})
     prof = text(image_profile(["0", "1"]))
-    grid = ScriptedGrid([
-        Script(prof),
-        Script(prof, metrics={P.PARTITION_ID: 0}, config={P.CLIENT_INDEX: 0}),  # claims node 201's index, both ways
-        Script(prof, metrics={P.PARTITION_ID: 0}, config={P.CLIENT_INDEX: 0}),
-        Script(None, metrics={P.PARTITION_ID: 2}),  # registers like a --partition-id node: a partition id, no profile
-    ])
+    grid = ScriptedGrid(
+        [
+            Script(prof),
+            Script(prof, metrics={P.PARTITION_ID: 0}, config={P.CLIENT_INDEX: 0}),  # claims node 201's index, both ways
+            Script(prof, metrics={P.PARTITION_ID: 0}, config={P.CLIENT_INDEX: 0}),
+            Script(None, metrics={P.PARTITION_ID: 2}),  # registers like a --partition-id node: a partition id, no profile
+        ]
+    )
     schema = discover(grid, cfg).schema
     strategy, engine = registered(cfg, schema, grid)
     assert {n: c.partition_id for n, c in engine.registry.clients.items()} == {201: 0, 202: 1, 203: 2}
@@ -456,8 +490,11 @@ def test_claimed_indices_and_partition_ids_are_ignored_and_a_reply_under_another
     assert step.clients == 2 and any("node 202" in f and "claims partition 0" in f for f in engine.meter.failures), engine.meter.failures
 
 
-@pytest.mark.parametrize("misfit", [Error(code=P.ERROR_CLIENT, reason="RuntimeError: disk on fire\n" * 1000), SILENT,
-                                    "not a profile"], ids=["error", "silent", "junk"])
+@pytest.mark.parametrize(
+    "misfit",
+    [Error(code=P.ERROR_CLIENT, reason="RuntimeError: disk on fire\n" * 1000), SILENT, "not a profile"],
+    ids=["error", "silent", "junk"],
+)
 def test_the_index_of_a_node_refused_at_registration_goes_to_a_waiting_node(task_identity, misfit):
     cfg = local_cfg(classes="0,1", **{"num-clients": 2})
     prof = text(image_profile(["0", "1"]))
@@ -497,8 +534,9 @@ def test_a_node_answering_unregistered_every_round_costs_the_others_nothing(task
         if rnd > 1:
             engine.begin_round(rnd)
         assert {n: c.partition_id for n, c in engine.registry.clients.items()} == pids  # the churner gets its index back
-        got = engine.exchange(P.PHASE_TRAIN, {n: RecordDict({P.CONFIG: ConfigRecord({P.ROUND: rnd})}) for n in engine.nodes()},
-                              MessageType.TRAIN, layout)
+        got = engine.exchange(
+            P.PHASE_TRAIN, {n: RecordDict({P.CONFIG: ConfigRecord({P.ROUND: rnd})}) for n in engine.nodes()}, MessageType.TRAIN, layout
+        )
         assert [r.node_id for r in got] == [201, 203]
         meter = engine.end_round()
         assert len(meter.failures) == 1 and "4003" in meter.failures[0]
@@ -529,7 +567,10 @@ def test_no_cell_of_a_nodes_table_reaches_the_servers_logs_or_summary(task_ident
         return description(cfg, path, "mnist-cnn")[P.CONFIG][P.DATA_PROFILE]
 
     scripts = [Script(profile_of(p), body="mlp") for p in paths]
-    scripts += [Script(profile_of(misfit), body="mlp"), Script(Error(code=P.ERROR_BAD_INPUT, reason="SourceError: /srv/private/x.csv: not UTF-8 text"))]
+    scripts += [
+        Script(profile_of(misfit), body="mlp"),
+        Script(Error(code=P.ERROR_BAD_INPUT, reason="SourceError: /srv/private/x.csv: not UTF-8 text")),
+    ]
     caplog.set_level("DEBUG")
     found = discover(ScriptedGrid(scripts), {**cfg, "num-clients": 5})
     tcfg = local_cfg(classes="a,b", algorithm="fedavg", body="mlp", **{"num-clients": 5})
@@ -549,8 +590,9 @@ PROBE = "headway_local_attack_probe"
 
 def test_an_import_path_body_not_in_the_run_config_is_refused_without_import(task_identity, tmp_path, monkeypatch):
     marker = tmp_path / "imported"
-    (tmp_path / f"{PROBE}.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('x')\n"
-                                          "def factory(*a, **k):\n    raise SystemExit('never build me')\n")
+    (tmp_path / f"{PROBE}.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('x')\ndef factory(*a, **k):\n    raise SystemExit('never build me')\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, PROBE, raising=False)
     cfg = local_cfg(classes="0,1")

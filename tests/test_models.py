@@ -3,7 +3,18 @@ import torch
 
 from core.models import BODIES, build_body, build_model
 
-SHAPES = {"mnist-cnn": (1, 28, 28), "cifar-cnn": (3, 32, 32), "cifar-cnn-small": (3, 32, 32), "mlp": (108,), "mlp-deep": (2,), "mobilenet-v2": (3, 32, 32), "resnet18": (1, 28, 28), "lenet5": (1, 28, 28), "shufflenet-v2": (3, 32, 32), "linear": (16,)}
+SHAPES = {
+    "mnist-cnn": (1, 28, 28),
+    "cifar-cnn": (3, 32, 32),
+    "cifar-cnn-small": (3, 32, 32),
+    "mlp": (108,),
+    "mlp-deep": (2,),
+    "mobilenet-v2": (3, 32, 32),
+    "resnet18": (1, 28, 28),
+    "lenet5": (1, 28, 28),
+    "shufflenet-v2": (3, 32, 32),
+    "linear": (16,),
+}
 
 
 @pytest.mark.parametrize("name", sorted(BODIES))

@@ -122,25 +122,42 @@ def test_nodes_read_only_their_own_data_across_hosts(tmp_path, data_dir, hosts):
     with Cluster(tmp_path, data_dir, netns=hosts) as c:
         # node0's data: the split command's npz (a Dirichlet share of 2% of MNIST's training rows, and of its test rows);
         # seed 8 leaves this share without digits 1 and 2, so only the union of both nodes' classes is 0-9
-        c.command(c.launcher("split", "mnist", "--partition", "dirichlet", "--num-clients", "2", "--seed", "8", "--out", str(split_out),
-                             "--set", "train-fraction=0.02"))
+        c.command(
+            c.launcher(
+                "split",
+                "mnist",
+                "--partition",
+                "dirichlet",
+                "--num-clients",
+                "2",
+                "--seed",
+                "8",
+                "--out",
+                str(split_out),
+                "--set",
+                "train-fraction=0.02",
+            )
+        )
         with np.load(node0 / "data.npz") as z:
             declared0 = class_counts(z["y_train"], z["y_test"])
             seen = {img.tobytes() for img in (*z["x_train"], *z["x_test"])}
         assert set(DIGITS) - set(declared0) == {"1", "2"}, declared0
         # node1's data: other MNIST rows (none of node0's), digits 0-4 only, 32x32 PNGs (image-size=28 resizes them), counts of its own
         ds = mnist(data_dir)
-        declared1 = write_png_folder(node1, {str(d): (digit_rows(ds, d, seen, 30 + 10 * d, 30000), digit_rows(ds, d, seen, 8 + d, 50000))
-                                             for d in range(5)}, pad=2)
+        declared1 = write_png_folder(
+            node1, {str(d): (digit_rows(ds, d, seen, 30 + 10 * d, 30000), digit_rows(ds, d, seen, 8 + d, 50000)) for d in range(5)}, pad=2
+        )
         shared = Path(data_dir)
         spare = split_out / "node-1"  # the split's other share: no one's data in this run
         hosts.hidden = {"server": [split_out, node1, shared], "node0": [spare, node1, shared], "node1": [split_out, shared]}
         # from here on nobody is told where the shared data is; each host sees only what it may
         c.env.pop("HEADWAY_DATA_DIR")
         # the hiding has teeth: a command started as the launchers are sees the other node's folder empty
-        expect = {"server": {split_out: False, node1: False, shared: False},
-                  "node0": {node0: True, spare: False, node1: False, shared: False},
-                  "node1": {split_out: False, node1: True, shared: False}}
+        expect = {
+            "server": {split_out: False, node1: False, shared: False},
+            "node0": {node0: True, spare: False, node1: False, shared: False},
+            "node1": {split_out: False, node1: True, shared: False},
+        }
         for host, wanted in expect.items():
             listing = json.loads(c.command([sys.executable, "-c", LISTING, *map(str, wanted)], host=host).stdout)
             assert {Path(p): bool(files) for p, files in listing.items()} == wanted, (host, listing)
@@ -160,11 +177,29 @@ def test_nodes_read_only_their_own_data_across_hosts(tmp_path, data_dir, hosts):
         for name in ("node0", "node1"):
             c.command(c.launcher("register", str(keys / f"{name}.pub"), "lab"), host="server")
         for name, data, body in (("node0", node0, "mnist-cnn"), ("node1", node1, USER_BODY)):
-            c.launch(name, ["supernode", "--superlink", f"{server}:9092", "--root-cert", str(certs / "ca.crt"), "--auth-key", str(keys / name),
-                            "--data", str(data), "--body", body], host=name, env=user_path)
-        run_config = ("algorithm='fedlog' dataset='local' image-size=28 channels=1 server-data='' num-clients=2 num-server-rounds=2 "
-                      f"local-epochs=1 batch-size=10 body='mnist-cnn' bodies='mnist-cnn,{USER_BODY}' feature-dim=50 "
-                      "sample-timeout=60.0 round-timeout=120.0")
+            c.launch(
+                name,
+                [
+                    "supernode",
+                    "--superlink",
+                    f"{server}:9092",
+                    "--root-cert",
+                    str(certs / "ca.crt"),
+                    "--auth-key",
+                    str(keys / name),
+                    "--data",
+                    str(data),
+                    "--body",
+                    body,
+                ],
+                host=name,
+                env=user_path,
+            )
+        run_config = (
+            "algorithm='fedlog' dataset='local' image-size=28 channels=1 server-data='' num-clients=2 num-server-rounds=2 "
+            f"local-epochs=1 batch-size=10 body='mnist-cnn' bodies='mnist-cnn,{USER_BODY}' feature-dim=50 "
+            "sample-timeout=60.0 round-timeout=120.0"
+        )
         out = c.submit("lab", run_config, results, host="server")
         folder = run_folder(results, out, c.log("superlink"), c.log("node0"), c.log("node1"))
         # the running launchers (whose children ran the ServerApp and the ClientApps) had the folders covered
@@ -209,27 +244,42 @@ def test_nodes_whose_data_or_start_do_not_fit_a_local_run_are_refused(tmp_path, 
     for k in range(2):  # two nodes with disjoint MNIST slices (all ten digits)
         rows_tr, rows_te = rng.permutation(30000)[:200] + 30000 * k, rng.permutation(5000)[:50] + 5000 * k
         folder = tmp_path / f"good{k}"
-        write_npz(folder, ds.x_train[rows_tr], [str(y) for y in ds.y_train[rows_tr]], ds.x_test[rows_te], [str(y) for y in ds.y_test[rows_te]])
+        write_npz(
+            folder, ds.x_train[rows_tr], [str(y) for y in ds.y_train[rows_tr]], ds.x_test[rows_te], [str(y) for y in ds.y_test[rows_te]]
+        )
         good.append(folder)
     cats = tmp_path / "cats"  # digits 0 and 1 and a class the run does not list
-    write_png_folder(cats, {"0": (ds.x_train[ds.y_train == 0][:20], ds.x_test[ds.y_test == 0][:5]),
-                            "1": (ds.x_train[ds.y_train == 1][:20], ds.x_test[ds.y_test == 1][:5]),
-                            "cat": (ds.x_train[ds.y_train == 7][:20], ds.x_test[ds.y_test == 7][:5])})
+    write_png_folder(
+        cats,
+        {
+            "0": (ds.x_train[ds.y_train == 0][:20], ds.x_test[ds.y_test == 0][:5]),
+            "1": (ds.x_train[ds.y_train == 1][:20], ds.x_test[ds.y_test == 1][:5]),
+            "cat": (ds.x_train[ds.y_train == 7][:20], ds.x_test[ds.y_test == 7][:5]),
+        },
+    )
     fleet, control = free_port(), free_port()
     results = tmp_path / "results"
     with Cluster(tmp_path, data_dir) as c:
-        c.launch("superlink", ["superlink", "--insecure", "--bind", "127.0.0.1", "--fleet-port", str(fleet), "--control-port", str(control)])
+        c.launch(
+            "superlink", ["superlink", "--insecure", "--bind", "127.0.0.1", "--fleet-port", str(fleet), "--control-port", str(control)]
+        )
         c.wait_for_port("superlink", fleet)
         c.wait_for_port("superlink", control)
-        starts = {"good0": ["--data", str(good[0])], "good1": ["--data", str(good[1])], "cats": ["--data", str(cats)],
-                  "partitioned": ["--partition-id", "0", "--num-partitions", "2"]}
+        starts = {
+            "good0": ["--data", str(good[0])],
+            "good1": ["--data", str(good[1])],
+            "cats": ["--data", str(cats)],
+            "partitioned": ["--partition-id", "0", "--num-partitions", "2"],
+        }
         for name, args in starts.items():
             c.launch(name, ["supernode", "--insecure", "--superlink", f"127.0.0.1:{fleet}", "--port", str(free_port()), *args])
         c.command(c.launcher("connect", "test", "--address", f"127.0.0.1:{control}", "--insecure"))
         # num-clients=4: the server waits for all four before asking them to describe their data, and offers each an index
         # at once, so each refusal is for the node's own reason (with fewer, a refused node's index goes to one still waiting)
-        run_config = ("algorithm='fedlog' dataset='local' classes='0,1,2,3,4,5,6,7,8,9' num-clients=4 num-server-rounds=1 "
-                      "local-epochs=1 batch-size=10 body='mlp' sample-timeout=60.0 round-timeout=120.0")
+        run_config = (
+            "algorithm='fedlog' dataset='local' classes='0,1,2,3,4,5,6,7,8,9' num-clients=4 num-server-rounds=1 "
+            "local-epochs=1 batch-size=10 body='mlp' sample-timeout=60.0 round-timeout=120.0"
+        )
         out = c.submit("test", run_config, results)
         folder = run_folder(results, out, c.log("superlink"), *(c.log(n) for n in starts))
     summary = json.loads((folder / "summary.json").read_text())
@@ -242,7 +292,10 @@ def test_nodes_whose_data_or_start_do_not_fit_a_local_run_are_refused(tmp_path, 
     assert len(refused) == 2, refused
     # the node itself finds, encoding its rows with the run's schema, that a label is not in the run's list, and says which
     cat = next(x for x in refused if "'cat'" in x)
-    assert cat.startswith("registration error") and f"{cats} (train): labels ['cat'] are not among the run's classes (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)" in cat, cat
+    assert (
+        cat.startswith("registration error")
+        and f"{cats} (train): labels ['cat'] are not among the run's classes (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)" in cat
+    ), cat
     assert cat.endswith("add them to run-config key 'classes' or drop those rows"), cat
     partitioned = next(x for x in refused if x is not cat)
     assert partitioned.startswith("registration error"), partitioned
@@ -278,8 +331,16 @@ class DescribingGrid:
         from core import protocol as P
 
         self.sent.extend(messages)
-        return [Message(content=RecordDict({P.CONFIG: ConfigRecord({P.BODY: "mnist-cnn", P.DATA_PROFILE: json.dumps(self.profiles[m.metadata.dst_node_id])})}),
-                        reply_to=m) for m in messages if self.profiles[m.metadata.dst_node_id] is not None]
+        return [
+            Message(
+                content=RecordDict(
+                    {P.CONFIG: ConfigRecord({P.BODY: "mnist-cnn", P.DATA_PROFILE: json.dumps(self.profiles[m.metadata.dst_node_id])})}
+                ),
+                reply_to=m,
+            )
+            for m in messages
+            if self.profiles[m.metadata.dst_node_id] is not None
+        ]
 
 
 def test_a_refused_nodes_client_index_is_offered_to_a_node_still_waiting(task_identity):
@@ -295,8 +356,17 @@ def test_a_refused_nodes_client_index_is_offered_to_a_node_still_waiting(task_id
     from strategies.registry import STRATEGIES
     from strategies.services import Services
 
-    cfg = resolve({"algorithm": "fedlog", "dataset": "local", "classes": "0,1", "num-clients": 2, "sample-timeout": 0.0,
-                   "round-timeout": 5.0, "feature-dim": 8})
+    cfg = resolve(
+        {
+            "algorithm": "fedlog",
+            "dataset": "local",
+            "classes": "0,1",
+            "num-clients": 2,
+            "sample-timeout": 0.0,
+            "round-timeout": 5.0,
+            "feature-dim": 8,
+        }
+    )
     digits = {"kind": "image", "format": "npz", "classes": {"0": [6, 2], "1": [5, 1]}, "channels": 1, "size": [4, 4]}
     cat = {**digits, "classes": {"0": [6, 2], "cat": [6, 2]}}
     schema = merge([digits], source_options(cfg))

@@ -26,22 +26,28 @@ def no_engine(monkeypatch):
     monkeypatch.setattr(flwr.simulation, "run_simulation", started)
 
 
-@pytest.mark.parametrize("sets, key", [
-    (["seed=-1"], "'seed'"),
-    (["seed=1e23"], "'seed'"),
-    ([f"seed={MAX_SEED + 1}"], "'seed'"),
-    (["feature-dim=1e8"], "'feature-dim'"),
-    ([f"feature-dim={MAX_FEATURE_DIM + 1}"], "'feature-dim'"),
-    (["algorithm=fedprof", "fedprof-layer=nope"], "'fedprof-layer'"),
-    (["algorithm=fedprof", "fedprof-layer=body.fcs"], "'fedprof-layer'"),  # a container: it has no output of its own
-    (["algorithm=fedprof", "dataset=cifar10"], "'body'"),  # mnist-cnn cannot take 3x32x32 images: FedProf's profile would fail at round 0
-    (["algorithm=fedprof", "fedprof-val-size=1e8"], "'fedprof-val-size'"),
-    (["algorithm=fedprof", "fedprof-val-size=59999"], "'fedprof-val-size'"),  # leaves rows, but not one per client after train-fraction
-    (["algorithm=fedavg", "server-holdout=60000"], "'server-holdout'"),
-    (["algorithm=fedavg", "min-replies=10"], "'min-replies'"),
-    (["algorithm=fedavg", "num-clients=10", "fraction-train=0.2", "min-replies=3"], "'min-replies'"),  # K = 2
-    (["algorithm=fedpft", "min-replies=4"], "'min-replies'"),  # FedPFT asks every client: 3
-])
+@pytest.mark.parametrize(
+    "sets, key",
+    [
+        (["seed=-1"], "'seed'"),
+        (["seed=1e23"], "'seed'"),
+        ([f"seed={MAX_SEED + 1}"], "'seed'"),
+        (["feature-dim=1e8"], "'feature-dim'"),
+        ([f"feature-dim={MAX_FEATURE_DIM + 1}"], "'feature-dim'"),
+        (["algorithm=fedprof", "fedprof-layer=nope"], "'fedprof-layer'"),
+        (["algorithm=fedprof", "fedprof-layer=body.fcs"], "'fedprof-layer'"),  # a container: it has no output of its own
+        (
+            ["algorithm=fedprof", "dataset=cifar10"],
+            "'body'",
+        ),  # mnist-cnn cannot take 3x32x32 images: FedProf's profile would fail at round 0
+        (["algorithm=fedprof", "fedprof-val-size=1e8"], "'fedprof-val-size'"),
+        (["algorithm=fedprof", "fedprof-val-size=59999"], "'fedprof-val-size'"),  # leaves rows, but not one per client after train-fraction
+        (["algorithm=fedavg", "server-holdout=60000"], "'server-holdout'"),
+        (["algorithm=fedavg", "min-replies=10"], "'min-replies'"),
+        (["algorithm=fedavg", "num-clients=10", "fraction-train=0.2", "min-replies=3"], "'min-replies'"),  # K = 2
+        (["algorithm=fedpft", "min-replies=4"], "'min-replies'"),  # FedPFT asks every client: 3
+    ],
+)
 def test_configs_that_would_fail_after_starting_are_refused_before(tmp_path, capsys, no_engine, data_dir, sets, key):
     args = ["--out", str(tmp_path / "out"), "--set", f"data-dir={data_dir}"]
     for s in SMALL + sets:
@@ -89,8 +95,19 @@ def test_a_run_in_which_no_round_aggregated_is_not_complete(tmp_path, task_ident
             return Error(code=1, reason="this client always fails")
         return reply({k: v.numpy() + 0.01 for k, v in msg.content[P.ARRAYS].items()}, 10, pid, loss=0.5)
 
-    cfg = {"algorithm": "fedavg", "dataset": "mnist", "data-dir": data_dir, "num-clients": 3, "num-server-rounds": 2, "partition": "iid",
-           "train-fraction": 0.02, "min-replies": min_replies, "sample-timeout": 0.0, "round-timeout": 5.0, "global-eval": False}
+    cfg = {
+        "algorithm": "fedavg",
+        "dataset": "mnist",
+        "data-dir": data_dir,
+        "num-clients": 3,
+        "num-server-rounds": 2,
+        "partition": "iid",
+        "train-fraction": 0.02,
+        "min-replies": min_replies,
+        "sample-timeout": 0.0,
+        "round-timeout": 5.0,
+        "global-eval": False,
+    }
     summary = run_server(FakeGrid(3, answer), cfg, tmp_path / "out")
     assert summary["status"] == status and summary["rounds"] == 2
     rounds = [json.loads(line) for line in (tmp_path / "out" / "rounds.jsonl").read_text().splitlines()]

@@ -137,7 +137,9 @@ def test_reopen_reads_back_the_rounds_written(tmp_path):
     with open(tmp_path / "rounds.jsonl", "a") as fh:
         fh.write('{"round": 3, "accu')  # torn by the stop
     summary = Recorder.reopen(tmp_path, cfg_of(**{"target-accuracy": 0.5})).finish(status="interrupted", reason="Ctrl-C")
-    assert summary["rounds"] == 2 and summary["total_bytes"] == 300 and summary["bytes_to_target"] == 300 and summary["round_to_target"] == 2
+    assert (
+        summary["rounds"] == 2 and summary["total_bytes"] == 300 and summary["bytes_to_target"] == 300 and summary["round_to_target"] == 2
+    )
 
 
 # ----------------------------------------------------------------- pre-flight: exit 2, one line

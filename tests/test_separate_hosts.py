@@ -41,15 +41,65 @@ def test_fedlog_over_tls_with_supernode_authentication_across_hosts(tmp_path, da
         for name in ("node0", "node1"):
             c.command(c.launcher("register", str(keys / f"{name}.pub"), "lab"), host="server")
         for pid, (name, body) in enumerate([("node0", "mnist-cnn"), ("node1", "mlp")]):
-            c.launch(name, ["supernode", "--superlink", f"{server}:9092", "--root-cert", str(certs / "ca.crt"), "--auth-key", str(keys / name),
-                            "--partition-id", str(pid), "--num-partitions", "2", "--body", body], host=name)
-        stranger = c.launch("stranger", ["supernode", "--superlink", f"{server}:9092", "--root-cert", str(certs / "ca.crt"),
-                                         "--auth-key", str(keys / "stranger"), "--partition-id", "1", "--num-partitions", "2",
-                                         "--max-wait-time", "30"], host="stranger")
-        keyless = c.launch("keyless", ["supernode", "--superlink", f"{server}:9092", "--root-cert", str(certs / "ca.crt"),
-                                       "--partition-id", "1", "--num-partitions", "2", "--max-wait-time", "30"], host="keyless")
-        run_config = ("algorithm='fedlog' dataset='mnist' num-clients=2 num-server-rounds=2 train-fraction=0.01 local-epochs=1 "
-                      "batch-size=10 partition='pathological' feature-dim=50 sample-timeout=60.0 round-timeout=120.0")
+            c.launch(
+                name,
+                [
+                    "supernode",
+                    "--superlink",
+                    f"{server}:9092",
+                    "--root-cert",
+                    str(certs / "ca.crt"),
+                    "--auth-key",
+                    str(keys / name),
+                    "--partition-id",
+                    str(pid),
+                    "--num-partitions",
+                    "2",
+                    "--body",
+                    body,
+                ],
+                host=name,
+            )
+        stranger = c.launch(
+            "stranger",
+            [
+                "supernode",
+                "--superlink",
+                f"{server}:9092",
+                "--root-cert",
+                str(certs / "ca.crt"),
+                "--auth-key",
+                str(keys / "stranger"),
+                "--partition-id",
+                "1",
+                "--num-partitions",
+                "2",
+                "--max-wait-time",
+                "30",
+            ],
+            host="stranger",
+        )
+        keyless = c.launch(
+            "keyless",
+            [
+                "supernode",
+                "--superlink",
+                f"{server}:9092",
+                "--root-cert",
+                str(certs / "ca.crt"),
+                "--partition-id",
+                "1",
+                "--num-partitions",
+                "2",
+                "--max-wait-time",
+                "30",
+            ],
+            host="keyless",
+        )
+        run_config = (
+            "algorithm='fedlog' dataset='mnist' num-clients=2 num-server-rounds=2 train-fraction=0.01 local-epochs=1 "
+            "batch-size=10 partition='pathological' feature-dim=50 sample-timeout=60.0 round-timeout=120.0"
+        )
         out = c.submit("lab", run_config, results, host="server")
         folder = run_folder(results, out, c.log("superlink"), c.log("node0"), c.log("node1"))
         summary = json.loads((folder / "summary.json").read_text())
@@ -66,5 +116,5 @@ def test_fedlog_over_tls_with_supernode_authentication_across_hosts(tmp_path, da
             assert proc.poll() not in (None, 0), f"{name} was not refused:\n{c.log(name).read_text()[-2000:]}"
         assert "No SuperNode found with the given public key" in c.log("superlink").read_text()
         listed = c.command(["flwr", "supernode", "ls", "lab", "--format", "json"], host="server")
-        nodes = json.loads(listed.stdout[listed.stdout.index("{"):])["nodes"]
+        nodes = json.loads(listed.stdout[listed.stdout.index("{") :])["nodes"]
         assert len(nodes) == 2 and all(n["status"] == "online" for n in nodes), nodes

@@ -29,8 +29,27 @@ def _cmdline(pid: int) -> str:
 def test_sigterm_during_round_1_leaves_an_interrupted_summary_and_exits_143(tmp_path, data_dir):
     out = tmp_path / "out"
     env = {**os.environ, "HEADWAY_DATA_DIR": data_dir, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "simulation", "--out", str(out), "--set", "algorithm=fedavg", "--set", "dataset=mnist", "--set", "partition=iid",
-           "--set", "num-clients=2", "--set", "train-fraction=0.02", "--set", "num-server-rounds=3", "--set", "local-epochs=50"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "simulation",
+        "--out",
+        str(out),
+        "--set",
+        "algorithm=fedavg",
+        "--set",
+        "dataset=mnist",
+        "--set",
+        "partition=iid",
+        "--set",
+        "num-clients=2",
+        "--set",
+        "train-fraction=0.02",
+        "--set",
+        "num-server-rounds=3",
+        "--set",
+        "local-epochs=50",
+    ]
     log = open(tmp_path / "run.log", "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # its own group
     tree: list[int] = []
@@ -38,7 +57,9 @@ def test_sigterm_during_round_1_leaves_an_interrupted_summary_and_exits_143(tmp_
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None and not (out / "rounds.jsonl").exists():
             time.sleep(0.2)  # the ServerApp's Recorder writes config.json and an empty rounds.jsonl before round 1
-        while time.monotonic() < deadline and proc.poll() is None and not any("ClientAppActor" in _cmdline(p) for p in descendants(proc.pid)):
+        while (
+            time.monotonic() < deadline and proc.poll() is None and not any("ClientAppActor" in _cmdline(p) for p in descendants(proc.pid))
+        ):
             time.sleep(0.2)  # Ray is up (ray.init has run in the runner) and its client actors exist
         assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
         time.sleep(1.0)  # well inside round 1: 50 local epochs take far longer

@@ -18,8 +18,18 @@ from strategies.wire import wire_bytes
 
 pytestmark = pytest.mark.integration
 
-BASE = {"dataset": "mnist", "num-clients": 4, "num-server-rounds": 3, "partition": "pathological", "train-fraction": 0.02,
-        "local-epochs": 2, "batch-size": 10, "lr": 0.001, "seed": 0, "sample-timeout": 30.0}
+BASE = {
+    "dataset": "mnist",
+    "num-clients": 4,
+    "num-server-rounds": 3,
+    "partition": "pathological",
+    "train-fraction": 0.02,
+    "local-epochs": 2,
+    "batch-size": 10,
+    "lr": 0.001,
+    "seed": 0,
+    "sample-timeout": 30.0,
+}
 
 
 def run(tmp_path, data_dir, **overrides):
@@ -55,7 +65,9 @@ def _sent(content: RecordDict, server_round: int) -> Message:
 
 def down_bytes(arrays: dict, server_round: int = 1) -> int:
     """Wire bytes of a training message carrying ``arrays`` and the round number."""
-    content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}), "config": ConfigRecord({"server-round": server_round})})
+    content = RecordDict(
+        {"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}), "config": ConfigRecord({"server-round": server_round})}
+    )
     return wire_bytes(_sent(content, server_round))
 
 
@@ -89,7 +101,9 @@ def test_fedavg_learns_and_reports_the_bytes_it_sends(tmp_path, data_dir):
     assert summary["total_bytes"] == sum(r["bytes_down"] + r["bytes_up"] for r in rounds)
     # the values alone (what papers count): the model's float32 parameters, 4 clients each way, exactly
     model_bytes = sum(v.nbytes for v in state.values())
-    assert all(r["values_bytes_down"] == r["values_bytes_up"] == 4 * model_bytes for r in rounds), [(r["values_bytes_down"], r["values_bytes_up"]) for r in rounds]
+    assert all(r["values_bytes_down"] == r["values_bytes_up"] == 4 * model_bytes for r in rounds), [
+        (r["values_bytes_down"], r["values_bytes_up"]) for r in rounds
+    ]
     assert summary["total_values_bytes"] == 3 * 8 * model_bytes
     # 21 840 float32 parameters per client, plus each message's header and its tree of 64-hex object ids
     assert 4 * 21840 * 4 < rounds[0]["bytes_down"] < 4 * 21840 * 4 * 1.08
@@ -131,7 +145,9 @@ def test_fedlog_drops_bad_replies_and_goes_on(tmp_path, data_dir, mode):
 
 
 def test_fedavg_survives_a_client_that_raises(tmp_path, data_dir):
-    cfg, summary, rounds = run(tmp_path, data_dir, algorithm="fedavg", **{"fault-clients": "3", "fault-mode": "error", "num-server-rounds": 2})
+    cfg, summary, rounds = run(
+        tmp_path, data_dir, algorithm="fedavg", **{"fault-clients": "3", "fault-mode": "error", "num-server-rounds": 2}
+    )
     assert [r["failures"] for r in rounds] == [1, 1] and all(r["clients"] == 3 for r in rounds)
     assert rounds[-1]["accuracy"] > 0.3
 
@@ -141,9 +157,25 @@ def test_model_averaging_carries_a_batchnorm_body_through_rounds(tmp_path, data_
     them. Every reply is accepted in every round: the cap allows the arrays' framing and 0-d
     arrays stay 0-d both ways (a (1,) counter from the client or from the server's average
     was refused as the wrong shape)."""
-    cfg, summary, rounds = run(tmp_path, data_dir, algorithm="fedprof", dataset="cifar10", body="shufflenet-v2", partition="iid", **{
-        "num-clients": 2, "num-server-rounds": 2, "train-fraction": 0.004, "local-epochs": 1, "batch-size": 32,
-        "fraction-train": 1.0, "fedprof-val-size": 200, "eval-every": 0, "global-eval": False})
+    cfg, summary, rounds = run(
+        tmp_path,
+        data_dir,
+        algorithm="fedprof",
+        dataset="cifar10",
+        body="shufflenet-v2",
+        partition="iid",
+        **{
+            "num-clients": 2,
+            "num-server-rounds": 2,
+            "train-fraction": 0.004,
+            "local-epochs": 1,
+            "batch-size": 32,
+            "fraction-train": 1.0,
+            "fedprof-val-size": 200,
+            "eval-every": 0,
+            "global-eval": False,
+        },
+    )
     assert summary["status"] == "complete"
     assert [(r["clients"], r["failures"]) for r in rounds] == [(2, 0), (2, 0)], [r.get("failure_reasons") for r in rounds]
 
@@ -153,9 +185,21 @@ def test_fedprof_scores_irrelevant_clients_down_and_counts_profile_bytes(tmp_pat
     the baseline and they are (almost) never selected; the profiling round is metered."""
     from core.noise import noise_assignment
 
-    cfg, summary, rounds = run(tmp_path, data_dir, algorithm="fedprof", partition="iid", **{
-        "num-clients": 6, "num-server-rounds": 3, "fraction-train": 0.5, "local-epochs": 1, "train-fraction": 0.05,
-        "client-noise": "irrelevant:0.5", "fedprof-alpha": 10.0})
+    cfg, summary, rounds = run(
+        tmp_path,
+        data_dir,
+        algorithm="fedprof",
+        partition="iid",
+        **{
+            "num-clients": 6,
+            "num-server-rounds": 3,
+            "fraction-train": 0.5,
+            "local-epochs": 1,
+            "train-fraction": 0.05,
+            "client-noise": "irrelevant:0.5",
+            "fedprof-alpha": 10.0,
+        },
+    )
     noisy = set(noise_assignment("irrelevant:0.5", 6, 0))
     div = {int(k): v for k, v in summary["fedprof_last_divergence"].items()}
     assert min(div[k] for k in noisy) > 3 * max(div[k] for k in set(range(6)) - noisy)

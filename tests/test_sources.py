@@ -13,8 +13,20 @@ import pytest
 from PIL import Image
 
 from core.sources import (
-    DataSchema, SourceError, SourceOptions, encode, fits, is_path_source, load_user_source, merge,
-    options_from_config, profile, read_source, write_csv, write_image_folder, write_npz,
+    DataSchema,
+    SourceError,
+    SourceOptions,
+    encode,
+    fits,
+    is_path_source,
+    load_user_source,
+    merge,
+    options_from_config,
+    profile,
+    read_source,
+    write_csv,
+    write_image_folder,
+    write_npz,
 )
 
 OPTS = SourceOptions()
@@ -24,7 +36,9 @@ def _pixels(rng: np.random.Generator, rgb: bool, size: int = 6) -> np.ndarray:
     return rng.integers(0, 256, size=(size, size, 3) if rgb else (size, size), dtype=np.uint8)
 
 
-def _image_folder(root: Path, counts: dict[str, int], rgb: bool, split: str = "train", seed: int = 0, size: int = 6) -> dict[Path, np.ndarray]:
+def _image_folder(
+    root: Path, counts: dict[str, int], rgb: bool, split: str = "train", seed: int = 0, size: int = 6
+) -> dict[Path, np.ndarray]:
     """PNG files root/split/<class>/NN.png, classes created in the order given; {file: pixels}."""
     rng = np.random.default_rng(seed)
     written = {}
@@ -118,8 +132,14 @@ def test_class_names_get_one_index_at_every_client(tmp_path):
 
 
 def test_whole_number_class_names_sort_numerically():
-    profs = [{"kind": "vector", "classes": {"10": [1, 0], "2": [1, 0]}, "columns": {"x0": {"type": "numeric", "n": 2, "sum": 1.0, "sumsq": 1.0}}},
-             {"kind": "vector", "classes": {"9": [1, 0], "2": [1, 0]}, "columns": {"x0": {"type": "numeric", "n": 2, "sum": 1.0, "sumsq": 1.0}}}]
+    profs = [
+        {
+            "kind": "vector",
+            "classes": {"10": [1, 0], "2": [1, 0]},
+            "columns": {"x0": {"type": "numeric", "n": 2, "sum": 1.0, "sumsq": 1.0}},
+        },
+        {"kind": "vector", "classes": {"9": [1, 0], "2": [1, 0]}, "columns": {"x0": {"type": "numeric", "n": 2, "sum": 1.0, "sumsq": 1.0}}},
+    ]
     assert merge(profs, OPTS).classes == ("2", "9", "10")
     profs[0]["classes"]["b"] = [1, 0]
     assert merge(profs, OPTS).classes == ("10", "2", "9", "b")
@@ -148,7 +168,9 @@ def test_csv_numeric_and_categorical_columns_encode_in_the_schemas_order(tmp_pat
     assert schema.categorical == (("color", ("blue", "green", "red")),) and schema.input_shape == (4,)
     assert schema.classes == ("no", "yes")
     assert np.array_equal(ds_a.x_train, ds_b.x_train) and np.array_equal(ds_a.x_test, ds_b.x_test)
-    assert np.allclose(ds_a.x_train[:, 0], [(23 - mean) / std, (35 - mean) / std, (41 - mean) / std, 0, (52.5 - mean) / std, (30 - mean) / std], atol=1e-6)
+    assert np.allclose(
+        ds_a.x_train[:, 0], [(23 - mean) / std, (35 - mean) / std, (41 - mean) / std, 0, (52.5 - mean) / std, (30 - mean) / std], atol=1e-6
+    )
     assert ds_a.x_train[:, 1:].tolist()[:2] == [[0, 0, 1], [1, 0, 0]]
     assert ds_a.x_test.tolist()[0][1:] == [0, 0, 0]  # an unseen level: all zeros
     assert ds_a.x_test[1, 0] == 0  # a missing number: the mean
@@ -180,8 +202,11 @@ def test_merging_profiles_scales_with_the_pooled_training_rows(tmp_path):
     sites = [rng.normal(10, 3, size=(40, 2)), rng.normal(-5, 1, size=(25, 2))]
     raws = []
     for k, rows in enumerate(sites):
-        path = _write_table(tmp_path / f"site{k}.csv", ["u", "v", "kind", "label"],
-                            [[repr(float(u)), repr(float(v)), f"k{k}{i % 2}", "a" if i % 3 else "b"] for i, (u, v) in enumerate(rows)])
+        path = _write_table(
+            tmp_path / f"site{k}.csv",
+            ["u", "v", "kind", "label"],
+            [[repr(float(u)), repr(float(v)), f"k{k}{i % 2}", "a" if i % 3 else "b"] for i, (u, v) in enumerate(rows)],
+        )
         raws.append(read_source(path, SourceOptions(test_fraction=0.25, seed=1)))
     schema = merge([profile(r, OPTS) for r in raws], OPTS)
     pooled = np.concatenate([np.column_stack([np.array(r.train.x[c], dtype=float) for c in ("u", "v")]) for r in raws])
@@ -201,8 +226,10 @@ def test_parquet_reads_like_the_same_csv(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"age": [r[0] if r[0] != "" else None for r in ROWS], "color": [r[1] for r in ROWS],
-                             "label": [r[2] for r in ROWS]}), tmp_path / "t.parquet")
+    pq.write_table(
+        pa.table({"age": [r[0] if r[0] != "" else None for r in ROWS], "color": [r[1] for r in ROWS], "label": [r[2] for r in ROWS]}),
+        tmp_path / "t.parquet",
+    )
     _write_table(tmp_path / "t.csv", ["age", "color", "label"], ROWS)
     opts = SourceOptions(test_fraction=0.34, seed=5)
     raw_p, schema_p, ds_p = _encode_alone(tmp_path / "t.parquet", opts)
@@ -254,8 +281,9 @@ def test_huggingface_image_dataset_with_class_labels(tmp_path):
     rng = np.random.default_rng(0)
     pixels = [_pixels(rng, rgb=True) for _ in range(10)]
     features = hf.Features({"image": hf.Image(), "label": hf.ClassLabel(names=["cat", "dog"])})
-    hf.Dataset.from_dict({"image": [Image.fromarray(p) for p in pixels], "label": [i % 2 for i in range(10)]},
-                         features=features).save_to_disk(str(tmp_path / "hf"))
+    hf.Dataset.from_dict(
+        {"image": [Image.fromarray(p) for p in pixels], "label": [i % 2 for i in range(10)]}, features=features
+    ).save_to_disk(str(tmp_path / "hf"))
     raw, schema, ds = _encode_alone(tmp_path / "hf", SourceOptions(test_fraction=0.2))
     assert (raw.kind, raw.format) == ("image", "huggingface") and schema.classes == ("cat", "dog")
     assert schema.input_shape == (3, 6, 6)
@@ -267,7 +295,9 @@ def test_huggingface_image_dataset_with_class_labels(tmp_path):
 
 def test_huggingface_table_dataset_dict_uses_its_train_and_test_splits(tmp_path):
     hf = pytest.importorskip("datasets")
-    split = lambda rows: hf.Dataset.from_dict({"age": [r[0] or None for r in rows], "color": [r[1] for r in rows], "label": [r[2] for r in rows]})  # noqa: E731
+    split = lambda rows: hf.Dataset.from_dict(
+        {"age": [r[0] or None for r in rows], "color": [r[1] for r in rows], "label": [r[2] for r in rows]}
+    )  # noqa: E731
     hf.DatasetDict({"train": split(ROWS[:4]), "test": split(ROWS[4:])}).save_to_disk(str(tmp_path / "hf"))
     raw, schema, ds = _encode_alone(tmp_path / "hf")
     assert (raw.kind, raw.format, raw.held_out) == ("table", "huggingface", False)
@@ -329,25 +359,42 @@ def test_merge_refuses_nodes_that_disagree(tmp_path):
         merge([p1, {"kind": "image", "classes": {"a": [1, 0]}, "channels": 1, "size": [4, 4]}], OPTS)
 
 
-GOOD_TABLE = {"kind": "table", "format": "csv", "classes": {"a": [3, 1]},
-              "columns": {"u": {"type": "numeric", "n": 3, "sum": 3.0, "sumsq": 5.0}, "c": {"type": "categorical", "levels": ["x"]}}}
+GOOD_TABLE = {
+    "kind": "table",
+    "format": "csv",
+    "classes": {"a": [3, 1]},
+    "columns": {"u": {"type": "numeric", "n": 3, "sum": 3.0, "sumsq": 5.0}, "c": {"type": "categorical", "levels": ["x"]}},
+}
 GOOD_IMAGE = {"kind": "image", "format": "image-folder", "classes": {"a": [3, 1]}, "channels": 1, "size": [4, 4]}
 
 
-@pytest.mark.parametrize("bad", [
-    "not a dict", {**GOOD_TABLE, "kind": "audio"}, {**GOOD_TABLE, "classes": ["a"]},
-    {**GOOD_TABLE, "classes": {"a": [-1, 0]}}, {**GOOD_TABLE, "classes": {"a": [True, 0]}}, {**GOOD_TABLE, "classes": {"a": [1.5, 0]}},
-    {**GOOD_TABLE, "classes": {"a": [1]}}, {**GOOD_TABLE, "classes": {"a" * 5000: [1, 0]}},
-    {**GOOD_TABLE, "columns": {"u": {"type": "numeric", "n": -3, "sum": 3.0, "sumsq": 5.0}}},
-    {**GOOD_TABLE, "columns": {"u": {"type": "numeric", "n": 3, "sum": float("inf"), "sumsq": 5.0}}},
-    {**GOOD_TABLE, "columns": {"u": {"type": "numeric", "n": 3, "sum": float("nan"), "sumsq": 5.0}}},
-    {**GOOD_TABLE, "columns": {"u": {"type": "numeric", "n": 3, "sum": 3.0, "sumsq": "5"}}},
-    {**GOOD_TABLE, "columns": {"u": {"type": "numeric", "n": 3, "sum": 3.0, "sumsq": -5.0}}},
-    {**GOOD_TABLE, "columns": {"c": {"type": "categorical", "levels": "x"}}},
-    {**GOOD_TABLE, "columns": {"c": {"type": "categorical", "levels": [1]}}},
-    {**GOOD_TABLE, "columns": {"c": {"type": "date"}}}, {**GOOD_TABLE, "columns": {}}, {**GOOD_TABLE, "columns": None},
-    {**GOOD_IMAGE, "channels": 2}, {**GOOD_IMAGE, "channels": True}, {**GOOD_IMAGE, "size": [0, 4]}, {**GOOD_IMAGE, "size": "4x4"},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "not a dict",
+        {**GOOD_TABLE, "kind": "audio"},
+        {**GOOD_TABLE, "classes": ["a"]},
+        {**GOOD_TABLE, "classes": {"a": [-1, 0]}},
+        {**GOOD_TABLE, "classes": {"a": [True, 0]}},
+        {**GOOD_TABLE, "classes": {"a": [1.5, 0]}},
+        {**GOOD_TABLE, "classes": {"a": [1]}},
+        {**GOOD_TABLE, "classes": {"a" * 5000: [1, 0]}},
+        {**GOOD_TABLE, "columns": {"u": {"type": "numeric", "n": -3, "sum": 3.0, "sumsq": 5.0}}},
+        {**GOOD_TABLE, "columns": {"u": {"type": "numeric", "n": 3, "sum": float("inf"), "sumsq": 5.0}}},
+        {**GOOD_TABLE, "columns": {"u": {"type": "numeric", "n": 3, "sum": float("nan"), "sumsq": 5.0}}},
+        {**GOOD_TABLE, "columns": {"u": {"type": "numeric", "n": 3, "sum": 3.0, "sumsq": "5"}}},
+        {**GOOD_TABLE, "columns": {"u": {"type": "numeric", "n": 3, "sum": 3.0, "sumsq": -5.0}}},
+        {**GOOD_TABLE, "columns": {"c": {"type": "categorical", "levels": "x"}}},
+        {**GOOD_TABLE, "columns": {"c": {"type": "categorical", "levels": [1]}}},
+        {**GOOD_TABLE, "columns": {"c": {"type": "date"}}},
+        {**GOOD_TABLE, "columns": {}},
+        {**GOOD_TABLE, "columns": None},
+        {**GOOD_IMAGE, "channels": 2},
+        {**GOOD_IMAGE, "channels": True},
+        {**GOOD_IMAGE, "size": [0, 4]},
+        {**GOOD_IMAGE, "size": "4x4"},
+    ],
+)
 def test_merge_refuses_malformed_profiles_from_untrusted_nodes(bad):
     good = GOOD_IMAGE if isinstance(bad, dict) and bad.get("kind") == "image" else GOOD_TABLE
     merge([good], OPTS)  # the unmutated profile is fine
@@ -391,12 +438,15 @@ def test_a_missing_label_column_is_named_with_the_columns_found(tmp_path):
     assert set(read_source(path, SourceOptions(label_column="class")).train.labels) == {"yes", "no"}
 
 
-@pytest.mark.parametrize("setup, match", [
-    (lambda p: p / "nothing-here", "no such file or folder"),
-    (lambda p: (p / "d").mkdir() or p / "d", "no data source found"),
-    (lambda p: np.savez(p / "x.npz", x=np.zeros(3)) or p / "x.npz", "npz without x_train"),
-    (lambda p: _write_table(p / "r.csv", ["a", "label"], [[1, "x"], [1, 2, 3]]), r"r\.csv line 3: 3 fields"),
-])
+@pytest.mark.parametrize(
+    "setup, match",
+    [
+        (lambda p: p / "nothing-here", "no such file or folder"),
+        (lambda p: (p / "d").mkdir() or p / "d", "no data source found"),
+        (lambda p: np.savez(p / "x.npz", x=np.zeros(3)) or p / "x.npz", "npz without x_train"),
+        (lambda p: _write_table(p / "r.csv", ["a", "label"], [[1, "x"], [1, 2, 3]]), r"r\.csv line 3: 3 fields"),
+    ],
+)
 def test_other_bad_sources_give_one_line_naming_the_path(tmp_path, setup, match):
     path = setup(tmp_path)
     with pytest.raises(SourceError, match=match) as err:
@@ -422,8 +472,17 @@ def test_a_source_without_test_split_holds_out_a_seeded_fraction(tmp_path):
 
 
 def test_options_from_a_run_config():
-    opts = options_from_config({"label-column": "y", "image-size": "32", "channels": 1, "test-fraction": 0.1, "seed": 7,
-                                "natural-column": "site", "classes": "cat, dog"})
+    opts = options_from_config(
+        {
+            "label-column": "y",
+            "image-size": "32",
+            "channels": 1,
+            "test-fraction": 0.1,
+            "seed": 7,
+            "natural-column": "site",
+            "classes": "cat, dog",
+        }
+    )
     assert opts == SourceOptions("y", 32, 1, 0.1, 7, "site", ("cat", "dog"))
     assert options_from_config({}) == SourceOptions()
     for bad, key in (({"channels": 2}, "channels"), ({"image-size": "x"}, "image-size"), ({"classes": "a,a"}, "classes")):

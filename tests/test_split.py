@@ -62,8 +62,25 @@ def test_split_images_writes_png_class_folders_with_the_same_rows(tmp_path, mnis
 
 def test_split_through_the_command_line(tmp_path, data_dir):
     out = tmp_path / "nodes"
-    cmd = [sys.executable, "-m", "server.launch", "split", "mnist", "--partition", "dirichlet", "--num-clients", "3", "--out", str(out),
-           "--train-fraction", "0.01", "--set", f"data-dir={data_dir}", "--set", "seed=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "server.launch",
+        "split",
+        "mnist",
+        "--partition",
+        "dirichlet",
+        "--num-clients",
+        "3",
+        "--out",
+        str(out),
+        "--train-fraction",
+        "0.01",
+        "--set",
+        f"data-dir={data_dir}",
+        "--set",
+        "seed=1",
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "wrote 3 node folders" in done.stdout
@@ -73,8 +90,20 @@ def test_split_through_the_command_line(tmp_path, data_dir):
 def test_split_command_refuses_to_write_over_node_folders(tmp_path, data_dir, capsys):
     from server.launch import main
 
-    argv = ["split", "mnist", "--partition", "iid", "--num-clients", "2", "--out", str(tmp_path), "--train-fraction", "0.01",
-            "--set", f"data-dir={data_dir}"]
+    argv = [
+        "split",
+        "mnist",
+        "--partition",
+        "iid",
+        "--num-clients",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--train-fraction",
+        "0.01",
+        "--set",
+        f"data-dir={data_dir}",
+    ]
     (tmp_path / "node-1").mkdir()
     (tmp_path / "node-1" / "old.png").write_bytes(b"")
     assert main(argv) == 2
@@ -102,4 +131,6 @@ def test_split_of_a_user_table_keeps_its_columns_as_csv(tmp_path):
     ages = sorted(int(a) for r in raws for a in r.train.x["age"])
     whole = read_source(source, SourceOptions(label_column="y", test_fraction=0.25))
     assert ages == sorted(int(a) for a in whole.train.x["age"])  # every training row once
-    assert all(y == ("a" if int(a) % 2 else "b") for r in raws for a, y in zip(r.train.x["age"], r.train.labels))  # labels stay with their rows
+    assert all(
+        y == ("a" if int(a) % 2 else "b") for r in raws for a, y in zip(r.train.x["age"], r.train.labels)
+    )  # labels stay with their rows

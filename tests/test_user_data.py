@@ -29,8 +29,13 @@ def write_npz(folder, labels, per_class=6, test_per_class=2, seed=0):
     folder.mkdir(parents=True, exist_ok=True)
     y_train = np.array([c for c in labels for _ in range(per_class)])
     y_test = np.array([c for c in labels for _ in range(test_per_class)])
-    np.savez(folder / "data.npz", x_train=rng.integers(0, 255, (len(y_train), 1, 4, 4), dtype=np.uint8), y_train=y_train,
-             x_test=rng.integers(0, 255, (len(y_test), 1, 4, 4), dtype=np.uint8), y_test=y_test)
+    np.savez(
+        folder / "data.npz",
+        x_train=rng.integers(0, 255, (len(y_train), 1, 4, 4), dtype=np.uint8),
+        y_train=y_train,
+        x_test=rng.integers(0, 255, (len(y_test), 1, 4, 4), dtype=np.uint8),
+        y_test=y_test,
+    )
     return str(folder)
 
 
@@ -71,8 +76,9 @@ class LocalGrid:
 
 
 def local_cfg(**keys):
-    return resolve({"algorithm": "fedlog", "dataset": "local", "num-clients": 3, "sample-timeout": 0.0, "round-timeout": 5.0,
-                    "feature-dim": 8, **keys})
+    return resolve(
+        {"algorithm": "fedlog", "dataset": "local", "num-clients": 3, "sample-timeout": 0.0, "round-timeout": 5.0, "feature-dim": 8, **keys}
+    )
 
 
 def profile_json(path, cfg):
@@ -146,7 +152,7 @@ def test_a_node_that_lost_its_schema_registers_again(tmp_path, task_identity):
 
 def test_a_node_reads_its_own_data_only_in_a_local_run(tmp_path, task_identity):
     folder = write_npz(tmp_path / "a", ["0", "1"])
-    with pytest.raises(ValueError, match="--node-config \"data=PATH\""):
+    with pytest.raises(ValueError, match='--node-config "data=PATH"'):
         local_data(local_cfg(), {"partition-id": 0})
     with pytest.raises(ValueError, match="submit the run with dataset='local'"):
         local_data(resolve({}), {"data": folder})
@@ -197,8 +203,23 @@ def adult_csv(tmp_path_factory):
     root = data_root()
     src = next(p for p in (root / "uci-adult" / "adult.data", root / "adult" / "adult.data", root / "adult.data") if p.is_file())
     out = tmp_path_factory.mktemp("adult") / "adult.csv"
-    names = ["age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation", "relationship", "race",
-             "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country", "income"]
+    names = [
+        "age",
+        "workclass",
+        "fnlwgt",
+        "education",
+        "education-num",
+        "marital-status",
+        "occupation",
+        "relationship",
+        "race",
+        "sex",
+        "capital-gain",
+        "capital-loss",
+        "hours-per-week",
+        "native-country",
+        "income",
+    ]
     with open(src) as fh, open(out, "w", newline="") as dst:
         w = csv.writer(dst)
         w.writerow(names)
@@ -210,8 +231,18 @@ def adult_csv(tmp_path_factory):
 def simulate_on(tmp_path, source, **keys):
     from simulation.runner import load_config, preflight, simulate
 
-    sets = [f"{k}={v}" for k, v in {"dataset": str(source), "num-clients": 3, "num-server-rounds": 2, "local-epochs": 1,
-                                     "train-fraction": 1.0, "sample-timeout": 30.0, **keys}.items()]
+    sets = [
+        f"{k}={v}"
+        for k, v in {
+            "dataset": str(source),
+            "num-clients": 3,
+            "num-server-rounds": 2,
+            "local-epochs": 1,
+            "train-fraction": 1.0,
+            "sample-timeout": 30.0,
+            **keys,
+        }.items()
+    ]
     cfg = load_config(None, sets)
     preflight(cfg, tmp_path)
     summary = simulate(cfg, tmp_path)

@@ -17,9 +17,8 @@ import os
 import threading
 from typing import Any
 
-import grpc
-
 import flwr.client.grpc_rere_client.connection as connection
+import grpc
 from flwr.supernode.cli import flower_supernode
 
 _lock = threading.Lock()

@@ -98,10 +98,20 @@ class FedLogClient:
                 return out
 
             loss = train_epochs(
-                fmap.pair, list(fmap.parameters()), env.x_train, env.y_train,
-                epochs=cfg["local-epochs"], batch_size=cfg["batch-size"], lr=env.lr(rnd), optimizer=cfg["optimizer"],
-                loss_fn=objective, augment=env.data.augment, seed=env.seed_for(rnd), device=env.device,
-                fresh_optimizer_each_epoch=True, modules=[fmap],
+                fmap.pair,
+                list(fmap.parameters()),
+                env.x_train,
+                env.y_train,
+                epochs=cfg["local-epochs"],
+                batch_size=cfg["batch-size"],
+                lr=env.lr(rnd),
+                optimizer=cfg["optimizer"],
+                loss_fn=objective,
+                augment=env.data.augment,
+                seed=env.seed_for(rnd),
+                device=env.device,
+                fresh_optimizer_each_epoch=True,
+                modules=[fmap],
             )
             state[BODY_STATE] = ArrayRecord({k: v.detach().cpu() for k, v in fmap.body.state_dict().items()})
         stats = self._statistics(env, fmap)

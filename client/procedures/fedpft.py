@@ -50,18 +50,39 @@ class FedPFTClient:
         cfg = env.cfg
         if cfg["fedpft-dp"] == "on":
             rng = np.random.default_rng()  # OS entropy: the noise must not follow from the run config
-            return [privatize(f[torch.as_tensor(y == c)], int(c), cfg["fedpft-covariance"], cfg["fedpft-epsilon"], cfg["fedpft-delta"], rng)[0]
-                    for c in np.unique(y) if int(np.sum(y == c)) >= cfg["fedpft-min-class-examples"]]
+            return [
+                privatize(f[torch.as_tensor(y == c)], int(c), cfg["fedpft-covariance"], cfg["fedpft-epsilon"], cfg["fedpft-delta"], rng)[0]
+                for c in np.unique(y)
+                if int(np.sum(y == c)) >= cfg["fedpft-min-class-examples"]
+            ]
         mixtures, _ = fit_class_mixtures(
-            f, y, cfg["fedpft-components"], cfg["fedpft-covariance"], cfg["fedpft-min-class-examples"], cfg["fedpft-reg-covar"],
-            cfg["fedpft-em-tol"], cfg["fedpft-em-max-iter"], cfg["fedpft-em-init"], env.seed_for(0, 0x676D6D), env.device,
+            f,
+            y,
+            cfg["fedpft-components"],
+            cfg["fedpft-covariance"],
+            cfg["fedpft-min-class-examples"],
+            cfg["fedpft-reg-covar"],
+            cfg["fedpft-em-tol"],
+            cfg["fedpft-em-max-iter"],
+            cfg["fedpft-em-init"],
+            env.seed_for(0, 0x676D6D),
+            env.device,
         )
         return mixtures
 
     def _head(self, env: ClientEnv, x: torch.Tensor, y: torch.Tensor, salt: int) -> tuple[np.ndarray, np.ndarray]:
         cfg = env.cfg
-        return train_head(x, y, env.outputs, cfg["fedpft-head-optimizer"], cfg["fedpft-head-lr"], cfg["fedpft-head-epochs"],
-                          cfg["fedpft-head-batch-size"], env.seed_for(0, salt), env.device)
+        return train_head(
+            x,
+            y,
+            env.outputs,
+            cfg["fedpft-head-optimizer"],
+            cfg["fedpft-head-lr"],
+            cfg["fedpft-head-epochs"],
+            cfg["fedpft-head-batch-size"],
+            env.seed_for(0, salt),
+            env.device,
+        )
 
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
         cfg = env.cfg
@@ -91,7 +112,9 @@ class FedPFTClient:
         if arrays is None or P.GMM_CLASSES not in arrays:
             return []
         cfg = env.cfg
-        check = PayloadCheck(env.outputs, dim, cfg["fedpft-components"], cfg["fedpft-covariance"], cfg["max-feature-value"], cfg["fedpft-min-class-examples"])
+        check = PayloadCheck(
+            env.outputs, dim, cfg["fedpft-components"], cfg["fedpft-covariance"], cfg["max-feature-value"], cfg["fedpft-min-class-examples"]
+        )
         decoded = {k: arrays[k].numpy() for k in arrays.keys()}
         mixtures, problem = check.decode(decoded, None)
         if problem:
@@ -113,5 +136,7 @@ class FedPFTClient:
             raise ValueError("fedpft client: no head to evaluate (none sent, none trained here)")
         weight, bias = head[P.HEAD_WEIGHT].numpy(), head[P.HEAD_BIAS].numpy()
         if weight.shape != (env.outputs, feature_dim(env.cfg["fedpft-extractor"], env.data.input_shape)) or bias.shape != (env.outputs,):
-            raise ValueError(f"fedpft client: head of shape {weight.shape}/{bias.shape} does not fit {env.outputs} classes × {f.shape[1]} features")
+            raise ValueError(
+                f"fedpft client: head of shape {weight.shape}/{bias.shape} does not fit {env.outputs} classes × {f.shape[1]} features"
+            )
         return RecordDict({P.METRICS: outputs_metrics(env, head_logits(f, weight, bias), extra)})

@@ -18,7 +18,6 @@ from core.prototypes import class_prototypes, nearest_prototype
 from core.training import predict, train_epochs
 
 
-
 def global_prototypes(content: RecordDict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(prototypes, known-class mask) from the server's message, or None in round 1."""
     arrays = content[P.ARRAYS]
@@ -57,9 +56,19 @@ class FedProtoClient:
             return loss
 
         loss = train_epochs(
-            forward, list(model.parameters()), env.x_train, env.y_train,
-            epochs=cfg["local-epochs"], batch_size=cfg["batch-size"], lr=env.lr(rnd), optimizer=cfg["optimizer"],
-            loss_fn=objective, augment=env.data.augment, seed=env.seed_for(rnd), device=env.device, modules=[model],
+            forward,
+            list(model.parameters()),
+            env.x_train,
+            env.y_train,
+            epochs=cfg["local-epochs"],
+            batch_size=cfg["batch-size"],
+            lr=env.lr(rnd),
+            optimizer=cfg["optimizer"],
+            loss_fn=objective,
+            augment=env.data.augment,
+            seed=env.seed_for(rnd),
+            device=env.device,
+            modules=[model],
         )
         state[PERSONAL] = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
         features = predict(model.body, env.x_train, device=env.device).double().numpy()

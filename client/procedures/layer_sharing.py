@@ -38,7 +38,9 @@ class SharedLayersClient:
         own = model.state_dict()
         for name, value in received.items():
             if name not in own or own[name].shape != value.shape:
-                raise ValueError(f"the server sent layer {name!r} with shape {tuple(value.shape)}, which this client's {env.body} model does not have")
+                raise ValueError(
+                    f"the server sent layer {name!r} with shape {tuple(value.shape)}, which this client's {env.body} model does not have"
+                )
         model.load_state_dict(received, strict=False)
         return model, list(received)
 
@@ -46,14 +48,25 @@ class SharedLayersClient:
         """Local training (default: every parameter on the task loss); returns the loss."""
         return self.train_all(env, model, list(model.parameters()), server_round)
 
-    def train_all(self, env: ClientEnv, model: Net, params: list, server_round: int, epochs: int | None = None, loss_fn=None, salt: int = 0) -> float:
+    def train_all(
+        self, env: ClientEnv, model: Net, params: list, server_round: int, epochs: int | None = None, loss_fn=None, salt: int = 0
+    ) -> float:
         """Train ``params`` for ``epochs`` (default ``local-epochs``); ``salt`` varies the batch order."""
         cfg = env.cfg
         return train_epochs(
-            model, params, env.x_train, env.y_train,
-            epochs=cfg["local-epochs"] if epochs is None else epochs, batch_size=cfg["batch-size"], lr=env.lr(server_round),
-            optimizer=cfg["optimizer"], loss_fn=loss_fn or task_loss(env.data.task), augment=env.data.augment,
-            seed=env.seed_for(server_round, salt=salt), device=env.device, modules=[model],
+            model,
+            params,
+            env.x_train,
+            env.y_train,
+            epochs=cfg["local-epochs"] if epochs is None else epochs,
+            batch_size=cfg["batch-size"],
+            lr=env.lr(server_round),
+            optimizer=cfg["optimizer"],
+            loss_fn=loss_fn or task_loss(env.data.task),
+            augment=env.data.augment,
+            seed=env.seed_for(server_round, salt=salt),
+            device=env.device,
+            modules=[model],
         )
 
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
