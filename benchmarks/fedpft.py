@@ -188,6 +188,16 @@ def run_chain(args: argparse.Namespace) -> None:
             path.write_text(json.dumps({"global_accuracy": accuracy(head_logits(ftest, w, b), ytest)}))
 
 
+def _shift_accuracies(x: torch.Tensor, y: torch.Tensor, weight: np.ndarray, bias: np.ndarray) -> dict[str, float]:
+    """Test accuracy of the head (``weight``, ``bias``) on the source classes (0–4), the destination's (5–9) and all."""
+    logits, src, dst = head_logits(x, weight, bias), y < 5, y >= 5
+    return {
+        "source_test": accuracy(logits[src], y[src]),
+        "destination_test": accuracy(logits[dst], y[dst]),
+        "all_test": accuracy(logits, y),
+    }
+
+
 def run_labelshift(args: argparse.Namespace) -> None:
     """Table 2, disjoint label shift: the source holds classes 0–4, the destination 5–9
     (each half of those classes' training rows of a 2-client iid split); the source sends
@@ -207,18 +217,10 @@ def run_labelshift(args: argparse.Namespace) -> None:
         hs = head_settings(cfg)
         res: dict[str, Any] = {}
 
-        def score(w: np.ndarray, b: np.ndarray) -> dict[str, float]:
-            lg = head_logits(ftest, w, b)
-            return {
-                "source_test": accuracy(lg[tsrc], ytest[tsrc]),
-                "destination_test": accuracy(lg[tdst], ytest[tdst]),
-                "all_test": accuracy(lg, ytest),
-            }
-
         hsrc = train_head(f[src], y[src], 10, seed=seed, **hs)
         hdst = train_head(f[dst], y[dst], 10, seed=seed + 1, **hs)
-        res["centralized"] = score(*train_head(f, y, 10, seed=seed, **hs))
-        res["local-destination"] = score(*hdst)
+        res["centralized"] = _shift_accuracies(ftest, ytest, *train_head(f, y, 10, seed=seed, **hs))
+        res["local-destination"] = _shift_accuracies(ftest, ytest, *hdst)
         probs = torch.stack([torch.softmax(head_logits(ftest, *h), 1) for h in (hsrc, hdst)])
         ens = _ensemble(probs, ytest)
         res["ensemble"] = {
@@ -226,8 +228,8 @@ def run_labelshift(args: argparse.Namespace) -> None:
             "source_test": _ensemble(probs[:, tsrc], ytest[tsrc]),
             "destination_test": _ensemble(probs[:, tdst], ytest[tdst]),
         }
-        res["avg"] = score((hsrc[0] + hdst[0]) / 2, (hsrc[1] + hdst[1]) / 2)
-        res["kd"] = score(*_distill(f[dst], y[dst], hsrc, hs, seed))
+        res["avg"] = _shift_accuracies(ftest, ytest, (hsrc[0] + hdst[0]) / 2, (hsrc[1] + hdst[1]) / 2)
+        res["kd"] = _shift_accuracies(ftest, ytest, *_distill(f[dst], y[dst], hsrc, hs, seed))
         for cov, k in (("spherical", 1), ("diag", 10)):
             mix, _ = fit_class_mixtures(
                 f[src],
@@ -254,7 +256,7 @@ def run_labelshift(args: argparse.Namespace) -> None:
                 for m in mix
             ]
             xs, ys = synthesize(sent, torch.Generator().manual_seed(seed))
-            r = score(*train_head(torch.cat([f[dst], xs]), torch.cat([y[dst], ys]), 10, seed=seed + 2, **hs))
+            r = _shift_accuracies(ftest, ytest, *train_head(torch.cat([f[dst], xs]), torch.cat([y[dst], ys]), 10, seed=seed + 2, **hs))
             r["bytes"] = int(sum(v.nbytes for v in payload.values()))
             res[f"fedpft-{cov}-k{k}"] = r
         res["kd"]["bytes"] = head_bytes(10, f.shape[1])

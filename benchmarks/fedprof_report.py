@@ -265,7 +265,7 @@ def _plots(root: Path, runs: dict[tuple[str, str], list[dict[str, Any]]], kinds:
     fig.savefig(root / "participation.png", dpi=120)
     plt.close(fig)
 
-    for (mode, method), figs in sorted(runs.items()):
+    for (mode, _method), figs in sorted(runs.items()):  # only FedProf's arm has scores
         first = figs[0]
         if not first["scores"]:
             continue

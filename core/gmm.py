@@ -245,7 +245,7 @@ def fit_gmm(
     prev = torch.full((len(groups),), -math.inf, dtype=torch.float64, device=device)
     done = torch.zeros(len(groups), dtype=torch.bool, device=device)
     it = 0
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 (the count of iterations run is returned)
         resp, ll = _e_step(x, mask, mix, x2)
         done = done | ((ll - prev).abs() < tol)
         prev = torch.where(done, prev, ll)

@@ -9,6 +9,8 @@ from torch import nn
 
 from core.data import augment_batch
 
+CPU = torch.device("cpu")  # the default device of training and prediction
+
 
 def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
     if name == "adam":
@@ -37,7 +39,7 @@ def train_epochs(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     augment: bool = False,
     seed: int = 0,
-    device: torch.device = torch.device("cpu"),
+    device: torch.device = CPU,
     fresh_optimizer_each_epoch: bool = False,
     modules: Iterable[nn.Module] = (),
 ) -> float:
@@ -76,7 +78,7 @@ def train_epochs(
 
 @torch.no_grad()
 def predict(
-    forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int = 1000, device: torch.device = torch.device("cpu")
+    forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int = 1000, device: torch.device = CPU
 ) -> torch.Tensor:
     """Outputs of ``forward`` over ``x`` in batches, on the CPU. An empty ``x`` gives an
     empty output of the right width (forward runs on the 0-row batch), so an empty

@@ -26,5 +26,5 @@ def test_the_two_bodies_map_each_class_to_the_same_side_of_the_head():
     total, per_client, feats, labels, eta = circle_round(2, iterations=30)
     # class means of the two clients' features score the same class under η
     for y in (0, 1):
-        votes = [int(np.argmax(eta @ f[l == y].mean(0))) for f, l in zip(feats, labels) if np.any(l == y)]
+        votes = [int(np.argmax(eta @ f[ys == y].mean(0))) for f, ys in zip(feats, labels) if np.any(ys == y)]
         assert votes == [y] * len(votes)

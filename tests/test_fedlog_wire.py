@@ -221,7 +221,7 @@ def test_float16_reply_whose_data_is_not_what_it_declares_or_with_means_on_an_em
 
     for bad, reason in ((lying, "declared float16 but holds float64"), (empty_with_means, "no examples has non-zero")):
         s = make_strategy("fedlog", **{"fedlog-uplink-dtype": "float16", "fedlog-init": "random"})
-        engine = engine_for(s, FakeGrid(3, lambda pid, msg: bad(pid, msg) if pid == 0 else half_reply(pid, False)))
+        engine = engine_for(s, FakeGrid(3, lambda pid, msg, bad=bad: bad(pid, msg) if pid == 0 else half_reply(pid, False)))
         s.train_round(1, s.initial_arrays(), engine)
         assert len(engine.meter.failures) == 1 and reason in engine.meter.failures[0], engine.meter.failures
 

@@ -295,9 +295,10 @@ def test_huggingface_image_dataset_with_class_labels(tmp_path):
 
 def test_huggingface_table_dataset_dict_uses_its_train_and_test_splits(tmp_path):
     hf = pytest.importorskip("datasets")
-    split = lambda rows: hf.Dataset.from_dict(
-        {"age": [r[0] or None for r in rows], "color": [r[1] for r in rows], "label": [r[2] for r in rows]}
-    )  # noqa: E731
+
+    def split(rows):
+        return hf.Dataset.from_dict({"age": [r[0] or None for r in rows], "color": [r[1] for r in rows], "label": [r[2] for r in rows]})
+
     hf.DatasetDict({"train": split(ROWS[:4]), "test": split(ROWS[4:])}).save_to_disk(str(tmp_path / "hf"))
     raw, schema, ds = _encode_alone(tmp_path / "hf")
     assert (raw.kind, raw.format, raw.held_out) == ("table", "huggingface", False)
