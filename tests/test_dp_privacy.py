@@ -12,7 +12,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from client.env import client_env
 from client.procedures.fedlog import FedLogClient
 from core.config import resolve
-from core.fedlog import noise_sigma
+from core.fedlog import noise_sigma, solve_head
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 DP = {"algorithm": "fedlog", "num-clients": 3, "train-fraction": 0.01, "local-epochs": 0, "fedlog-clip": 2.0, "fedlog-epsilon": 1.0}
@@ -56,16 +56,26 @@ def test_local_dp_reply_releases_only_the_noised_statistic(data_dir):
 
 
 def test_local_dp_server_takes_the_count_from_the_noised_count_row(task_identity):
+    """No reply carries a count; the head is solved with n = 20 + 30 + 40, the sum of the
+    count rows (n = 0 or n = 3 replies gives another η)."""
     s = make_strategy("fedlog", **{"fedlog-dp": "local", "fedlog-clip": 2.0})
     assert s.train_layout(1).count is False
+    counts = {0: 20.0, 1: 30.0, 2: 40.0}
+    phi = np.zeros((10, 51))
 
     def answer(pid, msg):
         stats = np.zeros((10, 51), np.float32)
-        stats[pid, 0] = 30.0
+        stats[pid, 0], stats[pid, 1:] = counts[pid], 0.5 * counts[pid]  # features of 0.5, within the clip
         return reply({"stats": stats}, None, pid)
 
+    for pid in counts:
+        phi += answer(pid, None)["arrays"]["stats"].numpy()
     step = s.train_round(1, s.initial_arrays(), engine_for(s, FakeGrid(3, answer)))
     assert step.clients == 3 and "loss" not in step.metrics
+    chi, nu = s.cfg["fedlog-prior-chi"], s.cfg["fedlog-prior-nu"]
+    expected = solve_head(phi, 90.0, chi=chi, nu=nu).astype(np.float32)
+    assert np.allclose(step.arrays["eta"].numpy(), expected, rtol=1e-6, atol=0)
+    assert not np.allclose(solve_head(phi, 0.0, chi=chi, nu=nu), expected, rtol=1e-2)  # the count is what decides it
 
 
 def test_central_dp_noise_is_fresh_each_time_and_not_seeded_by_the_run(task_identity):

@@ -50,16 +50,29 @@ def test_solve_head_is_the_maximizer_a_generic_optimizer_finds():
 
 
 def test_head_equals_central_map_from_pooled_features_and_splitting_changes_nothing():
+    """Sufficiency: the head solved from two clients' summed statistics is the MAP a central
+    server finds from the pooled examples themselves, by a generic optimizer on the per-example
+    objective Σ_i η_{y_i}·φ_i − (ν + n)·log Σ_y exp(‖η_y‖²/4) (ν = 1), with no statistics involved."""
     rng = np.random.default_rng(2)
-    phi, y = _features(rng, 500, 11, 10)
-    central = solve_head(sufficient_statistics(phi, y, 10), 500)
-    # sufficiency: one client's data split over two clients gives the same aggregate and η
-    cut = 137
-    parts = [sufficient_statistics(phi[:cut], y[:cut], 10), sufficient_statistics(phi[cut:], y[cut:], 10)]
-    agg = parts[0] + parts[1]
-    assert np.allclose(agg, sufficient_statistics(phi, y, 10), rtol=0, atol=1e-9)
-    federated = solve_head(agg, cut + (500 - cut))
-    assert np.allclose(federated, central, rtol=0, atol=1e-9)
+    n, m, classes = 500, 11, 10
+    phi, y = _features(rng, n, m, classes)
+    onehot = np.eye(classes)[y]
+
+    def negative_and_gradient(v):
+        eta = v.reshape(classes, m)
+        q = np.sum(eta**2, axis=1) / 4
+        log_z = np.log(np.sum(np.exp(q - q.max()))) + q.max()
+        value = np.sum(eta[y] * phi) - (1 + n) * log_z
+        grad = onehot.T @ phi - (1 + n) * np.exp(q - log_z)[:, None] * eta / 2
+        return -value, -grad.ravel()
+
+    opts = {"ftol": 1e-15, "gtol": 1e-11, "maxiter": 20000}
+    central = minimize(negative_and_gradient, np.zeros(classes * m), jac=True, method="L-BFGS-B", options=opts).x.reshape(classes, m)
+    cut = 137  # one data set split over two clients
+    parts = [sufficient_statistics(phi[:cut], y[:cut], classes), sufficient_statistics(phi[cut:], y[cut:], classes)]
+    assert np.allclose(parts[0] + parts[1], onehot.T @ phi, rtol=0, atol=1e-9)
+    federated = solve_head(parts[0] + parts[1], cut + (n - cut))
+    assert np.allclose(federated, central, rtol=0, atol=1e-6), np.max(np.abs(federated - central))
 
 
 def test_statistics_are_per_class_feature_sums_with_counts_first():
@@ -79,9 +92,14 @@ def test_empty_classes_get_zero_rows_and_bad_inputs_fail():
         solve_head(stats, 0, nu=0.0)
 
 
-def test_dp_sigma_formula_and_noise_scale():
-    sigma = dp_sigma(1.0, 0.01, m=101, clip=2.0, rounds=100)
-    assert sigma == pytest.approx(np.sqrt(8 * 100 * (1 + 100 * 4) * np.log(np.e + 1.0 / 0.01)) / 1.0)
+def test_dp_sigma_is_theorem_7s_calibration_and_noise_has_that_scale():
+    # Theorem 7 (fedlog-extended): σ = sqrt(8k(1 + (m−1)·b²)·ln(e + ε/δ)) / ε, worked by hand:
+    # ε=1, δ=0.01, m=101, b=2, k=100: 8·100·(1 + 100·4) = 320 800; ln(e + 100) = ln 102.718 28 = 4.631 99;
+    #   320 800 · 4.631 99 = 1 485 942; sqrt = 1218.992; / ε = 1218.992
+    assert dp_sigma(1.0, 0.01, m=101, clip=2.0, rounds=100) == pytest.approx(1218.992, rel=1e-6)
+    # ε=2, δ=1e-5, m=51, b=1, k=10: 8·10·(1 + 50·1) = 4080; ln(e + 2·10⁵) = 12.206 09;
+    #   4080 · 12.206 09 = 49 800.8; sqrt = 223.161; / ε = 111.580
+    assert dp_sigma(2.0, 1e-5, m=51, clip=1.0, rounds=10) == pytest.approx(111.580, rel=1e-5)
     rng = np.random.default_rng(0)
     base = np.zeros((200, 250))
     noise = add_noise(base, 3.7, rng) - base

@@ -5,7 +5,6 @@ projection, the extractor registry and its cache, and runs through Flower's simu
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
@@ -173,13 +172,18 @@ def test_hostile_payloads_are_rejected_with_a_reason(covariance, change, reason)
 
 
 def test_dp_noise_has_theorem_4_1_scale_and_releases_psd_covariances():
-    assert dp_sigma(100, 1.0, 0.01) == pytest.approx(4 / 100 * math.sqrt(5 * math.log(400)))
+    # Theorem 4.1: every entry gets N(0, σ²), σ = 4/(n·ε)·sqrt(5·ln(4/δ)), worked by hand:
+    # n=100, ε=1, δ=0.01: 4/100 = 0.04; ln 400 = 5.991 46; sqrt(5 · 5.991 46) = sqrt(29.957 32) = 5.473 33; σ = 0.218 933
+    assert dp_sigma(100, 1.0, 0.01) == pytest.approx(0.218933, rel=1e-5)
+    # n=50, ε=0.5, δ=0.001: 4/25 = 0.16; ln 4000 = 8.294 05; sqrt(41.470 25) = 6.439 74; σ = 1.030 358
+    assert dp_sigma(50, 0.5, 1e-3) == pytest.approx(1.030358, rel=1e-5)
     d, n = 8, 200
     f = torch.nn.functional.normalize(torch.randn(n, d, dtype=torch.float64), dim=1)
     rng = np.random.default_rng(1)
     draws = [privatize(f, 0, "diag", 1.0, 0.0, rng) for _ in range(300)]
     sigma, delta = draws[0][1], draws[0][2]
-    assert delta == pytest.approx(1 / n) and sigma == pytest.approx(dp_sigma(n, 1.0, 1 / n))
+    # δ = 1/n = 0.005 by default: 4/200 = 0.02; ln 800 = 6.684 61; sqrt(33.423 06) = 5.781 27; σ = 0.115 625
+    assert delta == pytest.approx(1 / n) and sigma == pytest.approx(0.115625, rel=1e-5)
     noise = np.stack([m.means[0] for m, _, _ in draws]) - f.mean(0).numpy()
     assert noise.std() == pytest.approx(sigma, rel=0.1)
     full, _, _ = privatize(f, 0, "full", 1.0, 0.0, rng)

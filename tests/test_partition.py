@@ -3,13 +3,25 @@ import pytest
 
 from core.config import resolve
 from core.data import load_dataset
-from core.partition import make_partition
+from core.partition import _make_partition, make_partition
+from tests.conftest import needs_data
 
 
 def _cfg(**kw):
     base = {"num-clients": 50, "partition": "pathological", "classes-per-client": 2, "train-fraction": 0.05, "seed": 0}
     base.update(kw)
     return resolve(base)
+
+
+def fresh_partition(ds, cfg):
+    """``make_partition`` computed anew: its cache is cleared first, so two calls are two
+    computations to compare, not one cached object compared with itself."""
+    _make_partition.cache_clear()
+    return make_partition(ds, cfg)
+
+
+def same_splits(a, b) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(a.train + a.test + (a.validation,), b.train + b.test + (b.validation,), strict=True))
 
 
 def test_pathological_gives_each_client_its_classes_in_train_and_test(data_dir):
@@ -31,11 +43,16 @@ def test_pathological_gives_each_client_its_classes_in_train_and_test(data_dir):
 
 
 def test_partition_is_deterministic_in_the_seed(data_dir):
+    """Two computations from one seed agree (num-server-rounds, which no split reads and the
+    cache key leaves out, changes nothing); another seed gives another split."""
     ds = load_dataset("mnist", data_dir)
-    a, b = make_partition(ds, _cfg(seed=1)), make_partition(ds, _cfg(seed=1, **{"num-server-rounds": 7}))
-    c = make_partition(ds, _cfg(seed=2))
-    assert all(np.array_equal(x, y) for x, y in zip(a.train, b.train))
+    a, b = fresh_partition(ds, _cfg(seed=1)), fresh_partition(ds, _cfg(seed=1, **{"num-server-rounds": 7}))
+    c = fresh_partition(ds, _cfg(seed=2))
+    assert a is not b and same_splits(a, b)
     assert not all(np.array_equal(x, y) for x, y in zip(a.train, c.train))
+    assert make_partition(ds, _cfg(seed=2, **{"num-server-rounds": 7})) is c  # the clients of a process share one
+    held = [fresh_partition(ds, _cfg(seed=1, algorithm="fedprof", **{"fedprof-val-size": 500})) for _ in range(2)]
+    assert len(held[0].validation) == 500 and same_splits(*held)  # FedProf's server holdout too
 
 
 def test_dirichlet_skew_responds_to_alpha(data_dir):
@@ -57,6 +74,7 @@ def test_iid_sizes_are_equal_and_disjoint(data_dir):
     assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 60000
 
 
+@needs_data("uci-gas-turbine")
 def test_natural_partition_is_one_client_per_year(data_dir):
     ds = load_dataset("uci-gas-turbine", data_dir)
     part = make_partition(ds, _cfg(partition="natural", **{"num-clients": 5, "train-fraction": 1.0}))
@@ -66,6 +84,7 @@ def test_natural_partition_is_one_client_per_year(data_dir):
         make_partition(ds, _cfg(partition="natural", **{"num-clients": 4, "train-fraction": 1.0}))
 
 
+@needs_data("uci-gas-turbine")
 def test_regression_cannot_be_split_by_class(data_dir):
     ds = load_dataset("uci-gas-turbine", data_dir)
     with pytest.raises(ValueError, match="regression"):
@@ -85,7 +104,7 @@ def test_shards_deal_equal_sorted_shards_so_a_client_may_hold_one_class_twice(da
     for tr, te in zip(part.train, part.test):
         assert set(np.unique(ds.y_test[te])) <= set(np.unique(ds.y_train[tr]))  # test follows the client's classes
     assert len(np.unique(np.concatenate(part.test))) == sum(len(t) for t in part.test)  # disjoint
-    again = make_partition(ds, _cfg(partition="shards", **{"num-server-rounds": 3}))
-    other = make_partition(ds, _cfg(partition="shards", seed=1))
-    assert all(np.array_equal(x, y) for x, y in zip(part.train, again.train))
+    again = fresh_partition(ds, _cfg(partition="shards", **{"num-server-rounds": 3}))
+    other = fresh_partition(ds, _cfg(partition="shards", seed=1))
+    assert again is not part and same_splits(part, again)
     assert not all(np.array_equal(x, y) for x, y in zip(part.train, other.train))
