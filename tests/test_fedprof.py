@@ -92,6 +92,7 @@ def test_partial_aggregation_is_scheme_two():
     assert np.allclose(partial_aggregate(models, [10, 30], 100, 4, like)["w"], [0.2 * 3 + 0.6 * 1, 0.2 * 5 + 0.6 * 1])
 
 
+@pytest.mark.slow
 def test_full_cache_aggregation_counts_each_client_with_its_last_local_model(task_identity, data_dir):
     """Hand computation over five rounds, 4 clients of sizes 10/20/30/40, K = 1 drawn uniformly:
     the model sent in round r+1 is Σ_k ρ_k θ_k^last, a client never trained counting with θ_0."""
@@ -189,6 +190,7 @@ def test_client_noise_corrupts_the_chosen_clients_training_data_only(data_dir):
 # ----------------------------------------------------------------- the strategy
 
 
+@pytest.mark.slow
 def test_selection_favours_matching_profiles_and_malformed_profiles_are_counted(task_identity, data_dir):
     """Client 2's profile is far from the baseline: it is picked far less often; client 1
     sends a profile with a negative variance from round 2 on: rejected, counted, the run goes

@@ -51,6 +51,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_supervisor_stops_the_whole_tree_even_processes_in_other_sessions(tmp_path):
     """SIGTERM to the launcher's supervisor ends Flower's command and everything it spawned,
     including a grandchild in a session of its own (what a PID or group kill misses)."""
