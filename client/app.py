@@ -17,11 +17,11 @@ from flwr.app import ConfigRecord, Context, Error, Message, MessageType, MetricR
 from flwr.clientapp import ClientApp
 
 from client.env import ClientEnv, client_env, local_data, node_cfg
-from client.faults import corrupt
+from client.faults import fault_mod
 from client.registry import PROCEDURES
 from client.state_store import restore_state, save_state, state_path
 from core import protocol as P
-from core.config import body_for, fault_ids
+from core.config import body_for
 from core.run_data import node_profile
 
 log = logging.getLogger("headway")
@@ -52,6 +52,16 @@ def joined(msg: Message, context: Context) -> tuple[str, int] | None:
     return None if record is None else (str(record[P.DATA_SCHEMA]), int(record[P.CLIENT_INDEX]))
 
 
+def partition_of(context: Context) -> int | None:
+    """The partition id this node answers as (what :func:`client_env` gives it): a node with
+    its own data, the client index it registered with (None before it has); else its
+    node config's ``partition-id``."""
+    if context.node_config.get("data"):
+        record = context.state.config_records.get(JOINED)
+        return None if record is None else int(record[P.CLIENT_INDEX])
+    return int(context.node_config["partition-id"]) if "partition-id" in context.node_config else None
+
+
 def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, Any]) -> Message:
     run_config = {**dict(context.run_config), **overrides}
     try:
@@ -73,7 +83,6 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
         env = client_env(run_config, context.node_config, node if data is not None else None)
     except Exception as exc:  # a node that cannot find or read its data or partition says so
         return Message(Error(code=P.ERROR_BAD_INPUT, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
-    faulty = env.partition_id in fault_ids(env.cfg)
     store = state_path(context.node_config, context.run_id, "local" if data is not None else env.partition_id)
     try:
         if store is not None:
@@ -88,8 +97,6 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
             content = handler(env, msg.content, context.state)
             if store is not None and len(context.state):
                 save_state(context.state, store)
-        if faulty:
-            content = corrupt(content, env.cfg["fault-mode"], kind, timeout=env.cfg["round-timeout"] + 5.0)
     except Exception as exc:
         log.exception("client %d: %s failed", env.partition_id, kind)
         return Message(Error(code=P.ERROR_CLIENT, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
@@ -104,12 +111,13 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
     """
     overrides = dict(overrides or {})
     client_app = ClientApp()
+    faults = fault_mod(overrides, partition_of)  # test fault injection (client/faults.py): inert unless fault-clients names this node
 
-    @client_app.train()
+    @client_app.train(mods=[faults])
     def train(msg: Message, context: Context) -> Message:
         return _handle(msg, context, "train", overrides)
 
-    @client_app.evaluate()
+    @client_app.evaluate(mods=[faults])
     def evaluate(msg: Message, context: Context) -> Message:
         return _handle(msg, context, "evaluate", overrides)
 

@@ -1,8 +1,11 @@
 """Deliberately bad replies, for testing that the server survives them.
 
-Clients named in run-config ``fault-clients`` pass their replies through :func:`corrupt`
-(training replies; ``bad-eval`` corrupts evaluation replies; registration is never
-corrupted). Each mode is one attack or defect seen in practice:
+A Flower client mod (:func:`fault_mod`), outside the ClientApp's own handling: clients named
+in run-config ``fault-clients`` pass their replies through :func:`damage_reply` (training
+replies; ``bad-eval`` damages evaluation replies; registration is never touched). It sits on
+the FAB's ClientApp because the deployment fault tests submit ``fault-clients`` by run config
+to the same FAB; for every node not named there it returns the reply untouched. Each mode is
+one attack or defect seen in practice:
 
 - ``nan``: a NaN in every array; ``wrong-shape``: every array one value short;
 - ``negative-count``: num-examples = -5; ``huge-count``: num-examples = 1e9;
@@ -20,12 +23,19 @@ corrupted). Each mode is one attack or defect seen in practice:
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.clientapp.typing import ClientAppCallable, Mod
 
 from core import protocol as P
+from core.config import fault_ids
+
+log = logging.getLogger("headway")
 
 TRAIN_MODES = (
     "nan",
@@ -71,7 +81,7 @@ def _damage(a: np.ndarray, mode: str) -> np.ndarray:
     return a
 
 
-def corrupt(content: RecordDict, mode: str, kind: str = "train", timeout: float = 0.0) -> RecordDict:
+def damage_reply(content: RecordDict, mode: str, kind: str = "train", timeout: float = 0.0) -> RecordDict:
     """The reply ``content`` of a ``kind`` message damaged the way ``mode`` says."""
     if kind != ("evaluate" if mode == "bad-eval" else "train"):
         return content
@@ -102,7 +112,34 @@ def corrupt(content: RecordDict, mode: str, kind: str = "train", timeout: float 
         metrics[P.NUM_EXAMPLES] = 1_000_000_000
     elif mode == "list-metric":
         metrics[P.NUM_EXAMPLES] = [1, 2]
-    out[P.METRICS] = MetricRecord(metrics)
+    out[P.METRICS] = record = MetricRecord(metrics)
     if mode == "string-metric":  # what a client that builds its own Message can send in simulation
-        out[P.METRICS]._data[P.LOSS] = "0.1"  # pylint: disable=protected-access
+        record._data[P.LOSS] = "0.1"  # type: ignore[assignment]  # past MetricRecord's own type check, on purpose
     return out
+
+
+corrupt = damage_reply  # transitional: tests/test_hostile_replies.py imports the old name; delete once it imports damage_reply
+
+
+def fault_mod(overrides: Mapping[str, Any], partition_of: Callable[[Context], int | None]) -> Mod:
+    """A client mod for train and evaluate messages: the reply of a node whose partition
+    (``partition_of(context)``) the run config (``overrides`` over the Flower run config)
+    names in ``fault-clients`` is damaged by ``fault-mode``; every other reply, and any error
+    reply, passes through. A mode that raises (``error``) answers with the error reply a
+    failing procedure gives."""
+
+    def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        reply = call_next(msg, context)
+        run_config = {**dict(context.run_config), **overrides}
+        partition = partition_of(context)
+        if reply.has_error() or partition not in fault_ids({"fault-clients": run_config.get("fault-clients", "")}):
+            return reply
+        kind = "train" if msg.metadata.message_type == MessageType.TRAIN else "evaluate"
+        try:
+            content = damage_reply(reply.content, str(run_config["fault-mode"]), kind, timeout=float(run_config["round-timeout"]) + 5.0)
+        except Exception as exc:
+            log.exception("client %d: %s failed", partition, kind)
+            return Message(Error(code=P.ERROR_CLIENT, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+        return Message(content=content, reply_to=msg)
+
+    return mod

@@ -1,0 +1,70 @@
+"""The fault-injection mod (client/faults.py) on the real ClientApp, with the ClientApp's own
+handling replaced by a fixed honest reply: only the nodes that the run config's
+fault-clients names have their train and evaluate replies damaged; registration, error
+replies and every other node pass through untouched."""
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+import client.app
+from client.app import JOINED, build_client_app
+from core import protocol as P
+
+
+def _honest(msg: Message, context: Context, kind: str, overrides) -> Message:
+    content = RecordDict(
+        {P.ARRAYS: ArrayRecord({"w": Array(np.ones(3, np.float32))}), P.METRICS: MetricRecord({P.NUM_EXAMPLES: 10, P.CORRECT: 7})}
+    )
+    return Message(content=content, reply_to=msg)
+
+
+@pytest.fixture
+def honest(monkeypatch, task_identity):
+    monkeypatch.setattr(client.app, "_handle", _honest)
+
+
+def _context(node_config, run_config=None, state=None) -> Context:
+    base = {"fault-clients": "", "fault-mode": "nan", "round-timeout": 0.0}
+    return Context(1, 7, node_config, state or RecordDict(), {**base, **(run_config or {})})
+
+
+def _ask(app, kind: str, context: Context) -> Message:
+    return app(Message(content=RecordDict(), dst_node_id=7, message_type=kind), context)
+
+
+def test_only_the_named_partitions_train_replies_are_damaged(honest):
+    app = build_client_app()
+    faulty = _context({"partition-id": 2}, {"fault-clients": "1,2", "fault-mode": "negative-count"})
+    reply = _ask(app, "train", faulty)
+    assert reply.content.metric_records[P.METRICS][P.NUM_EXAMPLES] == -5
+    for ctx in (_context({"partition-id": 0}, {"fault-clients": "1,2", "fault-mode": "negative-count"}), _context({"partition-id": 2})):
+        assert _ask(app, "train", ctx).content.metric_records[P.METRICS][P.NUM_EXAMPLES] == 10
+    assert _ask(app, "query", faulty).content.metric_records[P.METRICS][P.NUM_EXAMPLES] == 10  # registration: never
+
+
+def test_simulation_overrides_name_the_faulty_clients(honest):
+    app = build_client_app({"fault-clients": "0", "fault-mode": "nan", "round-timeout": 0.0})
+    values = _ask(app, "train", _context({"partition-id": 0})).content.array_records[P.ARRAYS]["w"].numpy()
+    assert np.isnan(values[0]) and (values[1:] == 1).all()
+
+
+def test_bad_eval_damages_evaluation_replies_only(honest):
+    app = build_client_app()
+    ctx = _context({"partition-id": 1}, {"fault-clients": "1", "fault-mode": "bad-eval"})
+    assert _ask(app, "evaluate", ctx).content.metric_records[P.METRICS][P.CORRECT] == 1_000_000
+    assert _ask(app, "train", ctx).content.metric_records[P.METRICS][P.CORRECT] == 7
+
+
+def test_error_mode_answers_with_the_failing_procedures_error_reply(honest):
+    reply = _ask(build_client_app(), "train", _context({"partition-id": 1}, {"fault-clients": "1", "fault-mode": "error"}))
+    assert reply.has_error() and reply.error.code == P.ERROR_CLIENT and "fault injection" in reply.error.reason
+
+
+def test_a_node_with_its_own_data_is_named_by_its_registered_client_index(honest):
+    state = RecordDict({JOINED: ConfigRecord({P.DATA_SCHEMA: "{}", P.CLIENT_INDEX: 3})})
+    run = {"fault-clients": "3", "fault-mode": "huge-count"}
+    reply = _ask(build_client_app(), "train", _context({"data": "/somewhere", "partition-id": 0}, run, state))
+    assert reply.content.metric_records[P.METRICS][P.NUM_EXAMPLES] == 1_000_000_000
+    unregistered = _ask(build_client_app(), "train", _context({"data": "/somewhere"}, run))
+    assert unregistered.content.metric_records[P.METRICS][P.NUM_EXAMPLES] == 10
