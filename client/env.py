@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from core import seeds
 from core.config import LOCAL, body_for, resolve
 from core.data import Dataset, to_tensors
 from core.models import Net, build_model, resolve_device
@@ -43,7 +44,7 @@ class ClientEnv:
         """Seed of this client's initial model: the run seed for all clients, or with
         ``body-init=per-client`` one derived from the run seed and the partition id."""
         if self.cfg["body-init"] == "per-client":
-            return _derived_seed(self.cfg["seed"], self.partition_id, "init")
+            return _derived_seed(self.cfg["seed"], self.partition_id, seeds.PER_CLIENT_INIT)
         return int(self.cfg["seed"])
 
     def build_model(self, body: str | None = None) -> Net:
@@ -56,7 +57,7 @@ class ClientEnv:
         """The learning rate of ``server_round``: lr · lr-decay^(round − 1) (rounds from 1)."""
         return float(self.cfg["lr"]) * float(self.cfg["lr-decay"]) ** max(server_round - 1, 0)
 
-    def seed_for(self, server_round: int, salt: int = 0) -> int:
+    def seed_for(self, server_round: int, salt: int = seeds.BATCHES) -> int:
         """A seed for this client's randomness in one round (batches, crops, noise)."""
         return _derived_seed(self.cfg["seed"], self.partition_id, server_round, salt)
 
@@ -104,7 +105,7 @@ def _make_env(
     x_raw = train[0]
     kind = noise_assignment(cfg["client-noise"], cfg["num-clients"], cfg["seed"]).get(partition_id)
     if kind is not None:  # a low-quality client: its training data only, deterministically from the seed
-        x_raw = corrupt(x_raw, kind, np.random.default_rng([int(cfg["seed"]), partition_id, 0x6E6F6973]))
+        x_raw = corrupt(x_raw, kind, np.random.default_rng([int(cfg["seed"]), partition_id, seeds.NOISE]))
     xtr, ytr = to_tensors(ds, x_raw, train[1])
     xte, yte = to_tensors(ds, *test)
     body = body_for(cfg, partition_id, body_override or None)

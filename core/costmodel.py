@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core import seeds
+
 P_TRANS = 0.75  # W, transmitter power (§5.1)
 P_F = 0.7  # W, baseline processor power (§5.1)
 
@@ -51,7 +53,7 @@ class Devices:
 
 def draw_devices(spec: DeviceSpec, num_clients: int, seed: int) -> Devices:
     """s_k and bw_k of every client, from ``seed`` (a stream of its own)."""
-    rng = np.random.default_rng([int(seed), 0x656E6572])
+    rng = np.random.default_rng([int(seed), seeds.DEVICES])
     speed = rng.normal(*spec.speed_ghz, num_clients)
     bw = rng.normal(*spec.bandwidth_mhz, num_clients)
     return Devices(np.maximum(speed, spec.speed_ghz[0] / 10), np.maximum(bw, spec.bandwidth_mhz[0] / 10))

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from core import seeds
+
 
 class CNN(nn.Module):
     """Convolutions with max pooling, then fully connected layers with ReLU; optionally
@@ -463,7 +465,7 @@ def build_body(name: str, input_shape: tuple[int, ...], m: int = 0, seed: int = 
 def build_model(name: str, input_shape: tuple[int, ...], m: int, outputs: int, seed: int = 0, dropout: float = 0.0) -> Net:
     """Body and linear head, seeded, so every client can rebuild the same initial model."""
     body = build_body(name, input_shape, m, seed, dropout)
-    torch.manual_seed(seed + 1)
+    torch.manual_seed(seed + seeds.HEAD)
     return Net(body, nn.Linear(body.out_dim, outputs)).eval()
 
 

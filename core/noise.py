@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from core import seeds
+
 IMAGE_KINDS = ("irrelevant", "blur", "salt-pepper")
 TABULAR_KINDS = ("polluted", "noisy")
 KINDS = IMAGE_KINDS + TABULAR_KINDS
@@ -51,7 +53,7 @@ def parse_client_noise(text: str) -> list[tuple[str, float]]:
 
 def noise_assignment(spec: str, num_clients: int, seed: int) -> dict[int, str]:
     """Partition id -> noise kind for every corrupted client (clean clients are absent)."""
-    order = np.random.default_rng([int(seed), 0x6E6F6973]).permutation(num_clients)
+    order = np.random.default_rng([int(seed), seeds.NOISE]).permutation(num_clients)
     out, start = {}, 0
     for kind, share in parse_client_noise(spec):
         count = int(round(share * num_clients))

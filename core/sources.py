@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from core import seeds
 from core.data import Dataset
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
@@ -34,7 +35,6 @@ MAX_NAME_LEN = 1_000  # characters of one class, column or level name in a profi
 MAX_INPUT_WIDTH = 16_384  # features a table may encode to, one-hot levels included (core.config's widest feature-dim)
 MAX_IMAGE_SIZE = 1_024  # pixels a side the images' own size may set (image-size=0); larger: set image-size
 MAX_MEAN_SQUARE = 1e30  # of a numeric column (values up to about 1e15): beyond it, not data a float32 encoder keeps
-HOLDOUT_STREAM = 0x686F6C64  # the held-out test rows get their own random stream of the seed
 INSTALL_HINT = "pip install -e '.[data]'"
 
 
@@ -489,7 +489,7 @@ def _read_any(root: Path, opts: SourceOptions) -> tuple[str, str, RawSplit, RawS
 def _hold_out(labels: list[str], fraction: float, seed: int) -> np.ndarray:
     """Rows held out as the test split: a seeded `fraction` of every class, keeping one training row
     of each; without classes large enough, a seeded `fraction` of all rows."""
-    rng = np.random.default_rng([seed, HOLDOUT_STREAM])
+    rng = np.random.default_rng([seed, seeds.HOLDOUT])
     y = np.array(labels)
     chosen = []
     for name in sort_classes(labels):

@@ -21,6 +21,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from client.env import ClientEnv
 from client.procedures.base import outputs_metrics, train_metrics
 from core import protocol as P
+from core import seeds
 from core.extractors import feature_dim
 from core.fedpft import (
     ClassMixture,
@@ -65,7 +66,7 @@ class FedPFTClient:
             cfg["fedpft-em-tol"],
             cfg["fedpft-em-max-iter"],
             cfg["fedpft-em-init"],
-            env.seed_for(0, 0x676D6D),
+            env.seed_for(0, seeds.FEDPFT_MIXTURES),
             env.device,
         )
         return mixtures
@@ -91,14 +92,14 @@ class FedPFTClient:
         dim = f.shape[1]
         if phase == P.PHASE_CHAIN:
             received = self._received(env, content, dim)
-            local = self._head(env, f, env.y_train, 1)
+            local = self._head(env, f, env.y_train, seeds.FEDPFT_LOCAL_HEAD)
             if received:
                 counts = capped_counts(received, cfg["fedpft-max-synthetic"])
-                xs, ys = synthesize(received, torch.Generator().manual_seed(env.seed_for(0, 2)), counts)
+                xs, ys = synthesize(received, torch.Generator().manual_seed(env.seed_for(0, seeds.FEDPFT_SYNTHESIS)), counts)
                 if cfg["fedpft-dp"] == "on":
                     xs = normalize(xs)  # the union must stay in the unit ball for Theorem 4.1
                 f, y = torch.cat([f, xs.to(f.dtype)]), np.concatenate([y, ys.numpy()])
-            head = self._head(env, f, torch.as_tensor(y), 3)
+            head = self._head(env, f, torch.as_tensor(y), seeds.FEDPFT_CHAIN_HEAD)
             state[HEAD_STATE] = ArrayRecord({P.HEAD_WEIGHT: Array(head[0]), P.HEAD_BIAS: Array(head[1])})
             state[LOCAL_HEAD_STATE] = ArrayRecord({P.HEAD_WEIGHT: Array(local[0]), P.HEAD_BIAS: Array(local[1])})
         elif phase != P.PHASE_TRAIN:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from client.env import ClientEnv
 from client.procedures.layer_sharing import SharedLayersClient
+from core import seeds
 from core.models import Net
 from core.training import trainable_only
 
@@ -15,6 +16,6 @@ class FedRepClient(SharedLayersClient):
         body = [n for n in names if n in shared]
         head = [n for n in names if n not in shared]
         with trainable_only(model, head) as params:
-            self.train_all(env, model, params, server_round, epochs=env.cfg["fedrep-head-epochs"], salt=2)
+            self.train_all(env, model, params, server_round, epochs=env.cfg["fedrep-head-epochs"], salt=seeds.FEDREP_HEAD)
         with trainable_only(model, body) as params:
             return self.train_all(env, model, params, server_round)

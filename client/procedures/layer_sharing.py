@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord, RecordDict
 from client.env import ClientEnv
 from client.procedures.base import round_of, test_metrics, train_metrics
 from core import protocol as P
+from core import seeds
 from core.models import Net
 from core.training import task_loss, train_epochs
 
@@ -49,7 +50,14 @@ class SharedLayersClient:
         return self.train_all(env, model, list(model.parameters()), server_round)
 
     def train_all(
-        self, env: ClientEnv, model: Net, params: list, server_round: int, epochs: int | None = None, loss_fn=None, salt: int = 0
+        self,
+        env: ClientEnv,
+        model: Net,
+        params: list,
+        server_round: int,
+        epochs: int | None = None,
+        loss_fn=None,
+        salt: int = seeds.BATCHES,
     ) -> float:
         """Train ``params`` for ``epochs`` (default ``local-epochs``); ``salt`` varies the batch order."""
         cfg = env.cfg
