@@ -10,8 +10,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from core.methods import ALGORITHMS, method_keys
-from core.schema import Key, fraction, non_negative, positive
+from core.methods import ALGORITHMS, METHODS, method_keys
+from core.schema import ConfigError, Key, fraction, non_negative, positive  # ConfigError: here for callers; the method rules raise it too
 
 DATASETS = (
     "mnist",
@@ -52,13 +52,6 @@ MAX_SEED = (
     2**32 - 1
 )  # numpy's RandomState / np.random.seed and sklearn's random_state take 0..2**32-1; torch.manual_seed and default_rng take more
 MAX_FEATURE_DIM = 16384  # 12x the widest body here (EfficientNet-Lite0, 1280); a FedLog reply is classes x (m+1) floats
-# methods whose training rounds ask every client (the others ask a fraction-train sample of them)
-EVERY_CLIENT_EACH_ROUND = ("fedpft",)
-
-
-class ConfigError(ValueError):
-    """A run-config key is unknown or has a value outside what it allows."""
-
 
 LOCAL = "local"  # dataset value: every SuperNode reads its own data (node config 'data')
 PATH_SUFFIXES = (".csv", ".parquet", ".npz")
@@ -295,11 +288,12 @@ def _check_combinations(cfg: Mapping[str, Any], import_bodies: bool = True) -> N
         parse_client_noise(cfg["client-noise"])
     except ValueError as exc:
         raise ConfigError(f"run-config key 'client-noise': {exc}") from None
+    method = METHODS[cfg["algorithm"]]
     most = max_replies(cfg)
     if cfg["min-replies"] > most:
         asked = (
             "every client"
-            if cfg["algorithm"] in EVERY_CLIENT_EACH_ROUND
+            if method.every_client
             else f"K = max(1, round(fraction-train x num-clients)) = max(1, round({cfg['fraction-train']:g} x {cfg['num-clients']}))"
         )
         raise ConfigError(
@@ -311,47 +305,26 @@ def _check_combinations(cfg: Mapping[str, Any], import_bodies: bool = True) -> N
             f"run-config key 'server-data' applies to dataset='local' (each node holds its own data); with dataset={cfg['dataset']!r} "
             "the server reads the data set itself: leave server-data empty"
         )
-    if cfg["dataset"] == LOCAL and cfg["algorithm"] == "fedprof" and not cfg["server-data"]:
+    if cfg["client-sampling"] != "uniform" and not method.client_sampling:
+        honour = " and ".join(m.name for m in METHODS.values() if m.client_sampling)
         raise ConfigError(
-            "run-config key 'server-data' is empty, but fedprof with dataset='local' needs a validation set D^V on the server: "
-            "set server-data to a source the server holds (its training rows become D^V)"
-        )
-    if cfg["inputs"] == "features" and cfg["algorithm"] == "fedpft":
-        raise ConfigError("run-config key 'inputs' is 'features', but fedpft always works on its extractor's features: leave inputs 'raw'")
-    if cfg["client-sampling"] != "uniform" and cfg["algorithm"] not in ("fedavg", "fedprox"):
-        raise ConfigError(
-            f"run-config key 'client-sampling' is {cfg['client-sampling']!r}, which only fedavg and fedprox implement; "
+            f"run-config key 'client-sampling' is {cfg['client-sampling']!r}, which only {honour} implement; "
             f"{cfg['algorithm']} draws its clients its own way: leave it 'uniform'"
         )
     if cfg["client-size-std"] > 0 and cfg["client-size-mean"] <= 0:
         raise ConfigError("run-config key 'client-size-std' needs 'client-size-mean' > 0: the sizes are drawn from N(mean, std²)")
     if cfg["client-size-mean"] > 0 and cfg["partition"] not in ("iid", "dominant"):
         raise ConfigError(f"run-config key 'client-size-mean' applies to partition iid or dominant, not {cfg['partition']!r}")
-    if cfg["fedlog-dp"] != "off" and cfg["fedlog-clip"] <= 0:
-        raise ConfigError(
-            "run-config key 'fedlog-clip' must be > 0 when 'fedlog-dp' is "
-            f"{cfg['fedlog-dp']!r}: the noise scale needs a bound on the features"
-        )
-    if cfg["fedlog-dp"] == "local" and cfg["fedlog-uplink"] == "sparse":
-        raise ConfigError(
-            "run-config key 'fedlog-uplink' must be 'dense' with fedlog-dp='local': the noise must cover every row, "
-            "and leaving out the rows of absent classes would release which classes a client holds"
-        )
-    if cfg["fedlog-dp"] != "off" and cfg["fedlog-uplink-dtype"] == "float16":
-        raise ConfigError(
-            f"run-config key 'fedlog-uplink-dtype' must be 'float32' with fedlog-dp={cfg['fedlog-dp']!r}: float16 sends "
-            "class means, the server rebuilds sums as count x mean, so rounding grows with the count and one example "
-            "can move a sum by more than the clip b the noise is calibrated to (and under local DP the counts are noised)"
-        )
+    method.validate(cfg)  # the chosen method's own rules (core/methods.py)
 
 
 def max_replies(cfg: Mapping[str, Any]) -> int:
-    """The most training replies one round can get: every client for the methods in
-    EVERY_CLIENT_EACH_ROUND, else the round's sample K = max(1, round(fraction-train x num-clients))."""
+    """The most training replies one round can get: every client for a method that asks
+    every client, else the round's sample K = max(1, round(fraction-train x num-clients))."""
     from core.sampling import sample_size
 
     n = int(cfg["num-clients"])
-    return n if cfg["algorithm"] in EVERY_CLIENT_EACH_ROUND else min(n, sample_size(n, cfg["fraction-train"]))
+    return n if METHODS[cfg["algorithm"]].every_client else min(n, sample_size(n, cfg["fraction-train"]))
 
 
 def check_against_spec(cfg: Mapping[str, Any], spec: Any) -> None:
@@ -380,16 +353,13 @@ def check_against_spec(cfg: Mapping[str, Any], spec: Any) -> None:
             )
 
 
-# methods that never build the config's body (FedPFT: a frozen extractor and a linear head)
-BODILESS = ("fedpft",)
-
-
 def check_bodies(cfg: Mapping[str, Any], input_shape: tuple[int, ...]) -> None:
     """Build every body the config names once (as clients will: feature-dim, seed, body-dropout)
     and run it on a 2-row zero batch of ``input_shape``: ConfigError naming the key when its
     module cannot be imported, its factory raises, it outputs no (batch, width) tensor, or its
-    width differs from feature-dim. Nothing for the methods in BODILESS."""
-    if cfg["algorithm"] in BODILESS:
+    width differs from feature-dim. Nothing for a method that builds no body (FedPFT: a frozen
+    extractor and a linear head)."""
+    if not METHODS[cfg["algorithm"]].builds_body:
         return
     from core.models import BodyError, build_body, output_width
 

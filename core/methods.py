@@ -1,20 +1,26 @@
-"""Every federated method, declared once: its name, what a client sends, its run-config
-keys, and where its strategy and client procedure live.
+"""Every federated method, declared once: its name, a one-line summary, its run-config keys,
+and its own rules (value combinations it refuses, rows the server holds out, how many clients
+a round asks, whether it builds the config's body).
 
-The strategy and procedure are named as ``module:Class`` strings so that this module (and
-everything importing it: config, both registries) stays free of Flower and never makes
-``server`` import ``client`` or the reverse. Adding a method means one entry here plus its
-strategy module and its client procedure.
+The config schema, the run-config checks, the partition's holdout, the generated
+``[tool.flwr.app.config]`` block and docs/configuration.md all read these declarations.
+Nothing here names the strategy or the client procedure: each registers itself under the
+method's name in its own package (``strategies/registry.py``, ``client/registry.py``), so
+``core`` never refers to either side. Adding a method means one entry here, its strategy
+module, its client procedure, and their tests.
 """
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core import protocol as P
-from core.schema import Key, non_negative, positive
+from core.schema import ConfigError, Key, non_negative, positive
+
+
+def no_rules(cfg: Mapping[str, Any]) -> None:
+    """A method whose keys combine freely."""
 
 
 @dataclass(frozen=True)
@@ -23,25 +29,53 @@ class Method:
 
     name: str
     summary: str
-    strategy: str  # "module:Class" of the Flower strategy (server side)
-    procedure: str  # "module:Class" of the client procedure
-    sends: dict[str, str]  # array name -> wire dtype of a training reply
     keys: dict[str, Key] = field(default_factory=dict)
+    # raises ConfigError naming the key when the resolved config combines its values in a way the method cannot run
+    validate: Callable[[Mapping[str, Any]], None] = no_rules
+    holdout_key: str = "server-holdout"  # the key counting the training rows the server keeps from every client
+    every_client: bool = False  # a training round asks every client (else a fraction-train sample of them)
+    builds_body: bool = True  # clients build the config's body (False: the method brings its own feature map)
+    client_sampling: bool = False  # honours the client-sampling key (the others draw their clients their own way)
 
-    def load_strategy(self) -> type:
-        return _load(self.strategy)
-
-    def load_procedure(self) -> type:
-        return _load(self.procedure)
+    def holdout(self, cfg: Mapping[str, Any]) -> int:
+        """Training rows the server keeps for itself before partitioning."""
+        return int(cfg[self.holdout_key])
 
 
-def _load(path: str) -> Any:
-    module, name = path.split(":")
-    return getattr(importlib.import_module(module), name)
+def _fedlog_rules(cfg: Mapping[str, Any]) -> None:
+    """fedlog-dp needs fedlog-clip > 0; fedlog-dp=local needs fedlog-uplink=dense; any fedlog-dp needs fedlog-uplink-dtype=float32."""
+    if cfg["fedlog-dp"] != "off" and cfg["fedlog-clip"] <= 0:
+        raise ConfigError(
+            "run-config key 'fedlog-clip' must be > 0 when 'fedlog-dp' is "
+            f"{cfg['fedlog-dp']!r}: the noise scale needs a bound on the features"
+        )
+    if cfg["fedlog-dp"] == "local" and cfg["fedlog-uplink"] == "sparse":
+        raise ConfigError(
+            "run-config key 'fedlog-uplink' must be 'dense' with fedlog-dp='local': the noise must cover every row, "
+            "and leaving out the rows of absent classes would release which classes a client holds"
+        )
+    if cfg["fedlog-dp"] != "off" and cfg["fedlog-uplink-dtype"] == "float16":
+        raise ConfigError(
+            f"run-config key 'fedlog-uplink-dtype' must be 'float32' with fedlog-dp={cfg['fedlog-dp']!r}: float16 sends "
+            "class means, the server rebuilds sums as count x mean, so rounding grows with the count and one example "
+            "can move a sum by more than the clip b the noise is calibrated to (and under local DP the counts are noised)"
+        )
 
 
-# Record names of whole-model methods are the model's own layer names (float32).
-MODEL = {"*": "float32"}
+def _fedprof_rules(cfg: Mapping[str, Any]) -> None:
+    """dataset=local needs server-data: the server's training rows are the validation set D^V."""
+    if cfg["dataset"] == "local" and not cfg["server-data"]:
+        raise ConfigError(
+            "run-config key 'server-data' is empty, but fedprof with dataset='local' needs a validation set D^V on the server: "
+            "set server-data to a source the server holds (its training rows become D^V)"
+        )
+
+
+def _fedpft_rules(cfg: Mapping[str, Any]) -> None:
+    """inputs must stay raw: FedPFT always works on its extractor's features."""
+    if cfg["inputs"] == "features":
+        raise ConfigError("run-config key 'inputs' is 'features', but fedpft always works on its extractor's features: leave inputs 'raw'")
+
 
 METHODS: dict[str, Method] = {
     m.name: m
@@ -49,24 +83,17 @@ METHODS: dict[str, Method] = {
         Method(
             "fedavg",
             "whole-model averaging weighted by n_k (McMahan et al. 2017)",
-            "strategies.fedavg:FedAvg",
-            "client.procedures.fedavg:FedAvgClient",
-            MODEL,
+            client_sampling=True,
         ),
         Method(
             "fedprox",
             "FedAvg with the proximal term (mu/2)|w - w_global|^2 (Li et al. 2020)",
-            "strategies.fedprox:FedProx",
-            "client.procedures.fedavg:FedProxClient",
-            MODEL,
             {"fedprox-mu": non_negative("FedProx: proximal term weight mu", 0.01)},
+            client_sampling=True,
         ),
         Method(
             "fedlog",
             "per-class feature sums and the exact MAP head of Eq. 12 (FedLog, FedLog-C, DP-FedLog)",
-            "strategies.fedlog:FedLog",
-            "client.procedures.fedlog:FedLogClient",
-            {P.STATS: "float32", P.STATS_ROWS: "float32"},
             {
                 "fedlog-prior-nu": non_negative("prior strength nu of the conjugate prior", 1.0),
                 "fedlog-prior-chi": Key(0.0, "prior chi (every entry)"),
@@ -92,13 +119,11 @@ METHODS: dict[str, Method] = {
                     choices=("float32", "float16"),
                 ),
             },
+            validate=_fedlog_rules,
         ),
         Method(
             "lg-fedavg",
             "local bodies, averaged top layers (Liang et al. 2020, Alg. 1)",
-            "strategies.lg_fedavg:LGFedAvg",
-            "client.procedures.lg_fedavg:LGFedAvgClient",
-            MODEL,
             {
                 "lg-global-layers": positive("LG-FedAvg: top layers that are global and averaged (1 or 2 in FedLog's Table 1)", 1),
                 "lg-warmup-rounds": non_negative("LG-FedAvg: first rounds run as FedAvg on the whole model before bodies go local", 0),
@@ -111,17 +136,11 @@ METHODS: dict[str, Method] = {
         Method(
             "fedper",
             "averaged bodies, local top layers (Arivazhagan et al. 2019)",
-            "strategies.fedper:FedPer",
-            "client.procedures.layer_sharing:SharedLayersClient",
-            MODEL,
             {"fedper-local-layers": positive("FedPer: top layers kept local; the rest are averaged", 2)},
         ),
         Method(
             "fedrep",
             "averaged body, local head fitted first (Collins et al. 2021)",
-            "strategies.fedrep:FedRep",
-            "client.procedures.fedrep:FedRepClient",
-            MODEL,
             {
                 "fedrep-local-layers": positive("FedRep: top layers kept local (the head); the rest are averaged", 1),
                 "fedrep-head-epochs": non_negative("FedRep: epochs training the local head (body fixed) before the body epochs", 10),
@@ -130,9 +149,6 @@ METHODS: dict[str, Method] = {
         Method(
             "fedproto",
             "per-class mean features averaged by class counts (Tan et al. 2022)",
-            "strategies.fedproto:FedProto",
-            "client.procedures.fedproto:FedProtoClient",
-            {P.PROTOTYPES: "float32", P.CLASS_COUNTS: "float32"},
             {
                 "fedproto-lambda": non_negative("FedProto: weight of the pull of features towards the global prototypes", 1.0),
                 "fedproto-predict": Key(
@@ -145,9 +161,6 @@ METHODS: dict[str, Method] = {
         Method(
             "fedprof",
             "FedAvg with clients sampled by exp(-alpha * KL) of their representation profiles (Wu et al. 2023)",
-            "strategies.fedprof:FedProf",
-            "client.procedures.fedprof:FedProfClient",
-            {**MODEL, P.PROFILE: "float32"},
             {
                 "fedprof-layer": Key(
                     "body",
@@ -165,13 +178,12 @@ METHODS: dict[str, Method] = {
                     choices=("full", "full-cache", "partial"),
                 ),
             },
+            validate=_fedprof_rules,
+            holdout_key="fedprof-val-size",
         ),
         Method(
             "fedpft",
             "per-class Gaussian mixtures of frozen-extractor features; the server trains a head on samples of them, one shot (Beitollahi et al. 2024)",
-            "strategies.fedpft:FedPFT",
-            "client.procedures.fedpft:FedPFTClient",
-            {P.GMM_CLASSES: "int32", P.GMM_WEIGHTS: "float16", P.GMM_MEANS: "float16", P.GMM_COVARIANCES: "float16"},
             {
                 "fedpft-extractor": Key(
                     "efficientnet-lite0",
@@ -222,6 +234,9 @@ METHODS: dict[str, Method] = {
                 "fedpft-head-epochs": positive("FedPFT: epochs of head training", 50),
                 "fedpft-head-batch-size": positive("FedPFT: batch size of head training", 32),
             },
+            validate=_fedpft_rules,
+            every_client=True,
+            builds_body=False,
         ),
     )
 }
@@ -238,3 +253,26 @@ def method_keys() -> dict[str, Key]:
                 raise RuntimeError(f"run-config key {name!r} is declared by two methods")
             out[name] = key
     return out
+
+
+def one_per_method(kind: str, claims: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """Method name -> the one ``kind`` (strategy, client procedure) that claims it, in declaration
+    order. RuntimeError naming the names when a declared method has none or several, or a
+    claimed name is declared by no method."""
+    found: dict[str, list[Any]] = {}
+    for name, thing in claims:
+        found.setdefault(name, []).append(thing)
+    problems = [f"{name!r} has no {kind}" for name in METHODS if name not in found]
+    problems += [f"{name!r} has {len(things)} ({', '.join(map(_label, things))})" for name, things in found.items() if len(things) > 1]
+    problems += [
+        f"{_label(things[0])} claims {name!r}, which core/methods.py does not declare"
+        for name, things in found.items()
+        if name not in METHODS
+    ]
+    if problems:
+        raise RuntimeError(f"every declared method needs exactly one {kind}: " + "; ".join(problems))
+    return {name: found[name][0] for name in METHODS}
+
+
+def _label(thing: Any) -> str:
+    return f"{thing.__module__}.{thing.__qualname__}"

@@ -13,6 +13,7 @@ from functools import lru_cache
 import numpy as np
 
 from core.data import Dataset
+from core.methods import METHODS
 from core.sampling import sample_size
 
 
@@ -165,10 +166,11 @@ def natural(src_train: np.ndarray, src_test: np.ndarray, num_clients: int) -> tu
 
 
 def server_holdout(cfg: dict) -> int:
-    """Training rows the server keeps for itself before partitioning: FedProf's validation
-    set D^V (``fedprof-val-size``), else ``server-holdout`` (0 by default), which lets another
-    method run on exactly the client data a FedProf run of the same seed has."""
-    return int(cfg["fedprof-val-size"]) if cfg["algorithm"] == "fedprof" else int(cfg["server-holdout"])
+    """Training rows the server keeps for itself before partitioning, as the run's method
+    declares (core/methods.py): FedProf's validation set D^V (``fedprof-val-size``), the others
+    ``server-holdout`` (0 by default), which lets a method run on exactly the client data a
+    FedProf run of the same seed has."""
+    return METHODS[cfg["algorithm"]].holdout(cfg)
 
 
 def make_partition(ds: Dataset, cfg: dict) -> Partition:
@@ -212,7 +214,7 @@ def _make_partition(
     pool = np.arange(len(ds.y_train))
     if holdout > 0:  # drawn first, from its own stream, and never dealt to a client
         if holdout >= len(pool):
-            raise ValueError(f"fedprof-val-size={holdout} leaves no training rows for clients ({len(pool)} in {ds.name})")
+            raise ValueError(f"a server holdout of {holdout} rows leaves no training rows for clients ({len(pool)} in {ds.name})")
         validation = np.sort(np.random.default_rng([seed, 104729]).choice(len(pool), size=holdout, replace=False))
         pool = np.setdiff1d(pool, validation)
     labels = ds.y_train[pool] if classification else np.zeros(len(pool))

@@ -1,11 +1,16 @@
 """How a run-config key is described: its default (which fixes its type), help text,
-allowed values and a value rule. Shared by the common keys and the method declarations."""
+allowed values and a value rule; and the error a bad value raises. Shared by the common
+keys and the method declarations."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+
+class ConfigError(ValueError):
+    """A run-config key is unknown or has a value outside what it allows."""
 
 
 @dataclass(frozen=True)

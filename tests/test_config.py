@@ -1,18 +1,22 @@
+"""The run-config schema, the method declarations' own rules, the files generated from them
+(pyproject's ``[tool.flwr.app.config]``, docs/configuration.md) and the two registries."""
+
+import re
+import shutil
 import tomllib
 
 import pytest
 
-from core.config import SCHEMA, ConfigError, body_for, defaults, resolve
+from core.config import SCHEMA, ConfigError, body_for, check_bodies, defaults, max_replies, resolve
+from core.methods import ALGORITHMS, METHODS, method_keys, one_per_method
+from core.partition import server_holdout
+from headway import generate
 from tests.conftest import ROOT
 
 
-def test_defaults_resolve_and_match_pyproject():
-    cfg = resolve({})
-    assert cfg == defaults()
-    app_cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    assert set(app_cfg) == set(SCHEMA), "pyproject's [tool.flwr.app.config] must list every run-config key"
-    for key, value in app_cfg.items():
-        assert resolve({key: value})[key] == SCHEMA[key].default, key
+def test_defaults_resolve_to_the_schema():
+    assert resolve({}) == defaults() == {name: key.default for name, key in SCHEMA.items()}
+    assert set(method_keys()) < set(SCHEMA) and "algorithm" in SCHEMA
 
 
 def test_unknown_key_is_named():
@@ -45,12 +49,6 @@ def test_numbers_are_coerced_to_the_keys_type():
     assert cfg["global-eval"] is False
 
 
-def test_dp_needs_a_clip_bound():
-    with pytest.raises(ConfigError, match="fedlog-clip"):
-        resolve({"fedlog-dp": "local"})
-    assert resolve({"fedlog-dp": "central", "fedlog-clip": 2.0})["fedlog-clip"] == 2.0
-
-
 def test_bodies_cycle_over_partition_ids_and_node_config_overrides():
     cfg = resolve({"bodies": "cifar-cnn, cifar-cnn-small", "body": "cifar-cnn"})
     assert [body_for(cfg, i) for i in range(4)] == ["cifar-cnn", "cifar-cnn-small"] * 2
@@ -58,15 +56,173 @@ def test_bodies_cycle_over_partition_ids_and_node_config_overrides():
     assert body_for(resolve({}), 7) == "mnist-cnn"
 
 
-def test_readme_documents_every_key():
-    readme = (ROOT / "README.md").read_text()
-    missing = [k for k in SCHEMA if f"`{k}`" not in readme]
-    assert not missing, f"README lacks {missing}"
+# --- the methods' own rules (core/methods.py): each applies when its method runs ---
 
 
-def test_every_algorithm_has_a_strategy_and_a_client_procedure():
+@pytest.mark.parametrize(
+    "sets,key",
+    [
+        ({"fedlog-dp": "local"}, "fedlog-clip"),
+        ({"fedlog-dp": "central"}, "fedlog-clip"),
+        ({"fedlog-dp": "local", "fedlog-clip": 1.0, "fedlog-uplink": "sparse"}, "fedlog-uplink"),
+        ({"fedlog-dp": "central", "fedlog-clip": 1.0, "fedlog-uplink-dtype": "float16"}, "fedlog-uplink-dtype"),
+        ({"fedlog-dp": "local", "fedlog-clip": 1.0, "fedlog-uplink-dtype": "float16"}, "fedlog-uplink-dtype"),
+        ({"algorithm": "fedprof", "dataset": "local"}, "server-data"),
+        ({"algorithm": "fedpft", "inputs": "features"}, "inputs"),
+    ],
+)
+def test_a_method_refuses_what_it_cannot_run(sets, key):
+    with pytest.raises(ConfigError, match=f"run-config key '{key}'"):
+        resolve(sets)
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        {"fedlog-dp": "central", "fedlog-clip": 2.0, "fedlog-uplink": "sparse"},  # sparse is fine under central DP
+        {"fedlog-dp": "local", "fedlog-clip": 2.0},
+        {"fedlog-uplink-dtype": "float16", "fedlog-uplink": "sparse"},
+        {"algorithm": "fedprof", "dataset": "local", "server-data": "held/by/server.csv"},
+        {"algorithm": "fedavg", "inputs": "features", "body": "linear"},
+        # a method's rules are its own: fedavg ignores the fedlog keys, fedprof the missing server data of another method
+        {"algorithm": "fedavg", "fedlog-dp": "local"},
+        {"algorithm": "fedprox", "dataset": "local"},
+    ],
+)
+def test_a_method_accepts_what_it_can_run(sets):
+    cfg = resolve(sets)
+    assert all(cfg[k] == v for k, v in sets.items())
+
+
+def test_only_the_methods_declaring_it_honour_client_sampling():
+    assert [m.name for m in METHODS.values() if m.client_sampling] == ["fedavg", "fedprox"]
+    for name in ALGORITHMS:
+        sets = {"algorithm": name, "client-sampling": "data-ratio"}
+        if METHODS[name].client_sampling:
+            assert resolve(sets)["client-sampling"] == "data-ratio"
+        else:
+            with pytest.raises(ConfigError, match="only fedavg and fedprox implement"):
+                resolve(sets)
+
+
+def test_the_server_holdout_is_the_key_the_method_declares():
+    assert server_holdout(resolve({"algorithm": "fedprof", "fedprof-val-size": 300, "server-holdout": 7})) == 300
+    assert server_holdout(resolve({"algorithm": "fedavg", "fedprof-val-size": 300, "server-holdout": 7})) == 7
+    assert server_holdout(resolve({"algorithm": "fedlog"})) == 0
+    assert [m.name for m in METHODS.values() if m.holdout_key != "server-holdout"] == ["fedprof"]
+
+
+def test_a_round_of_fedpft_asks_every_client():
+    assert max_replies(resolve({"algorithm": "fedpft", "num-clients": 20, "fraction-train": 0.1})) == 20
+    assert max_replies(resolve({"algorithm": "fedavg", "num-clients": 20, "fraction-train": 0.1})) == 2
+    with pytest.raises(ConfigError, match="asks every client = 20"):
+        resolve({"algorithm": "fedpft", "num-clients": 20, "min-replies": 21})
+    with pytest.raises(ConfigError, match=r"asks K = .* = 2 client"):
+        resolve({"algorithm": "fedavg", "num-clients": 20, "fraction-train": 0.1, "min-replies": 3})
+
+
+def test_only_a_method_that_builds_the_body_checks_it():
+    shape = (1, 2, 2)  # far too small for mnist-cnn's convolutions and pooling
+    with pytest.raises(ConfigError, match="run-config key 'body'"):
+        check_bodies(resolve({"algorithm": "fedlog"}), shape)
+    check_bodies(resolve({"algorithm": "fedpft"}), shape)  # FedPFT builds its extractor, never `body`
+
+
+# --- the files generated from the schema and the declarations (headway generate) ---
+
+
+def test_generated_files_are_current():
+    stale = generate.stale(generate.expected(ROOT))
+    assert not stale, f"{[str(p.relative_to(ROOT)) for p in stale]} are stale: run `headway generate` (python -m headway.generate)"
+
+
+def test_the_pyproject_block_holds_every_key_with_its_default_and_type():
+    block = tomllib.loads(generate.config_block())["tool"]["flwr"]["app"]["config"]
+    assert list(block) == [*generate.general_keys(), *method_keys()]
+    for name, key in SCHEMA.items():
+        assert block[name] == key.default and type(block[name]) is type(key.default), name
+        assert resolve({name: block[name]})[name] == key.default  # what Flower hands the apps resolves to the default
+    app_cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert app_cfg == block
+
+
+def rows(text: str) -> dict[str, list[tuple[str, str, str, str]]]:
+    """Key -> every table row of the reference naming it, with the section it is in."""
+    out: dict[str, list[tuple[str, str, str, str]]] = {}
+    section = ""
+    for line in text.splitlines():
+        if line.startswith("#"):
+            section = line.lstrip("# ").strip()
+        found = re.fullmatch(r"\| `([^`]+)` \| `(.*?)` \| (.*?) \| (.*) \|", line)
+        if found:
+            out.setdefault(found[1], []).append((section, found[2], found[3], found[4]))
+    return out
+
+
+def test_the_reference_documents_every_key_once_in_its_section():
+    documented = rows(generate.doc_text())
+    assert set(documented) == set(SCHEMA)
+    owner = {name: method.name for method in METHODS.values() for name in method.keys}
+    for name, key in SCHEMA.items():
+        [(section, default, allowed, help_text)] = documented[name]
+        assert section == owner.get(name, "General keys"), name
+        assert default == generate.toml_value(key.default), name
+        assert all(f"`{choice}`" in allowed for choice in key.choices or ()), name
+        assert key.rule.replace("|", "\\|") in allowed, name
+        assert help_text.startswith(" ".join(key.help.split())[:40].replace("|", "\\|")), name
+    for method in METHODS.values():
+        assert f"### {method.name}\n\n{method.summary[0].upper()}{method.summary[1:]}." in generate.doc_text(), method.name
+
+
+def test_check_mode_names_a_hand_edited_file_and_a_run_repairs_it(tmp_path, capsys):
+    for name in (generate.PYPROJECT, generate.DOC):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    root = ["--root", str(tmp_path)]
+    assert generate.main(["--check", *root]) == 0
+    pyproject = tmp_path / generate.PYPROJECT
+    pyproject.write_text(pyproject.read_text().replace("\nnum-clients = 50\n", "\nnum-clients = 51\n"))
+    (tmp_path / generate.DOC).write_text((tmp_path / generate.DOC).read_text() + "hand-written line\n")
+    assert generate.main(["--check", *root]) == 1
+    assert "stale: pyproject.toml, docs/configuration.md" in capsys.readouterr().err
+    assert generate.main(root) == 0
+    assert generate.main(["--check", *root]) == 0
+    assert tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"]["num-clients"] == 50
+    assert pyproject.read_text().split(generate.BEGIN)[0] == (ROOT / generate.PYPROJECT).read_text().split(generate.BEGIN)[0]
+
+
+def test_a_pyproject_without_the_generated_block_is_refused(tmp_path, capsys):
+    (tmp_path / generate.PYPROJECT).write_text('[tool.flwr.app.config]\nalgorithm = "fedlog"\n')
+    assert generate.main(["--root", str(tmp_path)]) == 2
+    assert "one generated block" in capsys.readouterr().err
+
+
+# --- the registries: every declared method has exactly one strategy and one client procedure ---
+
+
+def test_every_algorithm_has_one_strategy_and_one_client_procedure():
     from client.registry import PROCEDURES
-    from core.config import ALGORITHMS
     from strategies.registry import STRATEGIES
 
-    assert set(STRATEGIES) == set(ALGORITHMS) == set(PROCEDURES)
+    assert list(STRATEGIES) == list(ALGORITHMS) == list(PROCEDURES)
+    assert all(cls.name == name for name, cls in STRATEGIES.items())
+    assert all(name in procedure.methods for name, procedure in PROCEDURES.items())
+
+
+class A:
+    pass
+
+
+class B:
+    pass
+
+
+def test_a_registry_names_what_is_missing_doubled_or_undeclared():
+    full = [(name, A) for name in ALGORITHMS]
+    assert one_per_method("strategy", reversed(full)) == dict(full)
+    with pytest.raises(RuntimeError, match="'fedrep' has no strategy"):
+        one_per_method("strategy", [c for c in full if c[0] != "fedrep"])
+    with pytest.raises(RuntimeError, match=r"'fedlog' has 2 \(tests.test_config.A, tests.test_config.B\)"):
+        one_per_method("strategy", [*full, ("fedlog", B)])
+    with pytest.raises(RuntimeError, match="tests.test_config.B claims 'fedrep-copy', which core/methods.py does not declare"):
+        one_per_method("client procedure", [*full, ("fedrep-copy", B)])

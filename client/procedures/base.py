@@ -9,11 +9,13 @@ from flwr.app import MetricRecord, RecordDict
 
 from client.env import ClientEnv
 from core import protocol as P
-from core.training import predict, score
+from core.training import predict, task_metrics
 
 
 class Procedure(Protocol):
     """A method's client side: turn a message's content into a reply's content."""
+
+    methods: tuple[str, ...]  # the declared methods (core/methods.py) it serves; client/registry.py reads it
 
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict: ...
 
@@ -32,7 +34,7 @@ def test_metrics(env: ClientEnv, forward) -> MetricRecord:
 
 def outputs_metrics(env: ClientEnv, out, extra: dict[str, float] | None = None) -> MetricRecord:
     """Local test metrics of outputs ``out`` (one row per test example) in the reply format."""
-    s = score(env.data.task, out, env.y_test)
+    s = task_metrics(env.data.task, out, env.y_test)
     n = len(env.y_test)
     met = {P.NUM_EXAMPLES: n, P.PARTITION_ID: env.partition_id}
     if n and math.isfinite(s["loss"]):

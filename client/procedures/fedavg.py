@@ -13,10 +13,13 @@ from core.training import task_loss
 
 
 class FedAvgClient(SharedLayersClient):
+    methods = ("fedavg",)
     keeps_state = False  # the server sends every layer each round
 
 
 class FedProxClient(FedAvgClient):
+    methods = ("fedprox",)
+
     def fit(self, env: ClientEnv, model: Net, shared: list[str], server_round: int) -> float:
         mu = env.cfg["fedprox-mu"]
         params = list(model.parameters())

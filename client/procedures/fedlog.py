@@ -59,6 +59,8 @@ def fedlog_c_loss(phi: torch.Tensor, y: torch.Tensor, means: torch.Tensor, known
 
 
 class FedLogClient:
+    methods = ("fedlog",)
+
     def _features(self, env: ClientEnv, state: RecordDict) -> FeatureMap:
         body = build_body(env.body, env.data.input_shape, env.cfg["feature-dim"], env.init_seed, env.cfg["body-dropout"])
         if BODY_STATE in state.array_records:

@@ -43,6 +43,8 @@ CORRECT_LOCAL = P.CORRECT + "-local"
 
 
 class FedPFTClient:
+    methods = ("fedpft",)
+
     def _features(self, env: ClientEnv, split: str) -> torch.Tensor:
         x = env.x_train if split == "train" else env.x_test
         return features(env.cfg, env.data.name, x, env.device)

@@ -19,6 +19,8 @@ from core.profiles import model_profile
 
 
 class FedProfClient(FedAvgClient):
+    methods = ("fedprof",)
+
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
         model, shared = self.model(env, content, state)
         profile = model_profile(model, env.cfg["fedprof-layer"], env.x_train, device=env.device).astype(np.float32)

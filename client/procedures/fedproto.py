@@ -38,6 +38,8 @@ def prototype_loss(features: torch.Tensor, y: torch.Tensor, protos: torch.Tensor
 
 
 class FedProtoClient:
+    methods = ("fedproto",)
+
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
         cfg, rnd = env.cfg, round_of(content)
         model = local_model(env, state)

@@ -11,6 +11,8 @@ from core.training import trainable_only
 
 
 class FedRepClient(SharedLayersClient):
+    methods = ("fedrep",)
+
     def fit(self, env: ClientEnv, model: Net, shared: list[str], server_round: int) -> float:
         names = [n for n, _ in model.named_parameters()]
         body = [n for n in names if n in shared]

@@ -30,6 +30,8 @@ def local_model(env: ClientEnv, state: RecordDict) -> Net:
 class SharedLayersClient:
     """Merge the received layers into the local model, train it, return those layers."""
 
+    methods = ("fedper",)  # as is: FedPer; the other layer-sharing methods subclass it
+
     keeps_state = True  # False for FedAvg-like methods, where every layer comes from the server
 
     def model(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> tuple[Net, list[str]]:

@@ -12,6 +12,8 @@ from core import protocol as P
 
 
 class LGFedAvgClient(SharedLayersClient):
+    methods = ("lg-fedavg",)
+
     def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
         if str(content[P.CONFIG].get(P.PHASE, "")) != P.PHASE_UPLOAD:
             return super().evaluate(env, content, state)
