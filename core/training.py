@@ -98,7 +98,7 @@ def task_loss(task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     return nn.functional.cross_entropy if task == "classification" else nn.functional.mse_loss
 
 
-def score(task: str, outputs: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+def task_metrics(task: str, outputs: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     """Metrics of a prediction: accuracy for classification; for regression MSE and R²,
     1 − Σ(y − ŷ)² / Σ(y − ȳ)² over every target (the "accuracy" of a regression run)."""
     if task == "classification":
@@ -109,6 +109,9 @@ def score(task: str, outputs: torch.Tensor, y: torch.Tensor) -> dict[str, float]
     spread = float(((y - y.mean(0)) ** 2).sum())
     r2 = 1.0 - float(((outputs - y) ** 2).sum()) / spread if spread > 0 else float("nan")
     return {"mse": mse, "loss": mse, "r2": r2}
+
+
+score = task_metrics  # transitional: strategies/base.py, fedpft.py, lg_fedavg.py and tests/test_baselines_unit.py import the old name; delete once they import task_metrics (core.profiles.score is FedProf's selection score)
 
 
 @torch.no_grad()

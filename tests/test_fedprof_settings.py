@@ -24,7 +24,7 @@ from core.costmodel import (
 from core.data import SPECS, load_dataset
 from core.models import build_model
 from core.partition import client_sizes, make_partition
-from core.training import score
+from core.training import task_metrics
 from server.results import global_progress, participation_by_noise
 from tests.fakes import FakeGrid, make_strategy, reply
 
@@ -176,8 +176,8 @@ def test_r2_is_one_minus_residual_over_total_sum_of_squares():
     y = torch.tensor([[1.0, 0.0], [2.0, 2.0], [3.0, 4.0]])
     pred = torch.tensor([[1.5, 0.0], [2.0, 1.0], [2.5, 4.0]])
     ss_res, ss_tot = 0.25 + 0 + 0 + 1 + 0.25 + 0, (1 + 0 + 1) + (4 + 0 + 4)
-    assert score("regression", pred, y)["r2"] == pytest.approx(1 - ss_res / ss_tot)
-    assert score("regression", y, y)["r2"] == pytest.approx(1.0)
+    assert task_metrics("regression", pred, y)["r2"] == pytest.approx(1 - ss_res / ss_tot)
+    assert task_metrics("regression", y, y)["r2"] == pytest.approx(1.0)
 
 
 def test_cost_model_matches_a_hand_computation_of_eqs_9_to_16():
