@@ -13,6 +13,6 @@ for method in ${methods[@]}; do
     fedlog-c) extra=(--set algorithm=fedlog --set fedlog-alpha=0.01) ;;
     *) echo "unknown method $method" >&2; exit 2 ;;
   esac
-  .venv/bin/python -m simulation benchmarks/configs/mnist-table1.toml "${extra[@]}" --set seed="$seed" \
+  .venv/bin/python -m headway run benchmarks/configs/mnist-table1.toml "${extra[@]}" --set seed="$seed" \
       --out "benchmarks/results/mnist-table1/${method}-seed${seed}" ${OVERWRITE:+--overwrite}
 done

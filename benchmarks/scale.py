@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from benchmarks.runner import ROOT, load_run
-from server.processes import descendants
+from headway.processes import descendants
 
 OUT = ROOT / "benchmarks" / "results" / "scale"
 TABLE1_CLIENTS, TABLE1_FRACTION = 50, 0.05

@@ -2,7 +2,7 @@
 disk, so a SuperNode that restarts, and so rejoins under a new node id with an empty
 state, picks up where it stopped instead of from the seed.
 
-On when the SuperNode's node config names a ``state-dir`` (``server.launch supernode
+On when the SuperNode's node config names a ``state-dir`` (``headway supernode
 --state-dir``); the file is keyed by run id and partition id, written atomically after
 every message the client answered that left something in its state. The state is saved
 before the reply is sent, so a node that dies in between resumes one message ahead of what

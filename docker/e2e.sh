@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end check of the Docker cluster (not part of the test suite): write two node data
-# folders (`server.launch split mnist`, Dirichlet), build the image, start a SuperLink and two
+# folders (`headway split mnist`, Dirichlet), build the image, start a SuperLink and two
 # SuperNodes (docker/compose.yml; each node mounts only its own folder, read-only), submit a
 # 2-round FedLog run with dataset='local' and two bodies (mnist-cnn, mlp) through `flwr run`
 # from the host venv, check the results folder, and tear everything down (`compose down -v`
@@ -108,11 +108,11 @@ trap 'exit 130' INT TERM
 say "compose: ${COMPOSE[*]}; project $PROJECT; data $HEADWAY_DATA_DIR; work $WORK"
 # each SuperNode's own data: 2 % of MNIST's training set cut by label (Dirichlet), and the test set
 # (with --server-data a third folder, node-2, is the server's)
-say "writing node data folders under $WORK/nodes (server.launch split mnist)"
-"$PYTHON" -m server.launch split mnist --partition dirichlet --num-clients $((2 + server_data)) --out "$WORK/nodes" --set train-fraction=0.02 \
+say "writing node data folders under $WORK/nodes (headway split mnist)"
+"$PYTHON" -m headway split mnist --partition dirichlet --num-clients $((2 + server_data)) --out "$WORK/nodes" --set train-fraction=0.02 \
     >"$WORK/split.log" 2>&1 || { cat "$WORK/split.log"; exit 1; }
 if [[ $tls -eq 1 ]]; then
-    "$PYTHON" -m server.launch certs "$HEADWAY_CERTS_DIR" --host superlink >/dev/null
+    "$PYTHON" -m headway certs "$HEADWAY_CERTS_DIR" --host superlink >/dev/null
     connect=(--root-cert "$HEADWAY_CERTS_DIR/ca.crt")
 else
     connect=(--insecure)
@@ -149,7 +149,7 @@ done
 say "Control API answers on $url"
 compose ps
 
-"$PYTHON" -m server.launch connect e2e --address "127.0.0.1:$HEADWAY_CONTROL_PORT" "${connect[@]}"
+"$PYTHON" -m headway connect e2e --address "127.0.0.1:$HEADWAY_CONTROL_PORT" "${connect[@]}"
 RUN_CONFIG="algorithm='fedlog' dataset='local' num-clients=2 num-server-rounds=2 local-epochs=1 batch-size=10 \
 feature-dim=50 sample-timeout=120.0 round-timeout=300.0 results-dir='/app/results'"
 [[ $server_data -eq 1 ]] && RUN_CONFIG+=" server-data='/server-data'"

@@ -1,6 +1,8 @@
 """Run one experiment through Flower's simulation engine and write its results folder.
 
-    python -m simulation CONFIG.toml --out DIR [--set key=value ...] [--overwrite]
+    headway run CONFIG.toml --out DIR [--set key=value ...] [--overwrite]
+
+(``python -m simulation`` is the same command, kept for scripts.)
 
 CONFIG.toml holds run-config keys (top level, or under [run-config]); --set overrides
 them. Every virtual client is a Flower SuperNode in Flower's Ray-based simulation.

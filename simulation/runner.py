@@ -15,6 +15,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from core.config import LOCAL, ConfigError, check_against_spec, dataset_kind, resolve
 from core.data import DatasetMissingError
 from core.run_data import load_run_dataset, run_spec
@@ -177,23 +179,11 @@ def _report_interrupted(out: Path, summary: dict[str, Any]) -> None:
 
 
 def _descendants(pid: int) -> list[int]:
-    """Process ids under ``pid`` (Linux /proc; empty elsewhere): Ray's processes."""
-    children: dict[int, list[int]] = {}
+    """Process ids under ``pid`` (Ray's processes); empty if it is gone."""
     try:
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    except OSError:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
         return []
-    out, todo = [], list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
-        out.append(child)
-        todo.extend(children.get(child, []))
-    return out
 
 
 def _stop_on_signal(cfg: dict[str, Any], out: Path, started: float):
@@ -242,12 +232,12 @@ def _keep_sigterm_handler():
     return undo
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line; returns the exit code: 0 complete, 1 failed, 2 stopped by a
+def main(argv: list[str] | None = None, prog: str = "headway run") -> int:
+    """The command line (``headway run``); returns the exit code: 0 complete, 1 failed, 2 stopped by a
     pre-flight check (one ``error:`` line on stderr), 130 interrupted by Ctrl-C (SIGINT),
     143 by SIGTERM (a stop by signal ends the process with that code at once)."""
     parser = argparse.ArgumentParser(
-        prog="python -m simulation", description=sys.modules["simulation"].__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=sys.modules["simulation"].__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("config", nargs="?", help="TOML file of run-config keys")
     parser.add_argument("--out", required=True, help="results folder to write: new or empty, unless --overwrite")

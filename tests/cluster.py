@@ -130,11 +130,11 @@ class Cluster:
         return self.tmp / f"{name}.log"
 
     def launch(self, name: str, args: list[str], host: str | None = None, env: dict | None = None) -> subprocess.Popen:
-        """Start ``python -m server.launch ARGS`` (on ``host``) in its own session."""
+        """Start ``python -m headway ARGS`` (on ``host``) in its own session."""
         fh = open(self.log(name), "a")
         self.logs.append(fh)
         proc = subprocess.Popen(
-            [*self._prefix(host), sys.executable, "-m", "server.launch", *args],
+            [*self._prefix(host), sys.executable, "-m", "headway", *args],
             cwd=ROOT,
             env={**self.env, **(env or {})},
             stdout=fh,
@@ -168,14 +168,14 @@ class Cluster:
         raise TimeoutError(f"{name} did not log {text!r} within {timeout} s:\n{self.log(name).read_text()[-3000:]}")
 
     def command(self, args: list[str], host: str | None = None, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-        """Run a short command (``python -m server.launch …`` or ``flwr …``) on ``host``."""
+        """Run a short command (``python -m headway …`` or ``flwr …``) on ``host``."""
         out = subprocess.run([*self._prefix(host), *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
         if check and out.returncode != 0:
             raise AssertionError(f"{args} failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
         return out
 
     def launcher(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "server.launch", *args]
+        return [sys.executable, "-m", "headway", *args]
 
     def submit(
         self, connection: str, run_config: str, results: Path, host: str | None = None, timeout: float = 400

@@ -228,7 +228,7 @@ def test_a_registration_naming_the_run_configs_own_import_path_is_admitted(examp
 # ----- 5. a real Flower simulation with the example body ----------------------------------
 @pytest.mark.integration
 def test_fedlog_runs_the_example_body_in_a_flower_simulation(tmp_path, monkeypatch, data_dir):
-    """As the example's README says: the module on PYTHONPATH of `python -m simulation`
+    """As the example's README says: the module on PYTHONPATH of `headway run`
     (whose Ray workers build the clients' bodies); without it, refused before Ray starts."""
     sets = {
         "algorithm": "fedlog",
@@ -243,7 +243,9 @@ def test_fedlog_runs_the_example_body_in_a_flower_simulation(tmp_path, monkeypat
         "seed": 0,
         "sample-timeout": 30.0,
     }
-    cmd = [sys.executable, "-m", "simulation", "--out", str(tmp_path / "out")] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    cmd = [sys.executable, "-m", "headway", "run", "--out", str(tmp_path / "out")] + [
+        a for k, v in sets.items() for a in ("--set", f"{k}={v}")
+    ]
     monkeypatch.delenv("PYTHONPATH", raising=False)
     missing = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and "No module named 'headway_example_body'" in missing.stderr and not (tmp_path / "out").exists(), (

@@ -26,7 +26,7 @@ def deploy(
     ``tmp_path/wire-<partition>.jsonl``. ``node_args`` adds launcher options to chosen
     SuperNodes (by partition id). Every process is stopped by the harness."""
     path = []
-    if probe:  # `server.launch supernode` runs the flower-supernode found first on $HEADWAY_FLOWER_PATH: this one
+    if probe:  # `headway supernode` runs the flower-supernode found first on $HEADWAY_FLOWER_PATH: this one
         shim = tmp_path / "probe-bin"
         shim.mkdir()
         (shim / "flower-supernode").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tests.wire_probe "$@"\n')

@@ -15,7 +15,7 @@ import pytest
 
 from client.procedures.fedlog import BODY_STATE
 from client.state_store import STORE_RECORD, load_state
-from server.processes import descendants, running
+from headway.processes import descendants, running
 from tests.cluster import Cluster, free_port, read_rounds, run_folder
 
 pytestmark = [pytest.mark.deployment, pytest.mark.system]  # slow: `make test-system`

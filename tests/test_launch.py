@@ -4,7 +4,8 @@ import tomllib
 
 import pytest
 
-from server.launch import main, make_certs
+from headway.credentials import make_certs
+from headway.deploy import main
 from tests.conftest import ROOT
 
 
@@ -60,11 +61,11 @@ def test_supervisor_stops_the_whole_tree_even_processes_in_other_sessions(tmp_pa
     import sys
     import time
 
-    from server.processes import descendants, running
+    from headway.processes import descendants, running
 
     ready, pid_file = tmp_path / "ready", tmp_path / "sup.pid"
     code = (
-        f"from server.processes import supervise; raise SystemExit(supervise([{sys.executable!r}, '-c', {TREE!r}, {str(ready)!r}], "
+        f"from headway.processes import supervise; raise SystemExit(supervise([{sys.executable!r}, '-c', {TREE!r}, {str(ready)!r}], "
         f"grace=5, pid_file={str(pid_file)!r}))"
     )
     sup = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, start_new_session=True)
@@ -82,6 +83,26 @@ def test_supervisor_stops_the_whole_tree_even_processes_in_other_sessions(tmp_pa
     finally:
         if sup.poll() is None:
             os.killpg(sup.pid, signal.SIGKILL)
+
+
+def test_stop_refuses_a_pid_that_is_not_a_headway_launcher(tmp_path, capsys):
+    """A stale pid file naming some other process: `stop` says so and signals nothing."""
+    import subprocess
+    import sys
+
+    from headway.processes import is_launcher
+
+    assert is_launcher(["/venv/bin/python", "/venv/bin/headway", "superlink"]) and is_launcher(["python", "-m", "headway", "supernode"])
+    assert not is_launcher(["python", "-m", "http.server"]) and not is_launcher(["/usr/bin/headway-viewer"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "stale.pid").write_text(f"{other.pid}\n")
+        assert main(["stop", "--pid-file", str(tmp_path / "stale.pid"), "--timeout", "2"]) == 2
+        assert "is not a headway launcher" in capsys.readouterr().err
+        assert other.poll() is None  # not signalled
+    finally:
+        other.kill()
+        other.wait(timeout=10)
 
 
 def test_launcher_defaults_are_safe_and_missing_files_are_named(capsys, tmp_path):
@@ -142,7 +163,7 @@ def _cmdline(pid: int) -> str:
 
 @pytest.mark.deployment
 def test_superlink_starts_from_the_venvs_python_with_a_path_that_lacks_the_venv(tmp_path):
-    """The README's `.venv/bin/python -m server.launch superlink --certs certs`, run with a
+    """The README's `.venv/bin/python -m headway superlink --certs certs`, run with a
     PATH that has no virtual environment on it (no activate): Flower's SuperLink starts its
     SuperExec by bare name, so the launcher must put its interpreter's folder on the PATH
     it hands Flower. Started for real, then stopped by PID (and its group, if anything is left)."""
@@ -151,7 +172,7 @@ def test_superlink_starts_from_the_venvs_python_with_a_path_that_lacks_the_venv(
     import sys
     import time
 
-    from server.processes import descendants, running
+    from headway.processes import descendants, running
     from tests.cluster import Netns
 
     here = os.path.realpath(os.path.dirname(sys.executable))
@@ -173,7 +194,7 @@ def test_superlink_starts_from_the_venvs_python_with_a_path_that_lacks_the_venv(
     cmd = [
         sys.executable,
         "-m",
-        "server.launch",
+        "headway",
         "superlink",
         "--certs",
         str(tmp_path / "certs"),

@@ -1,5 +1,5 @@
 """Configs that used to pass pre-flight and then fail (issue 23, item 7): each is refused
-by ``python -m simulation`` with one ``error:`` line and exit 2 before the engine starts;
+by ``headway run`` with one ``error:`` line and exit 2 before the engine starts;
 and a run in which no round ever aggregated is not reported as complete."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """SIGTERM (what `timeout`, `docker stop` and job schedulers send) to a real
-``python -m simulation`` while its first round runs: the run is recorded as interrupted,
+``headway run`` while its first round runs: the run is recorded as interrupted,
 with the rounds done and a summary.json, and the process exits 143 (not by abort)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from server.processes import descendants, running
+from headway.processes import descendants, running
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.system]  # a real process sent a signal: make test-system
@@ -32,7 +32,8 @@ def test_sigterm_during_round_1_leaves_an_interrupted_summary_and_exits_143(tmp_
     cmd = [
         sys.executable,
         "-m",
-        "simulation",
+        "headway",
+        "run",
         "--out",
         str(out),
         "--set",

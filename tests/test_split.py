@@ -1,4 +1,4 @@
-"""The split command (server/split.py): node folders that read back, through core.sources, to
+"""`headway split` (headway/split.py): node folders that read back, through core.sources, to
 exactly the rows and labels of the in-memory partition."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from core.data import load_dataset
 from core.partition import make_partition
 from core.sources import SourceOptions, encode, merge, profile, read_source
-from server.split import run_config, split
+from headway.split import run_config, split
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTS = SourceOptions()  # image_size 0: the nodes' own 28x28
@@ -65,7 +65,7 @@ def test_split_through_the_command_line(tmp_path, data_dir):
     cmd = [
         sys.executable,
         "-m",
-        "server.launch",
+        "headway",
         "split",
         "mnist",
         "--partition",
@@ -88,7 +88,7 @@ def test_split_through_the_command_line(tmp_path, data_dir):
 
 
 def test_split_command_refuses_to_write_over_node_folders(tmp_path, data_dir, capsys):
-    from server.launch import main
+    from headway.cli import main
 
     argv = [
         "split",

@@ -6,8 +6,8 @@ SuperNode starts a SuperExec that starts ClientApps, so neither a PID nor a proc
 covers a deployment's processes. The supervisor makes itself a *child subreaper*: whatever
 its descendants leave behind is re-parented to it instead of init, so one walk of the
 process tree finds them all, and it stops them on SIGTERM, SIGINT or SIGHUP, and when
-Flower's command exits. Linux only (prctl and /proc); elsewhere it falls back to the
-child's process group.
+Flower's command exits. The subreaper is Linux only (prctl); elsewhere it falls back to the
+child's process group. The process tree is read with psutil.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import psutil
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -39,43 +41,28 @@ def _die_with_parent() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _stat(pid: int | str) -> tuple[str, int] | None:
-    """(state, parent PID) of a process from /proc, or None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ", which may hold spaces
-    return fields[0], int(fields[1])
-
-
 def running(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie (without /proc: whether it exists)."""
-    if not Path("/proc").is_dir():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:  # someone else's process: it exists
         return True
-    st = _stat(pid)
-    return st is not None and st[0] != "Z"
+
+
+def _live_children(pid: int) -> list[psutil.Process]:
+    """Live (not zombie) descendants of ``pid``; empty if it is gone."""
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [p for p in procs if running(p.pid)]
 
 
 def descendants(pid: int) -> list[int]:
-    """Live descendants of ``pid`` (children first), read from /proc; zombies excluded."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        st = _stat(entry.name) if entry.name.isdigit() else None
-        if st is not None and st[0] != "Z":
-            children.setdefault(st[1], []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(0), []):
-            out.append(child)
-            todo.append(child)
-    return out
+    """PIDs of the live descendants of ``pid`` (zombies excluded)."""
+    return [p.pid for p in _live_children(pid)]
 
 
 def _reap() -> None:
@@ -116,13 +103,21 @@ def stop_descendants(grace: float = 10.0) -> list[int]:
     me = os.getpid()
     killed: list[int] = []
     for apps_only in (True, False):
-        pids = [p for p in descendants(me) if not apps_only or (_stat(p) or ("", me))[1] != me]
+        pids = [p.pid for p in _live_children(me) if not apps_only or _parent(p) != me]
         _signal_all(pids, signal.SIGTERM)
         left = _wait_gone(pids, grace)
         _signal_all(left, signal.SIGKILL)
         killed += left
         _wait_gone(left, 5.0)
     return killed
+
+
+def _parent(proc: psutil.Process) -> int | None:
+    """The parent PID of ``proc``; None once it is gone."""
+    try:
+        return proc.ppid()
+    except psutil.NoSuchProcess:
+        return None
 
 
 class _Stop(Exception):
@@ -184,11 +179,22 @@ def supervise(cmd: list[str], grace: float = 10.0, pid_file: str = "", env: Mapp
     return rc
 
 
+def is_launcher(cmdline: Sequence[str]) -> bool:
+    """Whether a command line is a headway launcher: the `headway` command (console script or
+    ``python -m headway``), or a Python running this module's supervisor."""
+    return any(Path(arg).name == "headway" or "headway.processes" in arg for arg in cmdline)
+
+
 def stop_pid(pid: int, timeout: float = 45.0) -> bool:
     """Ask the supervisor ``pid`` to stop (SIGTERM) and wait until it has; True if it did.
     Refuses (ValueError) a PID that is not a headway launcher, e.g. from a stale pid file."""
-    cmdline = Path(f"/proc/{pid}/cmdline")
-    if cmdline.exists() and not any(name in cmdline.read_bytes() for name in (b"server.launch", b"server.processes")):
+    try:
+        cmdline = psutil.Process(pid).cmdline()
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.AccessDenied:
+        cmdline = None  # not ours to read: os.kill below says whether it is ours to stop
+    if cmdline is not None and not is_launcher(cmdline):
         raise ValueError(f"process {pid} is not a headway launcher (a stale pid file?); not signalling it")
     try:
         os.kill(pid, signal.SIGTERM)

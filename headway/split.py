@@ -2,7 +2,7 @@
 config asks for, written to disk as node-0/, node-1/, ... with each node's training and test rows
 and labels as class names, in a format core.sources reads back (npz, PNG folders or CSV).
 
-    python -m server.launch split mnist --partition dirichlet --num-clients 3 --out nodes/
+    headway split mnist --partition dirichlet --num-clients 3 --out nodes/
 """
 
 from __future__ import annotations

@@ -1,22 +1,23 @@
-"""Start the processes of a real deployment: a SuperLink (server machine), SuperNodes
-(client machines), the `flwr` connection to submit runs, TLS certificates and SuperNode keys.
+"""The deployment commands of `headway`: a SuperLink (server machine), SuperNodes (client
+machines), the `flwr` connection to submit runs, TLS certificates, SuperNode keys, per-node
+data folders, and stopping what was launched.
 
 Server machine (TLS and SuperNode authentication are the defaults):
-    python -m server.launch certs certs --host SERVER_HOST              # CA + SuperLink certificate
-    python -m server.launch superlink --certs certs                       # Fleet API :9092, Control API 127.0.0.1:8000
-    python -m server.launch connect lab --address 127.0.0.1:8000 --root-cert certs/ca.crt
-    python -m server.launch register node0.pub lab                        # once per SuperNode key
+    headway certs certs --host SERVER_HOST              # CA + SuperLink certificate
+    headway superlink --certs certs                     # Fleet API :9092, Control API 127.0.0.1:8000
+    headway connect lab --address 127.0.0.1:8000 --root-cert certs/ca.crt
+    headway register node0.pub lab                      # once per SuperNode key
     flwr run . lab --stream --run-config "algorithm='fedlog' num-clients=2"
 Client machine:
-    python -m server.launch keys keys --name node0                        # send keys/node0.pub to the server
-    python -m server.launch supernode --superlink SERVER_HOST:9092 --root-cert ca.crt --auth-key keys/node0 \
-        --data /srv/site-a [--body mlp] [--state-dir state]         # its own data; runs with dataset='local'
+    headway keys keys --name node0                      # send keys/node0.pub to the server
+    headway supernode --superlink SERVER_HOST:9092 --root-cert ca.crt --auth-key keys/node0 \
+        --data /srv/site-a [--body mlp] [--state-dir state]   # its own data; runs with dataset='local'
     (a demo instead: --partition-id 0 --num-partitions 2, its share of one data set every node holds)
 On a trusted network, `--insecure` on both sides drops TLS and authentication.
 
 `superlink` and `supernode` run Flower's own command (flower-superlink, flower-supernode;
 see --dry-run) under a supervisor that stops it and every process it spawned on SIGTERM,
-SIGINT or `python -m server.launch stop --pid-file F` (see :mod:`server.processes`).
+SIGINT or `headway stop --pid-file F` (see :mod:`headway.processes`).
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from server.credentials import make_certs, make_node_key
-from server.processes import stop_pid, supervise
+from headway.processes import stop_pid, supervise
 
 FLEET_PORT = 9092  # SuperLink Fleet API (gRPC), where SuperNodes connect
 CONTROL_PORT = 8000  # SuperLink Control API, where `flwr run` submits runs
@@ -113,7 +113,7 @@ def check_files(args: argparse.Namespace) -> str | None:
         missing = [n for n in ("ca.crt", "server.crt", "server.key") if not (Path(args.certs) / n).is_file()]
         if missing:
             return (
-                f"TLS is on but {args.certs} lacks {', '.join(missing)}: make them with `python -m server.launch certs {args.certs} "
+                f"TLS is on but {args.certs} lacks {', '.join(missing)}: make them with `headway certs {args.certs} "
                 "--host THIS_HOST`, or pass --insecure on a trusted network"
             )
     if args.cmd == "supernode":
@@ -122,7 +122,7 @@ def check_files(args: argparse.Namespace) -> str | None:
                 f"--root-cert {args.root_cert} is not a file: copy ca.crt from the server machine, or pass --insecure on a trusted network"
             )
         if args.auth_key and not Path(args.auth_key).is_file():
-            return f"--auth-key {args.auth_key} is not a file: make one with `python -m server.launch keys DIR`"
+            return f"--auth-key {args.auth_key} is not a file: make one with `headway keys DIR`"
         if args.auth_key and args.insecure:
             return "--auth-key needs TLS (the SuperLink only authenticates SuperNodes over TLS): pass --root-cert instead of --insecure"
     return None
@@ -157,10 +157,27 @@ def write_connection(name: str, address: str, insecure: bool, root_cert: str | N
     return path
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m server.launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+COMMANDS = {  # subcommand: what it does (its --help and `headway --help` say it)
+    "superlink": "start the SuperLink (server machine)",
+    "supernode": "start a SuperNode (client machine)",
+    "connect": "register a SuperLink for `flwr run . NAME`",
+    "certs": "make a CA and a SuperLink certificate (TLS)",
+    "keys": "make a SuperNode's key pair (SuperNode authentication)",
+    "register": "allow a SuperNode's public key on a SuperLink (run where `flwr run` runs)",
+    "split": "write a data set's partition as one data folder per node (deployment demo data)",
+    "stop": "stop a launched SuperLink or SuperNode and all its processes",
+}
+
+
+def parser(prog: str = "headway") -> argparse.ArgumentParser:
+    """The deployment subcommands, as `headway SUBCOMMAND` parses them."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    link = sub.add_parser("superlink", help="start the SuperLink (server machine)")
+
+    def add(name: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=COMMANDS[name], description=COMMANDS[name])
+
+    link = add("superlink")
     tls = link.add_mutually_exclusive_group()
     tls.add_argument("--insecure", action="store_true", help="no TLS and no SuperNode authentication (trusted networks only)")
     tls.add_argument("--certs", default="certs", help="folder with ca.crt, server.crt, server.key (see `certs`; default ./certs)")
@@ -172,7 +189,7 @@ def parser() -> argparse.ArgumentParser:
     link.add_argument("--fleet-port", type=int, default=FLEET_PORT)
     link.add_argument("--control-port", type=int, default=CONTROL_PORT)
     link.add_argument("--database", default="", help="SQLite state file (default: in memory)")
-    node = sub.add_parser("supernode", help="start a SuperNode (client machine)")
+    node = add("supernode")
     node.add_argument("--superlink", required=True, help="HOST:PORT of the SuperLink's Fleet API")
     share = node.add_mutually_exclusive_group()
     share.add_argument(
@@ -196,7 +213,7 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--pid-file", default="", help="write this launcher's PID here (for `stop`)")
         sp.add_argument("--grace", type=float, default=10.0, help="seconds Flower's processes get to exit on stop before SIGKILL")
         sp.add_argument("--dry-run", action="store_true", help="print Flower's command instead of running it")
-    conn = sub.add_parser("connect", help="register a SuperLink for `flwr run . NAME`")
+    conn = add("connect")
     conn.add_argument("name")
     ctls = conn.add_mutually_exclusive_group(required=True)
     ctls.add_argument("--address", help="HOST:PORT of a SuperLink's Control API")
@@ -206,18 +223,18 @@ def parser() -> argparse.ArgumentParser:
     conn.add_argument("--num-supernodes", type=int, default=50, help="virtual clients (simulation); match num-clients")
     conn.add_argument("--client-cpus", type=float, default=1.0, help="CPUs per virtual client (simulation)")
     conn.add_argument("--client-gpus", type=float, default=0.0, help="GPU share per virtual client (simulation), e.g. 0.25")
-    certs = sub.add_parser("certs", help="make a CA and a SuperLink certificate (TLS)")
+    certs = add("certs")
     certs.add_argument("out", help="folder to write ca.crt, ca.key, server.crt, server.key")
     certs.add_argument(
         "--host", required=True, action="append", help="the SuperLink's host name or IP as clients dial it (repeat for several)"
     )
-    keys = sub.add_parser("keys", help="make a SuperNode's key pair (SuperNode authentication)")
+    keys = add("keys")
     keys.add_argument("out", help="folder to write NAME (private key) and NAME.pub")
     keys.add_argument("--name", default="supernode", help="file name of the key (default supernode)")
-    reg = sub.add_parser("register", help="allow a SuperNode's public key on a SuperLink (run where `flwr run` runs)")
+    reg = add("register")
     reg.add_argument("public_key", help="the SuperNode's NAME.pub")
     reg.add_argument("connection", help="the connection name given to `connect`")
-    spl = sub.add_parser("split", help="write a data set's partition as one data folder per node (deployment demo data)")
+    spl = add("split")
     spl.add_argument(
         "source", help="a built-in data set (mnist, uci-adult, ...) or a user path (image folder, .csv, .parquet, .npz, HF folder)"
     )
@@ -228,7 +245,7 @@ def parser() -> argparse.ArgumentParser:
     spl.add_argument("--seed", type=int, help="run-config 'seed'")
     spl.add_argument("--train-fraction", type=float, help="run-config 'train-fraction' (default 0.05, as in a run)")
     spl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any other run-config key (repeat)")
-    stop = sub.add_parser("stop", help="stop a launched SuperLink or SuperNode and all its processes")
+    stop = add("stop")
     stop.add_argument("--pid-file", required=True)
     stop.add_argument("--timeout", type=float, default=45.0, help="seconds to wait (the launcher may take 2 × --grace + 15)")
     return p
@@ -238,8 +255,8 @@ def flower_path() -> str:
     """PATH for Flower's commands: the folder of the Python this launcher runs under first
     (a virtual environment's bin/, where pip put flwr, flower-superlink, flower-superexec,
     flower-supernode, flwr-serverapp, flwr-clientapp), then the caller's PATH. Flower's own
-    commands start the others by bare name, so they need it too: ``.venv/bin/python -m
-    server.launch superlink`` must work without an activated environment.
+    commands start the others by bare name, so they need it too: ``.venv/bin/headway
+    superlink`` must work without an activated environment.
     ``$HEADWAY_FLOWER_PATH`` (folders) comes before both: wrappers of Flower's commands,
     such as the tests' byte probe around flower-supernode."""
     here = str(Path(sys.executable).parent)
@@ -263,8 +280,8 @@ def _flwr(args: list[str]) -> int:
 
 
 def _split(args: argparse.Namespace) -> int:
-    """The `split` subcommand: run-config items from --set and the flags, then server.split."""
-    from server.split import run_config, split  # local import: loads numpy, torch and the data code
+    """The `split` subcommand: run-config items from --set and the flags, then headway.split."""
+    from headway.split import run_config, split  # local import: loads numpy, torch and the data code
 
     settings = {}
     for item in args.set:
@@ -286,9 +303,14 @@ def _split(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "headway") -> int:
+    """Run one deployment subcommand (``argv[0]``); its exit code: 0 done, 2 refused (one
+    ``error:`` line on stderr), 1 `stop` timed out, else the supervised command's code
+    (128 + the signal that stopped the launcher)."""
+    args = parser(prog).parse_args(argv)
     if args.cmd == "certs":
+        from headway.credentials import make_certs  # local imports: cryptography, for `certs` and `keys` only
+
         make_certs(Path(args.out), args.host)
         print(
             f"wrote ca.crt, server.crt, server.key to {args.out} (for {', '.join(args.host)}); copy ca.crt to every client machine, "
@@ -296,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.cmd == "keys":
+        from headway.credentials import make_node_key
+
         try:
             private, public = make_node_key(Path(args.out), args.name)
         except FileExistsError as exc:
@@ -303,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(
             f"wrote {private} (stays on this SuperNode: --auth-key {private}) and {public} "
-            f"(register it: python -m server.launch register {public} CONNECTION)"
+            f"(register it: headway register {public} CONNECTION)"
         )
         return 0
     if args.cmd == "split":
@@ -358,7 +382,3 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     return supervise([exe, *cmd[1:]], grace=args.grace, pid_file=args.pid_file, env=flower_env())
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
