@@ -87,12 +87,6 @@ def solve_head(stats: np.ndarray, count: float, chi: np.ndarray | float | None =
     return eta
 
 
-def log_posterior(eta: np.ndarray, stats: np.ndarray, count: float, chi: np.ndarray | float | None = None, nu: float = 1.0) -> float:
-    """The objective of Eq. 12 (up to a constant): η·(χ+Φ) − (ν+n)·log Σ_y exp(‖η_y‖²/4)."""
-    s = np.asarray(stats, dtype=np.float64) + (0.0 if chi is None else chi)
-    return float(np.sum(eta * s) - (nu + count) * logsumexp(np.sum(eta**2, axis=1) / 4.0))
-
-
 def stationarity_residual(
     eta: np.ndarray, stats: np.ndarray, count: float, chi: np.ndarray | float | None = None, nu: float = 1.0
 ) -> float:

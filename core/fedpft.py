@@ -30,7 +30,6 @@ from core.gmm import (
     fit_gmm,
     pack_symmetric,
     packed_dim,
-    parameter_count,
     project_psd,
     sample,
     unpack_symmetric,
@@ -141,11 +140,6 @@ def covariance_shape(dim: int, covariance: str, packed: bool = False) -> tuple[i
     if covariance == "diag":
         return (dim,)
     return (packed_dim(dim),) if packed else (dim, dim)
-
-
-def payload_values(counts: list[int], dim: int, k: int, covariance: str) -> int:
-    """float16 values of a payload for classes of these sizes: Eqs. 9–11 with K_c per class."""
-    return sum(parameter_count(dim, components_for(n, k), covariance) for n in counts)
 
 
 class PayloadCheck:

@@ -4,13 +4,12 @@ probability that each one is chosen; and k draws with replacement (Li et al.'s s
 Weighted sampling is *successive* sampling (numpy's ``choice(replace=False, p=...)``):
 the first pick has probability w_i / Σw, and each later pick is drawn the same way from
 the clients not yet picked. The resulting inclusion probability π_i = P(i is among the k)
-is not k·w_i/Σw in general; :func:`inclusion_probabilities` computes it exactly.
+is not k·w_i/Σw in general (the tests compute it exactly, by enumeration).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
 
 import numpy as np
 
@@ -58,40 +57,3 @@ def draw_with_replacement(n: int, k: int, rng: np.random.Generator, weights: Seq
     if k <= 0 or w.sum() == 0:
         return np.zeros(n, dtype=np.int64)
     return rng.multinomial(k, w / w.sum()).astype(np.int64)
-
-
-def inclusion_probabilities(weights: Sequence[float], k: int) -> np.ndarray:
-    """π_i = P(position i is among the k drawn by successive sampling ∝ ``weights``).
-
-    Exact, by recursion over the set already drawn (2^n states: meant for n ≲ 20, such as
-    documenting and testing the sampler; Σ π_i = k).
-    """
-    w = clean_weights(weights)
-    n = len(w)
-    if np.count_nonzero(w) < k:
-        raise ValueError("inclusion probabilities need at least k positive weights")
-    if n > 22:
-        raise ValueError(f"exact inclusion probabilities enumerate 2^n subsets; n={n} is too many")
-    weights_t = tuple(w.tolist())
-
-    @cache
-    def reach(mask: int) -> float:
-        """Probability that the first popcount(mask) draws are exactly the set ``mask``."""
-        if mask == 0:
-            return 1.0
-        total = 0.0
-        for i in range(n):
-            if mask >> i & 1:
-                prev = mask & ~(1 << i)
-                left = sum(weights_t[j] for j in range(n) if not prev >> j & 1)
-                total += reach(prev) * weights_t[i] / left
-        return total
-
-    pi = np.zeros(n)
-    for mask in range(1 << n):
-        if bin(mask).count("1") == k:
-            p = reach(mask)
-            for i in range(n):
-                if mask >> i & 1:
-                    pi[i] += p
-    return pi

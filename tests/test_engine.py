@@ -9,10 +9,11 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageTy
 from flwr.common.serde import recorddict_to_proto
 
 from core.aggregate import relative_update_norm, weighted_average
-from core.sampling import draw_with_replacement, inclusion_probabilities, sample_positions
+from core.sampling import draw_with_replacement, sample_positions
 from strategies.replies import ArraySpec, Layout
 from strategies.wire import WireMeter, values_bytes, wire_bytes
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
+from tests.oracles import inclusion_probabilities
 
 LAYOUT = Layout({"x": ArraySpec((4,))}, count=True, optional=("loss",))
 

@@ -7,11 +7,11 @@ from core.fedlog import (
     add_noise,
     class_means,
     dp_sigma,
-    log_posterior,
     solve_head,
     stationarity_residual,
     sufficient_statistics,
 )
+from tests.oracles import log_posterior
 
 
 def _features(rng, n, m, classes):

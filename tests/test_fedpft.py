@@ -27,7 +27,6 @@ from core.fedpft import (
     dp_sigma,
     encode,
     fit_class_mixtures,
-    payload_values,
     privatize,
 )
 from core.gmm import (
@@ -38,6 +37,7 @@ from core.gmm import (
     unpack_symmetric,
 )
 from tests.fakes import FakeGrid, make_strategy, reply
+from tests.oracles import payload_values
 
 sklearn = pytest.importorskip("sklearn.mixture")
 
