@@ -152,7 +152,12 @@ def write_connection(name: str, address: str, insecure: bool, root_cert: str | N
         )
     else:
         block = f'\n[superlink.{name}]\naddress = "{address}"\n'
-        block += "insecure = true\n" if insecure else f'root-certificates = "{Path(root_cert).resolve()}"\n'
+        if insecure:
+            block += "insecure = true\n"
+        elif root_cert:
+            block += f'root-certificates = "{Path(root_cert).resolve()}"\n'
+        else:
+            raise ValueError("a remote connection needs insecure=True or a root certificate")
     path.write_text(text + block)
     return path
 
