@@ -21,6 +21,7 @@ def fresh_partition(ds, cfg):
 
 
 def same_splits(a, b) -> bool:
+    """Every client's training and test rows, and the server's holdout, are the same."""
     return all(np.array_equal(x, y) for x, y in zip(a.train + a.test + (a.validation,), b.train + b.test + (b.validation,), strict=True))
 
 
@@ -48,11 +49,13 @@ def test_partition_is_deterministic_in_the_seed(data_dir):
     ds = load_dataset("mnist", data_dir)
     a, b = fresh_partition(ds, _cfg(seed=1)), fresh_partition(ds, _cfg(seed=1, **{"num-server-rounds": 7}))
     c = fresh_partition(ds, _cfg(seed=2))
-    assert a is not b and same_splits(a, b)
+    assert a is not b
+    assert same_splits(a, b), "one seed, two different partitions"
     assert not all(np.array_equal(x, y) for x, y in zip(a.train, c.train))
     assert make_partition(ds, _cfg(seed=2, **{"num-server-rounds": 7})) is c  # the clients of a process share one
     held = [fresh_partition(ds, _cfg(seed=1, algorithm="fedprof", **{"fedprof-val-size": 500})) for _ in range(2)]
-    assert len(held[0].validation) == 500 and same_splits(*held)  # FedProf's server holdout too
+    assert len(held[0].validation) == 500
+    assert same_splits(*held), "one seed, two different FedProf holdouts or partitions"
 
 
 def test_dirichlet_skew_responds_to_alpha(data_dir):
@@ -106,5 +109,6 @@ def test_shards_deal_equal_sorted_shards_so_a_client_may_hold_one_class_twice(da
     assert len(np.unique(np.concatenate(part.test))) == sum(len(t) for t in part.test)  # disjoint
     again = fresh_partition(ds, _cfg(partition="shards", **{"num-server-rounds": 3}))
     other = fresh_partition(ds, _cfg(partition="shards", seed=1))
-    assert again is not part and same_splits(part, again)
+    assert again is not part
+    assert same_splits(part, again), "one seed, two different shard deals"
     assert not all(np.array_equal(x, y) for x, y in zip(part.train, other.train))
