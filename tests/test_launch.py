@@ -85,6 +85,7 @@ def test_supervisor_stops_the_whole_tree_even_processes_in_other_sessions(tmp_pa
             os.killpg(sup.pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_stop_refuses_a_pid_that_is_not_a_headway_launcher(tmp_path, capsys):
     """A stale pid file naming some other process: `stop` says so and signals nothing."""
     import subprocess
