@@ -226,5 +226,5 @@ def test_a_registry_names_what_is_missing_doubled_or_undeclared():
         one_per_method("strategy", [c for c in full if c[0] != "fedrep"])
     with pytest.raises(RuntimeError, match=r"'fedlog' has 2 \(tests.test_config.A, tests.test_config.B\)"):
         one_per_method("strategy", [*full, ("fedlog", B)])
-    with pytest.raises(RuntimeError, match="tests.test_config.B claims 'fedrep-copy', which core/methods.py does not declare"):
-        one_per_method("client procedure", [*full, ("fedrep-copy", B)])
+    with pytest.raises(RuntimeError, match="tests.test_config.B claims 'no-such-method', which core/methods.py does not declare"):
+        one_per_method("client procedure", [*full, ("no-such-method", B)])
