@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config import SCHEMA
-from core.methods import METHODS, Method, method_keys
+from core.methods import METHODS, Method, method_keys, no_rules
 from core.schema import Key
 
 PYPROJECT = "pyproject.toml"
@@ -86,7 +86,7 @@ def key_table(keys: Mapping[str, Key]) -> list[str]:
 def method_notes(method: Method) -> list[str]:
     """What a method's declaration says beyond its keys, one line each."""
     notes = []
-    rules = (method.validate.__doc__ or "").strip()
+    rules = (method.validate.__doc__ or "").strip() if method.validate is not no_rules else ""
     if rules:
         notes.append(f"- Checked at start: {' '.join(rules.split())}")
     if method.holdout_key != "server-holdout":

@@ -8,7 +8,7 @@ import tomllib
 import pytest
 
 from core.config import SCHEMA, ConfigError, body_for, check_bodies, defaults, max_replies, resolve
-from core.methods import ALGORITHMS, METHODS, method_keys, one_per_method
+from core.methods import ALGORITHMS, METHODS, method_keys, no_rules, one_per_method
 from core.partition import server_holdout
 from headway import generate
 from tests.conftest import ROOT
@@ -171,7 +171,10 @@ def test_the_reference_documents_every_key_once_in_its_section():
         assert key.rule.replace("|", "\\|") in allowed, name
         assert help_text.startswith(" ".join(key.help.split())[:40].replace("|", "\\|")), name
     for method in METHODS.values():
-        assert f"### {method.name}\n\n{method.summary[0].upper()}{method.summary[1:]}." in generate.doc_text(), method.name
+        section = generate.doc_text().split(f"\n### {method.name}\n\n")[1].split("\n### ")[0]
+        assert section.startswith(f"{method.summary[0].upper()}{method.summary[1:]}."), method.name
+        assert ("Checked at start: " in section) == (method.validate is not no_rules), method.name
+    assert [m.name for m in METHODS.values() if m.validate is not no_rules] == ["fedlog", "fedprof", "fedpft"]
 
 
 def test_check_mode_names_a_hand_edited_file_and_a_run_repairs_it(tmp_path, capsys):
