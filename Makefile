@@ -6,20 +6,20 @@ STAMP := $(VENV)/.installed
 export HEADWAY_DATA_DIR ?= $(abspath ../shared/data)
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION = 1
 
-.PHONY: setup run test test-fast test-system clean
+.PHONY: setup run test test-fast test-system lint clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,fedpft,data]"
+	$(PY) -m pip install --quiet -e ".[test,fedpft,data,lint]"
 	touch $(STAMP)
 
 # The main job: FedLog on FedLog's Table 1 MNIST setup (50 clients, 100 rounds).
 # results/main is this target's own folder: each `make run` replaces the last one's results.
 run: setup
-	$(PY) -m simulation benchmarks/configs/mnist-table1.toml --set algorithm=fedlog --out results/main --overwrite
+	$(VENV)/bin/headway run benchmarks/configs/mnist-table1.toml --set algorithm=fedlog --out results/main --overwrite
 
 # Everything but the slow fault tests (about 15 minutes on 2 cores).
 test: setup
@@ -31,9 +31,15 @@ test: setup
 test-system: setup
 	$(PY) -m pytest -q -m system
 
-# Unit tests only (no Flower engine, no processes): about two minutes.
+# Unit tests only (no Flower engine, no processes, nothing marked slow): about five minutes.
 test-fast: setup
-	$(PY) -m pytest -q -m "not integration and not deployment"
+	$(PY) -m pytest -q -m "not integration and not deployment and not system and not slow"
+
+# Lint, format and types over the whole tree (CI runs it before the tests).
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) results .pytest_cache
