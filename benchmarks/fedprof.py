@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from benchmarks.runner import add_run_arguments, results_root, simulate
 from strategies.fedprof import SECRET_ENV
@@ -38,7 +39,11 @@ GROUP = {"full": "full", "full-cache": "full", "partial": "partial"}
 # FedProx's own scheme, K draws with replacement by data ratio n_k/n and the draws averaged
 # with equal weight, with the proximal term mu (fedprox-mu, 0.01 by default: FedProx's paper
 # tunes mu per task among 0.001-1 and the FedProf paper does not say which it used).
-METHODS = {"fedprof": {}, "fedavg": {"fedprof-alpha": 0.0}, "fedprox": {"algorithm": "fedprox", "client-sampling": "data-ratio"}}
+METHODS: dict[str, dict[str, Any]] = {
+    "fedprof": {},
+    "fedavg": {"fedprof-alpha": 0.0},
+    "fedprox": {"algorithm": "fedprox", "client-sampling": "data-ratio"},
+}
 MODES_OF = {"fedprox": ("partial",)}  # methods run in some modes only
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from benchmarks.runner import finished, fmt_mean_se, load_run
 from server.results import plot_curves
 
 # fedlog-extended Table 1: accuracy % (mean ± s.e., 10 seeds) and communication cost to the threshold
-PAPER = {
+PAPER: dict[str, dict[str, Any]] = {
     "mnist": {
         "threshold": 0.97,
         "fedavg": ("89.76 ± 0.69", "3.45 Gb"),
@@ -97,17 +98,17 @@ def table(runs: dict, paper: str) -> str:
         reach = [bytes_to(r, thr) for _, r in items]
         rounds_to = [next((r["round"] for r in rs if r["accuracy"] is not None and r["accuracy"] >= thr), None) for _, rs in items]
         reached = sum(ok for _, ok in reach)
-        cost = fmt_bytes(np.mean([b for b, _ in reach])) + (
+        cost = fmt_bytes(float(np.mean([b for b, _ in reach]))) + (
             "" if reached == len(reach) else f" ({len(reach) - reached} not reached: to best)"
         )
-        total = fmt_bytes(np.mean([s["total_bytes"] for s, _ in items]))
+        total = fmt_bytes(float(np.mean([s["total_bytes"] for s, _ in items])))
         wall = np.mean([s["wall_seconds"] for s, _ in items]) / 60
         pa, pc = ref.get(method, ("", ""))
         rt = ", ".join(str(r) if r else "–" for r in rounds_to)
         n_rounds = max(len(r) for _, r in items)
         final = fmt_mean_se([s["final_accuracy"] for s, _ in items])
-        values = [values_up_to(r, thr) for _, r in items]
-        vcost = fmt_bytes(np.mean(values)) + ("" if reached == len(reach) else " (to best)") if all(v is not None for v in values) else "–"
+        values = [v for _, r in items if (v := values_up_to(r, thr)) is not None]
+        vcost = fmt_bytes(float(np.mean(values))) + ("" if reached == len(reach) else " (to best)") if len(values) == len(items) else "–"
         lines.append(
             f"| {method} | {len(items)} | {n_rounds} | {final} | {bests.mean():.2f} | {cost} | {rt} | {vcost} | {total} | {wall:.1f} min | {pa} | {pc} |"
         )

@@ -45,11 +45,11 @@ def description(cfg: Mapping[str, Any], data: str, body: str) -> RecordDict:
 def joined(msg: Message, context: Context) -> tuple[str, int] | None:
     """The (schema JSON, client index) of a dataset=local node: from a registration query
     (kept in ``context.state`` for the run's later messages), else from that state."""
-    config = msg.content.config_records.get(P.CONFIG, {}) if msg.metadata.message_type == MessageType.QUERY else {}
+    config = msg.content.config_records.get(P.CONFIG, ConfigRecord()) if msg.metadata.message_type == MessageType.QUERY else ConfigRecord()
     if P.DATA_SCHEMA in config:
-        context.state[JOINED] = ConfigRecord({P.DATA_SCHEMA: str(config[P.DATA_SCHEMA]), P.CLIENT_INDEX: int(config[P.CLIENT_INDEX])})
+        context.state[JOINED] = ConfigRecord({P.DATA_SCHEMA: str(config[P.DATA_SCHEMA]), P.CLIENT_INDEX: P.as_int(config[P.CLIENT_INDEX])})
     record = context.state.config_records.get(JOINED)
-    return None if record is None else (str(record[P.DATA_SCHEMA]), int(record[P.CLIENT_INDEX]))
+    return None if record is None else (str(record[P.DATA_SCHEMA]), P.as_int(record[P.CLIENT_INDEX]))
 
 
 def partition_of(context: Context) -> int | None:
@@ -58,8 +58,8 @@ def partition_of(context: Context) -> int | None:
     node config's ``partition-id``."""
     if context.node_config.get("data"):
         record = context.state.config_records.get(JOINED)
-        return None if record is None else int(record[P.CLIENT_INDEX])
-    return int(context.node_config["partition-id"]) if "partition-id" in context.node_config else None
+        return None if record is None else P.as_int(record[P.CLIENT_INDEX])
+    return P.as_int(context.node_config["partition-id"]) if "partition-id" in context.node_config else None
 
 
 def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, Any]) -> Message:
@@ -67,7 +67,7 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
     try:
         cfg = node_cfg(run_config, context.node_config)
         data = local_data(cfg, context.node_config)
-        phase = msg.content.config_records.get(P.CONFIG, {}).get(P.PHASE) if kind == "query" else None
+        phase = msg.content.config_records.get(P.CONFIG, ConfigRecord()).get(P.PHASE) if kind == "query" else None
         if data is not None and phase == P.PHASE_DESCRIBE:
             return Message(content=description(cfg, data, str(context.node_config.get("body", ""))), reply_to=msg)
         if data is not None:

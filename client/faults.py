@@ -114,7 +114,7 @@ def damage_reply(content: RecordDict, mode: str, kind: str = "train", timeout: f
         metrics[P.NUM_EXAMPLES] = [1, 2]
     out[P.METRICS] = record = MetricRecord(metrics)
     if mode == "string-metric":  # what a client that builds its own Message can send in simulation
-        record._data[P.LOSS] = "0.1"  # type: ignore[assignment]  # past MetricRecord's own type check, on purpose
+        record._data[P.LOSS] = "0.1"  # type: ignore[attr-defined]  # past MetricRecord's own type check, on purpose
     return out
 
 

@@ -22,6 +22,8 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
+from core import protocol as P
+
 log = logging.getLogger("headway")
 
 STORE_RECORD = "state-store"  # in the state itself: how often it was restored from disk
@@ -80,7 +82,7 @@ def restore_state(state: RecordDict, path: Path) -> bool:
         return False
     for name, record in saved.items():
         state[name] = record
-    restores = int(state.config_records.get(STORE_RECORD, ConfigRecord()).get("restores", 0)) + 1
+    restores = P.as_int(state.config_records.get(STORE_RECORD, ConfigRecord()).get("restores", 0)) + 1
     state[STORE_RECORD] = ConfigRecord({"restores": restores})
     log.warning("this SuperNode restarted: restored the client's local state from %s (restore %d)", path, restores)
     return True

@@ -9,7 +9,7 @@ import numpy as np
 
 
 def weighted_average(
-    arrays: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float], like: Mapping[str, np.ndarray] | None = None
+    arrays: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float] | np.ndarray, like: Mapping[str, np.ndarray] | None = None
 ) -> dict[str, np.ndarray]:
     """Σ_k w_k A_k / Σ_k w_k for every name, in float64, cast to the dtype of ``like``
     (the server's own arrays; default the first's). Integer arrays are rounded."""

@@ -109,7 +109,7 @@ def _efficientnet_lite0(weights: str, resolution: int) -> torch.nn.Module:
             self.net = net
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.net.extract_features(x).mean((2, 3))
+            return self.net.extract_features(x).mean((2, 3))  # type: ignore[operator]  # EfficientNet's method, typed by nn.Module as Tensor | Module
 
     return Pooled(model)
 

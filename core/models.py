@@ -56,8 +56,9 @@ def feature_pair(body: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.
     same tensor twice for a body without it. Terms that pull features towards class centres
     (FedLog-C's Eq. 13, FedProto's prototypes) take the second: on dropped-out features
     they would add a hidden (p/(1-p))·|f|^2 penalty that shrinks the features."""
-    if hasattr(body, "forward_pair"):  # CNN and TorchvisionBody; bodies without dropout need none
-        return body.forward_pair(x)
+    pair = getattr(body, "forward_pair", None)  # CNN and TorchvisionBody; bodies without dropout need none
+    if pair is not None:
+        return pair(x)
     f = body(x)
     return f, f
 
@@ -359,16 +360,25 @@ def _adapt_first_conv(name: str, net: nn.Module, channels: int, pretrained: bool
     every channel it computes what the RGB filters compute on it copied into three)."""
     if channels == 3:
         return
-    qualified, old = next(((n, mod) for n, mod in net.named_modules() if isinstance(mod, nn.Conv2d)), (None, None))
-    if old is None or old.in_channels != 3 or old.groups != 1:
+    first = next(((n, mod) for n, mod in net.named_modules() if isinstance(mod, nn.Conv2d)), None)
+    if first is None or first[1].in_channels != 3 or first[1].groups != 1:
         raise BodyError(f"body {name!r}: cannot adapt torchvision's first convolution to {channels}-channel inputs")
+    qualified, old = first
     new = nn.Conv2d(
-        channels, old.out_channels, old.kernel_size, old.stride, old.padding, old.dilation, 1, old.bias is not None, old.padding_mode
+        channels,
+        old.out_channels,
+        old.kernel_size,  # type: ignore[arg-type]  # torch types a Conv2d's sizes tuple[int, ...]; they are pairs
+        old.stride,  # type: ignore[arg-type]
+        old.padding,  # type: ignore[arg-type]
+        old.dilation,  # type: ignore[arg-type]
+        1,
+        old.bias is not None,
+        old.padding_mode,
     )
     if pretrained:
         with torch.no_grad():
             new.weight.copy_(old.weight.sum(1, keepdim=True).repeat(1, channels, 1, 1) / channels)
-            if old.bias is not None:
+            if old.bias is not None and new.bias is not None:
                 new.bias.copy_(old.bias)
     parent, leaf = _parent(net, qualified)
     setattr(parent, leaf, new)
@@ -445,7 +455,7 @@ def _checked(name: str, factory: Callable[..., Any]) -> Callable[[tuple[int, ...
             raise BodyError(f"body {name!r}: the factory returned {_describe(body)}, not a torch.nn.Module")
         width = output_width(name, body, input_shape, m)
         if getattr(body, "out_dim", None) is None:
-            body.out_dim = width
+            body.out_dim = width  # type: ignore[assignment]  # nn.Module types attributes Tensor | Module; this one is an int
         return body
 
     return build
@@ -462,11 +472,19 @@ def build_body(name: str, input_shape: tuple[int, ...], m: int = 0, seed: int = 
     return body.eval()
 
 
+def body_width(body: nn.Module) -> int:
+    """The number of features ``body`` outputs: its ``out_dim``, which :func:`build_body` sets on every body."""
+    width = getattr(body, "out_dim", None)
+    if width is None:
+        raise BodyError(f"{type(body).__name__} declares no out_dim (the number of features it outputs)")
+    return int(width)
+
+
 def build_model(name: str, input_shape: tuple[int, ...], m: int, outputs: int, seed: int = 0, dropout: float = 0.0) -> Net:
     """Body and linear head, seeded, so every client can rebuild the same initial model."""
     body = build_body(name, input_shape, m, seed, dropout)
     torch.manual_seed(seed + seeds.HEAD)
-    return Net(body, nn.Linear(body.out_dim, outputs)).eval()
+    return Net(body, nn.Linear(body_width(body), outputs)).eval()
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -485,7 +503,7 @@ def nonnegative_features(name: str, input_shape: tuple[int, ...], m: int = 0) ->
 
 def common_width(bodies: list[str], input_shape: tuple[int, ...], m: int = 0) -> int:
     """The feature width every body in ``bodies`` outputs; ValueError when they differ."""
-    widths = {b: build_body(b, input_shape, m).out_dim for b in bodies}
+    widths = {b: body_width(build_body(b, input_shape, m)) for b in bodies}
     if len(set(widths.values())) != 1:
         raise ValueError(f"every body must output the same number of features; got {widths}: set 'feature-dim'")
     return next(iter(widths.values()))

@@ -56,3 +56,11 @@ GMM_COVARIANCES = "gmm-covariances"
 HEAD_WEIGHT = "head-weight"  # FedPFT's linear head (server -> client)
 HEAD_BIAS = "head-bias"
 PHASE_CHAIN = "chain"  # FedPFT decentralized: a client gets the previous client's mixtures, relayed
+
+
+def as_int(value: object) -> int:
+    """A record or config field that this protocol makes a whole number, as an int (Flower types
+    every field as any record value, lists and bytes included: those raise TypeError)."""
+    if isinstance(value, (int, float, str)):
+        return int(value)
+    raise TypeError(f"expected a number, got {type(value).__name__}")

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeGuard, overload
 
 import numpy as np
 
@@ -295,7 +295,7 @@ def _read_parquet(file: Path) -> dict[str, list]:
         raise SourceError(f"{file}: not a readable Parquet file ({_one_line(exc)})") from None
 
 
-def _table_split(columns: dict[str, Sequence[Any]], where: str, opts: SourceOptions) -> RawSplit:
+def _table_split(columns: Mapping[str, Sequence[Any]], where: str, opts: SourceOptions) -> RawSplit:
     """Split a table's columns into labels, the natural column and feature columns."""
     found = ", ".join(columns) or "none"
     if opts.label_column not in columns:
@@ -523,6 +523,10 @@ def read_source(path: str | Path, opts: SourceOptions) -> RawSource:
 # Profiles: what a node declares about its data (no rows)
 
 
+@overload
+def _numbers(values: Any, strict: Literal[False]) -> np.ndarray: ...
+@overload
+def _numbers(values: Any, strict: bool) -> np.ndarray | None: ...
 def _numbers(values: Any, strict: bool) -> np.ndarray | None:
     """A column as float64 with NaN for missing cells; None when `strict` and a cell is no number
     (not strict: such a cell is NaN too)."""
@@ -588,11 +592,11 @@ def profile(raw: RawSource, opts: SourceOptions) -> dict:
     return out
 
 
-def _is_count(v: Any) -> bool:
+def _is_count(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-def _is_real(v: Any) -> bool:
+def _is_real(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -723,7 +727,7 @@ def _merge_images(profiles: list[dict], opts: SourceOptions) -> tuple[int, int, 
         raise SourceError(
             f"images differ in size within node data {i} and run-config key 'image-size' is 0: set image-size (e.g. image-size=32)"
         )
-    distinct = sorted({tuple(s) for s in sizes})
+    distinct = sorted({tuple(s) for s in sizes if s is not None})
     if len(distinct) > 1:
         shown = ", ".join(f"{h}x{w}" for h, w in distinct[:5])
         raise SourceError(

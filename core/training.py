@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -10,6 +11,7 @@ from torch import nn
 from core.data import augment_batch
 
 CPU = torch.device("cpu")  # the default device of training and prediction
+Out = TypeVar("Out")  # what a training forward pass gives its loss: logits, or (features, logits)
 
 
 def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -27,7 +29,7 @@ def batches(n: int, batch_size: int, generator: torch.Generator, shuffle: bool =
 
 
 def train_epochs(
-    forward: Callable[[torch.Tensor], torch.Tensor],
+    forward: Callable[[torch.Tensor], Out],
     params: list[nn.Parameter],
     x: torch.Tensor,
     y: torch.Tensor,
@@ -36,7 +38,7 @@ def train_epochs(
     batch_size: int,
     lr: float,
     optimizer: str,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    loss_fn: Callable[[Out, torch.Tensor], torch.Tensor],
     augment: bool = False,
     seed: int = 0,
     device: torch.device = CPU,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Protocol
 
 from flwr.app import MetricRecord, RecordDict
+from flwr.app.typing import MetricRecordValues
 
 from client.env import ClientEnv
 from core import protocol as P
@@ -24,7 +26,7 @@ class Procedure(Protocol):
 
 def round_of(content: RecordDict) -> int:
     cfg = content.config_records.get(P.CONFIG)
-    return int(cfg.get(P.ROUND, 0)) if cfg is not None else 0
+    return P.as_int(cfg.get(P.ROUND, 0)) if cfg is not None else 0
 
 
 def test_metrics(env: ClientEnv, forward) -> MetricRecord:
@@ -32,11 +34,11 @@ def test_metrics(env: ClientEnv, forward) -> MetricRecord:
     return outputs_metrics(env, predict(forward, env.x_test, device=env.device))
 
 
-def outputs_metrics(env: ClientEnv, out, extra: dict[str, float] | None = None) -> MetricRecord:
+def outputs_metrics(env: ClientEnv, out, extra: Mapping[str, float] | None = None) -> MetricRecord:
     """Local test metrics of outputs ``out`` (one row per test example) in the reply format."""
     s = task_metrics(env.data.task, out, env.y_test)
     n = len(env.y_test)
-    met = {P.NUM_EXAMPLES: n, P.PARTITION_ID: env.partition_id}
+    met: dict[str, MetricRecordValues] = {P.NUM_EXAMPLES: n, P.PARTITION_ID: env.partition_id}
     if n and math.isfinite(s["loss"]):
         met[P.LOSS] = float(s["loss"])
     if env.data.task == "classification":
@@ -49,7 +51,7 @@ def outputs_metrics(env: ClientEnv, out, extra: dict[str, float] | None = None) 
 
 def train_metrics(env: ClientEnv, loss: float) -> MetricRecord:
     """A training reply's metrics: count, partition id, and the loss when there is one."""
-    met = {P.NUM_EXAMPLES: len(env.y_train), P.PARTITION_ID: env.partition_id}
+    met: dict[str, MetricRecordValues] = {P.NUM_EXAMPLES: len(env.y_train), P.PARTITION_ID: env.partition_id}
     if math.isfinite(loss):
         met[P.LOSS] = float(loss)
     return MetricRecord(met)

@@ -64,7 +64,7 @@ class FedLogClient:
     def _features(self, env: ClientEnv, state: RecordDict) -> FeatureMap:
         body = build_body(env.body, env.data.input_shape, env.cfg["feature-dim"], env.init_seed, env.cfg["body-dropout"])
         if BODY_STATE in state.array_records:
-            body.load_state_dict(state[BODY_STATE].to_torch_state_dict())
+            body.load_state_dict(state.array_records[BODY_STATE].to_torch_state_dict())
         return FeatureMap(body, env.cfg["fedlog-clip"]).to(env.device)
 
     def _statistics(self, env: ClientEnv, fmap: FeatureMap) -> np.ndarray:
@@ -79,8 +79,8 @@ class FedLogClient:
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
         cfg, rnd = env.cfg, round_of(content)
         fmap = self._features(env, state)
-        arrays = content[P.ARRAYS]
-        phase = str(content[P.CONFIG].get(P.PHASE, P.PHASE_TRAIN))
+        arrays = content.array_records[P.ARRAYS]
+        phase = str(content.config_records[P.CONFIG].get(P.PHASE, P.PHASE_TRAIN))
         loss = float("nan")
         if phase == P.PHASE_TRAIN:
             eta = torch.as_tensor(arrays[P.ETA].numpy(), dtype=torch.float32, device=env.device)
@@ -94,7 +94,7 @@ class FedLogClient:
             def objective(pair: tuple[torch.Tensor, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
                 phi, kept = pair
                 out = torch.nn.functional.cross_entropy(phi @ eta.T, y)  # Eq. 10, on the dropped-out features
-                if means is not None:  # Eq. 13 on the features before feature dropout: on dropped-out
+                if means is not None and known is not None:  # Eq. 13 on the features before feature dropout: on dropped-out
                     # ones it would add a hidden (p/(1-p))·‖φ‖² penalty that shrinks the features
                     out = out + alpha * fedlog_c_loss(kept, y, means, known)
                 return out
@@ -126,5 +126,5 @@ class FedLogClient:
 
     def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
         fmap = self._features(env, state).eval()
-        eta = torch.as_tensor(content[P.ARRAYS][P.ETA].numpy(), dtype=torch.float32, device=env.device)
+        eta = torch.as_tensor(content.array_records[P.ARRAYS][P.ETA].numpy(), dtype=torch.float32, device=env.device)
         return RecordDict({P.METRICS: test_metrics(env, lambda x: fmap(x) @ eta.T)})

@@ -111,7 +111,7 @@ class FedPFTClient:
 
     def _received(self, env: ClientEnv, content: RecordDict, dim: int) -> list[ClassMixture]:
         """The previous client's mixtures, checked again here: relayed data is untrusted too."""
-        arrays = content[P.ARRAYS] if P.ARRAYS in content.array_records else None
+        arrays = content.array_records.get(P.ARRAYS)
         if arrays is None or P.GMM_CLASSES not in arrays:
             return []
         cfg = env.cfg
@@ -120,19 +120,19 @@ class FedPFTClient:
         )
         decoded = {k: arrays[k].numpy() for k in arrays.keys()}
         mixtures, problem = check.decode(decoded, None)
-        if problem:
+        if mixtures is None:
             raise ValueError(f"relayed mixtures rejected: {problem}")
         return mixtures
 
     def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
         f = self._features(env, "test")
-        arrays = content[P.ARRAYS] if P.ARRAYS in content.array_records else ArrayRecord()
-        extra = {}
+        arrays = content.array_records.get(P.ARRAYS, ArrayRecord())
+        extra: dict[str, float] = {}
         if P.HEAD_WEIGHT in arrays:  # centralized: the server's head
             head = arrays
         elif HEAD_STATE in state.array_records:  # chain: the head trained here
-            head = state[HEAD_STATE]
-            local = state[LOCAL_HEAD_STATE]
+            head = state.array_records[HEAD_STATE]
+            local = state.array_records[LOCAL_HEAD_STATE]
             pred = head_logits(f, local[P.HEAD_WEIGHT].numpy(), local[P.HEAD_BIAS].numpy()).argmax(1)
             extra[CORRECT_LOCAL] = int((pred == env.y_test).sum())
         else:

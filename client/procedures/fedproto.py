@@ -20,7 +20,7 @@ from core.training import predict, train_epochs
 
 def global_prototypes(content: RecordDict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(prototypes, known-class mask) from the server's message, or None in round 1."""
-    arrays = content[P.ARRAYS]
+    arrays = content.array_records[P.ARRAYS]
     if P.PROTOTYPES not in arrays:
         return None
     protos = torch.as_tensor(arrays[P.PROTOTYPES].numpy(), dtype=torch.float32, device=device)
@@ -81,7 +81,7 @@ class FedProtoClient:
     def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
         model = local_model(env, state).eval()
         metrics = test_metrics(env, model)
-        head_correct = int(metrics[P.CORRECT])
+        head_correct = P.as_int(metrics[P.CORRECT])
         glob = global_prototypes(content, torch.device("cpu"))
         proto_correct = head_correct  # no prototypes yet: the head is the only predictor
         if glob is not None and len(env.y_test):

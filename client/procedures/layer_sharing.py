@@ -23,7 +23,7 @@ def local_model(env: ClientEnv, state: RecordDict) -> Net:
     """The model this client kept from its last round, or the seeded initial model."""
     model = env.build_model()
     if PERSONAL in state.array_records:
-        model.load_state_dict(state[PERSONAL].to_torch_state_dict())
+        model.load_state_dict(state.array_records[PERSONAL].to_torch_state_dict())
     return model
 
 
@@ -37,7 +37,7 @@ class SharedLayersClient:
     def model(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> tuple[Net, list[str]]:
         """This client's model with the received layers in place, and their names."""
         model = local_model(env, state) if self.keeps_state else env.build_model()
-        received = content[P.ARRAYS].to_torch_state_dict()
+        received = content.array_records[P.ARRAYS].to_torch_state_dict()
         own = model.state_dict()
         for name, value in received.items():
             if name not in own or own[name].shape != value.shape:
