@@ -21,9 +21,10 @@ def discover() -> dict[str, Procedure]:
         module = importlib.import_module(f"{procedures.__name__}.{info.name}")
         for cls in vars(module).values():
             if isinstance(cls, type) and cls.__module__ == module.__name__ and "methods" in vars(cls):
-                if isinstance(cls.methods, str):
+                methods = vars(cls)["methods"]
+                if isinstance(methods, str):
                     raise TypeError(f"{cls.__module__}.{cls.__qualname__}.methods must be a tuple of method names, not a string")
-                claims += [(name, cls) for name in cls.methods]
+                claims += [(name, cls) for name in methods]
     classes = one_per_method("client procedure", claims)
     instances = {cls: cls() for cls in set(classes.values())}
     return {name: instances[cls] for name, cls in classes.items()}

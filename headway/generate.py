@@ -141,7 +141,11 @@ def stale(want: Mapping[Path, str]) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="headway generate", description=__doc__.split("\n\n")[0].replace("\n", " "))
+    p = argparse.ArgumentParser(
+        prog="headway generate",
+        description="Write pyproject.toml's [tool.flwr.app.config] block and docs/configuration.md from the run-config schema "
+        "(core/config.py) and the method declarations (core/methods.py).",
+    )
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the stale files")
     p.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="the source checkout (default: this one)")
     args = p.parse_args(argv)
