@@ -143,24 +143,25 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
         cfg["num-server-rounds"],
         out,
     )
+    engine = strategy.connect(grid)  # kept here: who took part goes into summary.json even when the run raises
     try:
-        strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(), num_rounds=cfg["num-server-rounds"], on_round=recorder.round)
+        strategy.run(engine, strategy.initial_arrays(), cfg["num-server-rounds"], on_round=recorder.round)
     except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, a stop signal (Flower exits 0), or Flower exiting on an error
         status, why = "interrupted", "interrupted (Ctrl-C, or a stop signal: e.g. the SuperLink shutting down)"
         if isinstance(exc, SystemExit) and exc.code not in (0, None):
             status, why = "failed", f"Flower exited with code {exc.code} (e.g. the SuperLink became unreachable)"
-        summary = recorder.finish({**strategy.summary_extra(), **strategy.participants()}, status=status, reason=why)
+        summary = recorder.finish({**strategy.summary_extra(engine), **strategy.participants(engine)}, status=status, reason=why)
         log.error("headway: run %s after %d rounds: %s; results so far are in %s", status, summary["rounds"], why, out)
         raise
     except Exception as exc:
         summary = recorder.finish(
-            {**strategy.summary_extra(), **strategy.participants()}, status="failed", reason=f"{type(exc).__name__}: {exc}"
+            {**strategy.summary_extra(engine), **strategy.participants(engine)}, status="failed", reason=f"{type(exc).__name__}: {exc}"
         )
         log.error("headway: run failed after %d rounds: %s", summary["rounds"], summary["reason"])
         raise
     extra = {
-        **strategy.summary_extra(),
-        **strategy.participants(),
+        **strategy.summary_extra(engine),
+        **strategy.participants(engine),
         "aggregated_rounds": sum(bool(r.get("aggregated")) for r in recorder.rounds),
         **({} if found is None else found.summary()),
         **server_data_note(strategy),

@@ -1,16 +1,32 @@
-"""The shape every headway strategy shares: Flower's Strategy driven by the round
+"""The shape every headway strategy shares: a method's round hooks, driven by the round
 engine (:mod:`strategies.engine`).
 
 A strategy is built with the resolved config, the data set's spec and its
 :class:`~strategies.services.Services`, and fails at construction (``ConfigError``) when
-the config cannot work. Its hooks keep Flower's names and return what they produced:
+the config cannot work. Each hook takes what it needs as arguments and returns what it
+made; what one round's later hooks need from its first is the :class:`TrainRound` that
+``configure_train`` returns, never a field of the strategy:
 
-- ``configure_train(rnd, arrays, engine)`` → ``{node id: RecordDict}`` (content may differ per client);
-- ``train_layout(rnd)`` → the :class:`~strategies.replies.Layout` a training reply must match;
-- ``aggregate_train(rnd, replies)`` → :class:`Step` (new arrays or None, clients used, metrics);
+- ``configure_train(rnd, arrays, engine)`` → ``(TrainRound, {node id: RecordDict})`` (content may differ per client);
+- ``train_layout(ctx)`` → the :class:`~strategies.replies.Layout` a training reply must match;
+- ``aggregate_train(ctx, replies)`` → :class:`Step` (new arrays or None, clients used, metrics);
 - ``configure_evaluate`` / ``aggregate_evaluate`` likewise, for clients' local test scores;
 - ``prepare(arrays, engine)`` for work before round 1 (its bytes count in round 1) and
   ``train_round`` for rounds shaped differently (several exchanges, relays).
+
+Fields a strategy keeps across rounds (a model, a head, FedProf's baselines) are set in
+``__init__`` and changed by ``prepare``/``aggregate_*``; what it keeps per client lives in
+the engine's registry, one dataclass per method (:meth:`~strategies.engine.ClientRegistry.state`).
+
+Why this is not a subclass of Flower's ``flwr.serverapp.strategy.Strategy``: a headway
+round is run by the strategy itself through the engine (metered exchanges, reply layouts
+checked per client, deadlines per exchange and per relay hop, registration of nodes as
+partitions), so its hooks take and return headway's types, not the Messages Flower's
+loop builds for a Grid. Subclassing Flower's class while changing every hook signature
+and ignoring ``start``'s ``timeout``/``evaluate_fn`` would promise a contract the class
+does not keep; honouring it would put the engine back inside Flower's loop. So
+:class:`HeadwayStrategy` is a plain class, and :meth:`HeadwayStrategy.start` takes only
+what it honours: the grid, the initial arrays, the number of rounds and a per-round callback.
 """
 
 from __future__ import annotations
@@ -23,14 +39,13 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
-from flwr.serverapp.strategy.result import Result
 
 from core import protocol as P
 from core.config import body_names
 from core.data import DatasetSpec
+from core.methods import METHODS
 from core.models import BODIES, build_model, common_width, is_custom_body
 from core.training import predict, score
 from strategies.engine import Engine, RoundFailed, RoundMeter
@@ -51,6 +66,19 @@ class Step:
     clients: int
     metrics: dict[str, float] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)  # non-scalar figures, e.g. FedProf's scores by partition id
+
+
+@dataclass(frozen=True)
+class TrainRound:
+    """One training round as ``configure_train`` set it up, passed to the round's later hooks
+    (``train_layout``, the reply check, ``aggregate_train``): the round, its engine, the
+    arrays sent (as numpy, what replies are checked and averaged against) and, under
+    ``client-sampling=data-ratio``, how many times each node id was drawn."""
+
+    server_round: int
+    engine: Engine
+    sent: dict[str, np.ndarray] = field(default_factory=dict)
+    draws: dict[int, int] = field(default_factory=dict)
 
 
 def unknown_body(body: str, cfg: Mapping[str, Any]) -> str | None:
@@ -84,8 +112,9 @@ def mean_finite(values: list[float]) -> float:
     return float(np.mean(finite)) if finite else float("nan")
 
 
-class HeadwayStrategy(Strategy):
-    """Base strategy: subclasses set ``name`` and implement the hooks above."""
+class HeadwayStrategy:
+    """Base strategy: subclasses set ``name`` (the method's name in :data:`core.methods.METHODS`)
+    and implement the hooks above."""
 
     name = "base"
     has_global_model = False  # one model for everyone: the server also scores it on the test set
@@ -120,15 +149,12 @@ class HeadwayStrategy(Strategy):
             return f"registration names body {body!r} with {got} features, but this run's replies carry {width}: set feature-dim or run a body of that width"
         return None
 
-    def summary_extra(self) -> dict[str, Any]:
-        """Method-specific figures for summary.json."""
+    def summary_extra(self, engine: Engine) -> dict[str, Any]:
+        """Method-specific figures for summary.json, after (or part of) the run on ``engine``."""
         return {}
 
-    def participants(self) -> dict[str, Any]:
+    def participants(self, engine: Engine) -> dict[str, Any]:
         """Who took part, for summary.json: partition id -> body, and refused nodes' reasons."""
-        engine: Engine | None = getattr(self, "engine", None)
-        if engine is None:
-            return {}
         clients = sorted(engine.registry.clients.values(), key=lambda c: c.partition_id)
         out: dict[str, Any] = {
             "participants": {str(c.partition_id): c.body for c in clients},
@@ -158,24 +184,25 @@ class HeadwayStrategy(Strategy):
         """Work before round 1 (default: none)."""
         return arrays, None
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> dict[int, RecordDict]:
-        """Default: ``fraction-train`` of the clients, all sent ``arrays``."""
+    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
+        """The round's context and what each chosen node is sent. Default: ``fraction-train``
+        of the clients, all sent ``arrays``."""
         content = self.content(server_round, arrays)
-        return {node: content for node in engine.sample(self.cfg["fraction-train"])}
+        return TrainRound(server_round, engine), {node: content for node in engine.sample(self.cfg["fraction-train"])}
 
-    def train_layout(self, server_round: int) -> Layout:
+    def train_layout(self, ctx: TrainRound) -> Layout:
         raise NotImplementedError
 
-    def aggregate_train(self, server_round: int, replies: list[Reply]) -> Step:
+    def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
         raise NotImplementedError
 
     def train_round(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> Step:
         """Configure, exchange, check quorum, aggregate (a failed round keeps ``arrays``)."""
-        contents = self.configure_train(server_round, arrays, engine)
-        replies = engine.exchange(P.PHASE_TRAIN, contents, MessageType.TRAIN, self.train_layout(server_round))
+        ctx, contents = self.configure_train(server_round, arrays, engine)
+        replies = engine.exchange(P.PHASE_TRAIN, contents, MessageType.TRAIN, self.train_layout(ctx))
         if not engine.quorum(P.PHASE_TRAIN, replies):
             return Step(None, len(replies))
-        return self.aggregate_train(server_round, replies)
+        return self.aggregate_train(ctx, replies)
 
     def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         """What clients need to score themselves (default: the server's arrays)."""
@@ -254,26 +281,26 @@ class HeadwayStrategy(Strategy):
         return {f"global_{k}": v for k, v in s.items()}
 
     # ----- the run ----------------------------------------------------------------
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Any = None,
-        on_round: RoundCallback | None = None,
-    ) -> Result:
-        """Run ``num_rounds`` rounds; after each, call ``on_round`` with the round's record.
+    def connect(self, grid: Grid) -> Engine:
+        """The run's engine on ``grid``, made once per run: a node registers only with a body
+        :meth:`body_problem` admits. Every hook that needs it is given it."""
+        return Engine(grid, self.cfg, self.services, admit=self.body_problem)
 
-        ``timeout``, ``train_config``, ``evaluate_config`` and ``evaluate_fn`` keep
-        Flower's signature; headway's deadlines and settings come from the run config.
-        Raises :class:`RoundFailed` when round 1 (or the work before it) gets no valid reply.
-        """
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int, on_round: RoundCallback | None = None) -> Engine:
+        """Run ``num_rounds`` rounds on ``grid`` (see :meth:`run`); returns the run's engine
+        (its registry says who took part: :meth:`participants`). A caller that needs the
+        engine when the run raises (the ServerApp, for summary.json) calls
+        :meth:`connect` and :meth:`run` itself."""
+        engine = self.connect(grid)
+        self.run(engine, initial_arrays, num_rounds, on_round)
+        return engine
+
+    def run(self, engine: Engine, initial_arrays: ArrayRecord, num_rounds: int, on_round: RoundCallback | None = None) -> ArrayRecord:
+        """Run ``num_rounds`` rounds on ``engine``; after each, call ``on_round`` with the
+        round's record. Returns the server's last arrays. Deadlines and settings come from
+        the run config. Raises :class:`RoundFailed` when round 1 (or the work before it)
+        gets no valid reply."""
         self.summary()
-        engine = self.engine = Engine(grid, self.cfg, self.services, admit=self.body_problem)
-        result = Result()
         arrays = initial_arrays
         started = time.monotonic()
         engine.wait_for_clients()
@@ -309,11 +336,9 @@ class HeadwayStrategy(Strategy):
                 or step.clients >= self.cfg["min-replies"]
                 or (rnd == 1 and prep is not None and prep.arrays is not None)
             )
-            result.arrays = arrays
-            result.evaluate_metrics_clientapp[rnd] = MetricRecord({k: v for k, v in evaluation.items() if np.isfinite(v)})
             if on_round is not None:
                 on_round(record)
-        return result
+        return arrays
 
     @staticmethod
     def _first_reason(meter: RoundMeter, what: str) -> str:
@@ -356,4 +381,6 @@ class HeadwayStrategy(Strategy):
         return record
 
     def summary(self) -> None:
-        log.info("strategy %s: %s", self.name, {k: v for k, v in self.cfg.items() if k.startswith(self.name)})
+        """Log the method's own run-config keys (those its declaration in :data:`core.methods.METHODS` names)."""
+        keys = METHODS[self.name].keys if self.name in METHODS else {}
+        log.info("strategy %s: %s", self.name, {k: self.cfg[k] for k in keys})

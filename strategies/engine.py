@@ -3,8 +3,9 @@ for, and what crossed the wire.
 
 - :class:`ClientRegistry`: node id ↔ partition id (stated once, in a registration query
   before a node's first round), body, last seen, consecutive failures, refused nodes,
-  and per-client method state. Nodes are ordered by partition id, so seeded sampling is
-  reproducible although node ids are random.
+  and per-client method state (one dataclass per method: :meth:`ClientRegistry.state`).
+  Nodes are ordered by partition id, so seeded sampling is reproducible although node
+  ids are random.
 - :class:`Engine`: exchanges with a deadline (``round-timeout`` per exchange; a node that
   misses it is not asked again in the same round), quorum (``min-replies``), decoding of
   every reply against the method's :class:`~strategies.replies.Layout`, relays from one
@@ -19,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -37,6 +38,8 @@ MAX_BODY_NAME = 300  # characters of a body name a registration may give (an imp
 # Phases whose bytes are measurement, not the method's cost (reported apart).
 MEASUREMENT_PHASES = (P.PHASE_REGISTER, P.PHASE_EVALUATE, P.PHASE_UPLOAD)
 
+S = TypeVar("S")  # a method's per-client state class
+
 
 class RoundFailed(RuntimeError):
     """A step of a round could not go on (e.g. every client failed in round 1)."""
@@ -52,7 +55,7 @@ class ClientInfo:
     last_seen: float = 0.0
     last_round: int = 0
     consecutive_failures: int = 0
-    state: dict[str, Any] = field(default_factory=dict)  # the method's per-client state
+    state: Any = None  # the method's per-client state: an instance of its own dataclass (ClientRegistry.state)
     declared: dict[str, Any] | None = None  # dataset=local: the node's own data as it declared it (classes -> [train, test] counts)
 
     def declared_count(self, split: str) -> int | None:
@@ -86,7 +89,7 @@ class ClientRegistry:
         if not 0 <= pid < self.num_partitions:
             return f"registration gives partition id {pid}, outside 0..{self.num_partitions - 1}"
         holder = self.by_partition(pid)
-        state: dict[str, Any] = {}
+        state: Any = None
         if holder is not None and holder != node_id:
             if holder in connected and self.displaced.get(node_id) != pid:
                 self.conflicts[node_id] = holder
@@ -103,6 +106,20 @@ class ClientRegistry:
         self.displaced.pop(node_id, None)
         self.clients[node_id] = ClientInfo(node_id, pid, str(body), last_seen=time.monotonic(), state=state)
         return None
+
+    def state(self, node_id: int, kind: type[S]) -> S:
+        """The method's state of registered node ``node_id``, a ``kind()`` made the first time it is
+        asked for. One method's state class per run: a record of another class is a bug, not a fallback."""
+        info = self.clients[node_id]
+        if info.state is None:
+            info.state = kind()
+        if not isinstance(info.state, kind):
+            raise TypeError(f"node {node_id} holds client state of {type(info.state).__name__}, not {kind.__name__}")
+        return info.state
+
+    def states(self, kind: type[S]) -> dict[int, S]:
+        """Every registered node's state (see :meth:`state`), in registration order."""
+        return {node: self.state(node, kind) for node in self.clients}
 
     def free_indices(self, count: int) -> list[int]:
         """Up to ``count`` client indices no registered node holds, lowest first (dataset=local:
@@ -465,15 +482,17 @@ class Engine:
         phase: str,
         order: list[int],
         first: RecordDict,
-        forward: Callable[[Reply], RecordDict],
+        forward: Callable[[Reply], tuple[RecordDict, Layout]],
         layout: Layout,
         hop_timeout: float,
         kind: str = MessageType.TRAIN,
     ) -> list[Reply]:
-        """Pass a message along ``order``: each valid reply becomes, through ``forward``,
-        the next node's message. A hop that fails (silent past ``hop_timeout``, or an
-        invalid reply) is skipped: the next node gets what the failed one was given. No
-        hop waits past the round deadline of ``round-timeout`` from the relay's start."""
+        """Pass a message along ``order``: ``first`` (whose reply must match ``layout``) goes
+        to the first node, and each valid reply becomes, through ``forward``, the next node's
+        message and the layout that node's reply must match. A hop that fails (silent past
+        ``hop_timeout``, or an invalid reply) is skipped: the next node gets what the failed
+        one was given. No hop waits past the round deadline of ``round-timeout`` from the
+        relay's start."""
         deadline = self.clock() + self.cfg["round-timeout"]
         content, out = first, []
         for node in order:
@@ -487,5 +506,5 @@ class Engine:
                 log.warning("%s: relay skips %s; the next client gets the same message", phase, self._who(node))
                 continue
             out.append(reply)
-            content = forward(reply)
+            content, layout = forward(reply)
         return out

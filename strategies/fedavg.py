@@ -7,6 +7,7 @@ client drawn twice counts twice): scheme I of Li et al. 2020, FedProx's own samp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -18,7 +19,7 @@ from core.aggregate import relative_update_norm, weighted_average
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.models import build_model
-from strategies.base import HeadwayStrategy, Step, mean_finite
+from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
 from strategies.replies import ArraySpec, Layout, Rejection, Reply
 from strategies.services import Services
@@ -34,18 +35,25 @@ def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     )  # order="C" keeps 0-d arrays 0-d (BatchNorm counters); ascontiguousarray makes them (1,)
 
 
+@dataclass
+class FedAvgClientState:
+    """What FedAvg keeps of one client across rounds."""
+
+    n: int | None = None  # client-sampling=data-ratio: the count its last accepted training reply gave
+
+
 class FedAvg(HeadwayStrategy):
     """Whole-model averaging weighted by each client's number of training examples."""
 
     name = "fedavg"
     has_global_model = True
+    averages = "whole models"  # what the server averages (for the single-body refusal)
+    mixed_bodies = False  # whether clients may run different bodies (layer sharing: where the shared layers agree)
 
     def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
         super().__init__(cfg, spec, services)
-        if body_names(cfg) != [cfg["body"]]:
-            raise ConfigError(f"{self.name} averages whole models, so every client must run the same body: leave 'bodies' empty")
-        self.sent: dict[str, np.ndarray] = {}  # what this round's clients were sent
-        self.draws: dict[int, int] = {}  # client-sampling=data-ratio: node id -> times drawn this round
+        if not self.mixed_bodies and body_names(cfg) != [cfg["body"]]:
+            raise ConfigError(f"{self.name} averages {self.averages}, so every client must run the same body: leave 'bodies' empty")
 
     def initial_arrays(self) -> ArrayRecord:
         model = build_model(
@@ -68,15 +76,14 @@ class FedAvg(HeadwayStrategy):
         """The part of the server's arrays exchanged in ``server_round`` (FedAvg: all)."""
         return arrays
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> dict[int, RecordDict]:
+    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
         sent = self.shared(server_round, arrays)
-        self.sent = to_numpy(sent)
         content = self.content(server_round, sent)
         if self.cfg["client-sampling"] == "data-ratio":
-            self.engine = engine  # aggregate_train records the counts replies give
-            self.draws = engine.draw(self.cfg["fraction-train"], self.data_ratio(engine))
-            return {node: content for node in self.draws}
-        return {node: content for node in engine.sample(self.cfg["fraction-train"])}
+            draws = engine.draw(self.cfg["fraction-train"], self.data_ratio(engine))
+            return TrainRound(server_round, engine, to_numpy(sent), draws), {node: content for node in draws}
+        nodes = engine.sample(self.cfg["fraction-train"])
+        return TrainRound(server_round, engine, to_numpy(sent)), {node: content for node in nodes}
 
     def data_ratio(self, engine: Engine) -> dict[int, float]:
         """n_k of every available node, for draws ∝ n_k/n: the partition's size where the
@@ -86,15 +93,16 @@ class FedAvg(HeadwayStrategy):
         nodes = engine.nodes()
         if sizes is not None:
             return {n: float(sizes[engine.partition_of(n)][0]) for n in nodes}
-        known = {n: float(engine.registry.clients[n].state["n"]) for n in nodes if "n" in engine.registry.clients[n].state}
+        counts = {n: engine.registry.state(n, FedAvgClientState).n for n in nodes}
+        known = {n: float(c) for n, c in counts.items() if c is not None}
         fill = float(np.mean(list(known.values()))) if known else 1.0
         return {n: known.get(n, fill) for n in nodes}
 
-    def train_layout(self, server_round: int) -> Layout:
+    def train_layout(self, ctx: TrainRound) -> Layout:
         """A reply is the arrays it was sent, same names, shapes and dtypes, with n > 0
         and an update no larger than ``max-update-norm`` allows."""
-        specs = {k: ArraySpec(tuple(v.shape), str(v.dtype)) for k, v in self.sent.items()}
-        return Layout(specs, count=True, optional=(P.LOSS,), check=partial(self.check_update, bound=self.update_bound(server_round)))
+        specs = {k: ArraySpec(tuple(v.shape), str(v.dtype)) for k, v in ctx.sent.items()}
+        return Layout(specs, count=True, optional=(P.LOSS,), check=partial(self.check_update, ctx=ctx))
 
     def update_bound(self, server_round: int) -> tuple[str, float]:
         """The key and value bounding ``server_round``'s relative update norms. Round 1 starts
@@ -103,15 +111,13 @@ class FedAvg(HeadwayStrategy):
         key = "max-first-update-norm" if server_round <= 1 else "max-update-norm"
         return key, float(self.cfg[key])
 
-    def check_update(
-        self, arrays: dict[str, np.ndarray], reply: Reply, bound: tuple[str, float]
-    ) -> tuple[dict[str, np.ndarray] | None, str | None]:
+    def check_update(self, arrays: dict[str, np.ndarray], reply: Reply, ctx: TrainRound) -> tuple[dict[str, np.ndarray] | None, str | None]:
         """``arrays`` when they may be averaged: a count to weigh them by, and an update no
-        further from the model sent than ``bound`` (key, value) allows."""
+        further from the model sent (``ctx.sent``) than the round's bound allows."""
         if reply.count == 0:
             return None, "num-examples is 0: nothing to weigh the update by"
-        norm = relative_update_norm(self.sent, arrays)
-        key, limit = bound
+        norm = relative_update_norm(ctx.sent, arrays)
+        key, limit = self.update_bound(ctx.server_round)
         if not norm <= limit:
             return None, Rejection(
                 f"update norm {norm:.4g} × max(|w_global|, 1) exceeds {key}={limit:g} (raise it if honest clients move this far)",
@@ -119,19 +125,20 @@ class FedAvg(HeadwayStrategy):
             )
         return arrays, None
 
-    def update_norms(self, replies: list[Reply]) -> dict[str, float]:
-        """Largest and mean relative update norm of the accepted replies, for rounds.jsonl
-        (beside ``rejected_update_norms``): what honest clients produce, against the bound."""
-        norms = [relative_update_norm(self.sent, r.payload) for r in replies]
+    @staticmethod
+    def update_norms(sent: dict[str, np.ndarray], replies: list[Reply]) -> dict[str, float]:
+        """Largest and mean relative update norm of the accepted replies from ``sent``, for
+        rounds.jsonl (beside ``rejected_update_norms``): what honest clients produce, against the bound."""
+        norms = [relative_update_norm(sent, r.payload) for r in replies]
         return {"update_norm_max": max(norms), "update_norm_mean": float(np.mean(norms))} if norms else {}
 
-    def aggregate_train(self, server_round: int, replies: list[Reply]) -> Step:
+    def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
         if self.cfg["client-sampling"] == "data-ratio":  # scheme I: every draw weighs the same
             for r in replies:
-                self.engine.registry.clients[r.node_id].state["n"] = int(r.count)
-            weights = [self.draws.get(r.node_id, 0) for r in replies]
+                ctx.engine.registry.state(r.node_id, FedAvgClientState).n = int(r.count)
+            weights = [ctx.draws.get(r.node_id, 0) for r in replies]
         else:
             weights = [r.count for r in replies]
-        avg = weighted_average([r.payload for r in replies], weights, like=self.sent)
+        avg = weighted_average([r.payload for r in replies], weights, like=ctx.sent)
         losses = [r.metrics.get(P.LOSS, float("nan")) for r in replies]
-        return Step(to_record(avg), len(replies), {"loss": mean_finite(losses), **self.update_norms(replies)})
+        return Step(to_record(avg), len(replies), {"loss": mean_finite(losses), **self.update_norms(ctx.sent, replies)})

@@ -15,7 +15,7 @@ from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.fedlog import StatsCheck, add_noise, class_means, dense_statistics, noise_sigma, releases, solve_head, sum_rows
 from core.models import common_width, nonnegative_features
-from strategies.base import HeadwayStrategy, Step, mean_finite
+from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
 from strategies.replies import ArraySpec, Layout, Reply
 from strategies.services import Services
@@ -90,19 +90,20 @@ class FedLog(HeadwayStrategy):
         """fedlog-init=stats: one statistics round on the untrained bodies sets the first η."""
         if self.cfg["fedlog-init"] != "stats":
             return arrays, None
+        ctx = TrainRound(0, engine)
         content = self.content(0, self.head_record(), **{P.PHASE: P.PHASE_STATS})
-        replies = engine.exchange(P.PHASE_STATS, {n: content for n in engine.nodes()}, MessageType.TRAIN, self.train_layout(0))
+        replies = engine.exchange(P.PHASE_STATS, {n: content for n in engine.nodes()}, MessageType.TRAIN, self.train_layout(ctx))
         if not engine.quorum(P.PHASE_STATS, replies):
             return arrays, Step(None, len(replies))
-        step = self.aggregate_train(0, replies)
+        step = self.aggregate_train(ctx, replies)
         log.info("fedlog: first head from %d clients' statistics", step.clients)
         return step.arrays, Step(step.arrays, step.clients, {"clients": float(step.clients)})
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> dict[int, RecordDict]:
+    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
         content = self.content(server_round, self.head_record(), **{P.PHASE: P.PHASE_TRAIN})
-        return {node: content for node in engine.sample(self.cfg["fraction-train"])}
+        return TrainRound(server_round, engine), {node: content for node in engine.sample(self.cfg["fraction-train"])}
 
-    def train_layout(self, server_round: int) -> Layout:
+    def train_layout(self, ctx: TrainRound) -> Layout:
         """Statistics (classes × m; or, with fedlog-uplink=sparse, the rows of the classes a
         client holds, each after its class index; float32 sums, or with fedlog-uplink-dtype=float16
         [count, means] rows in float16 or, where a count needs it, float32) and, unless under local DP, the count
@@ -130,7 +131,7 @@ class FedLog(HeadwayStrategy):
         count = float(reply.count) if reply.count is not None else float(np.sum(stats[:, 0]))
         return stats, self.checker.problem(stats, count, reply.max_count)
 
-    def aggregate_train(self, server_round: int, replies: list[Reply]) -> Step:
+    def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
         phi = np.sum([r.payload for r in replies], axis=0)  # Eq. 11
         if self.local_dp:
             n = max(float(np.sum(phi[:, 0])), 0.0)  # the noised count row: post-processing, no privacy cost
@@ -151,7 +152,7 @@ class FedLog(HeadwayStrategy):
     def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         return ArrayRecord({P.ETA: Array(self._wire(self.eta))})
 
-    def summary_extra(self) -> dict[str, Any]:
+    def summary_extra(self, engine: Engine) -> dict[str, Any]:
         cfg = self.cfg
         extra: dict[str, Any] = {
             "variant": "fedlog-c" if cfg["fedlog-alpha"] > 0 else "fedlog",

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, RecordDict
 
 from core import protocol as P
 from core.config import ConfigError
@@ -31,7 +32,7 @@ from core.fedpft import (
 )
 from core.models import resolve_device
 from core.training import score
-from strategies.base import HeadwayStrategy, Step
+from strategies.base import HeadwayStrategy, Step, TrainRound
 from strategies.engine import Engine
 from strategies.replies import ArraySpec, Layout, Reply
 from strategies.services import Services
@@ -79,13 +80,17 @@ class FedPFT(HeadwayStrategy):
         self.head: tuple[np.ndarray, np.ndarray] | None = None
         self.received: list[tuple[int, int]] = []  # (class, count) of every mixture received
         self.payload_bytes: list[int] = []  # wire bytes of each valid reply
-        self.relayed_examples = 0  # chain: examples the mixtures forwarded so far summarize
         self.head_seconds = 0.0
 
     # ----- what a reply may be ------------------------------------------------------
-    def train_layout(self, server_round: int) -> Layout:
+    def train_layout(self, ctx: TrainRound) -> Layout:
+        """A client's mixtures, sent to the server (star): see :meth:`payload_layout`."""
+        return self.payload_layout(relayed=0)
+
+    def payload_layout(self, relayed: int) -> Layout:
         """Class table and float16 mixtures, as many classes and components as a client
-        can hold (named dimensions), checked by :class:`core.fedpft.PayloadCheck`."""
+        can hold (named dimensions), checked by :class:`core.fedpft.PayloadCheck`; in the
+        chain a client's mixtures also summarize the ``relayed`` examples of the ones it was sent."""
         cov = {"spherical": ("components",), "diag": ("components", self.dim), "full": ("components", self.dim * (self.dim + 1) // 2)}[
             self.covariance
         ]
@@ -99,25 +104,27 @@ class FedPFT(HeadwayStrategy):
             arrays,
             count=True,
             optional=(P.LOSS,),
-            check=self.check_payload,
+            check=partial(self.check_payload, relayed=relayed),
             dims={"classes": self.classes, "components": self.classes * self.k},
         )
 
-    def check_payload(self, arrays: dict[str, np.ndarray], reply: Reply) -> tuple[Any, str | None]:
-        bound = None if reply.count is None else reply.count + (self.relayed_examples if self.chain else 0)
+    def check_payload(self, arrays: dict[str, np.ndarray], reply: Reply, relayed: int = 0) -> tuple[Any, str | None]:
+        """The reply's mixtures, counted against the client's own examples plus the ``relayed`` ones."""
+        bound = None if reply.count is None else reply.count + relayed
         return self.checker.decode(arrays, bound)
 
     # ----- the round --------------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
+        """One shot: every available client is asked for its mixtures."""
+        content = self.content(server_round, ArrayRecord(), **{P.PHASE: P.PHASE_TRAIN})
+        return TrainRound(server_round, engine), {n: content for n in engine.nodes()}
+
     def train_round(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> Step:
         if self.chain:
             return self._chain(server_round, engine)
-        content = self.content(server_round, ArrayRecord(), **{P.PHASE: P.PHASE_TRAIN})
-        replies = engine.exchange(P.PHASE_TRAIN, {n: content for n in engine.nodes()}, MessageType.TRAIN, self.train_layout(server_round))
-        if not engine.quorum(P.PHASE_TRAIN, replies):
-            return Step(None, len(replies))
-        return self.aggregate_train(server_round, replies)
+        return super().train_round(server_round, arrays, engine)
 
-    def aggregate_train(self, server_round: int, replies: list[Reply]) -> Step:
+    def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
         """Alg. 1 lines 13–17: sample every received class mixture, train the head."""
         mixtures = [m for r in replies for m in r.payload]
         self._note(replies)
@@ -146,20 +153,20 @@ class FedPFT(HeadwayStrategy):
         )
 
     def _chain(self, server_round: int, engine: Engine) -> Step:
-        """§4.2: relay each client's mixtures to the next, in partition order."""
-        self.relayed_examples = 0
+        """§4.2: relay each client's mixtures to the next, in partition order; a hop's reply
+        is bounded by its own examples plus those the mixtures it was sent summarize."""
 
-        def forward(reply: Reply) -> RecordDict:
-            self.relayed_examples = int(sum(m.count for m in reply.payload))
-            return self.content(
+        def forward(reply: Reply) -> tuple[RecordDict, Layout]:
+            content = self.content(
                 server_round,
                 ArrayRecord({k: Array(np.asarray(reply.arrays[k], order="C")) for k in GMM_ARRAYS}),
                 **{P.PHASE: P.PHASE_CHAIN},
             )
+            return content, self.payload_layout(relayed=int(sum(m.count for m in reply.payload)))
 
         first = self.content(server_round, ArrayRecord(), **{P.PHASE: P.PHASE_CHAIN})
         out = engine.relay(
-            P.PHASE_CHAIN, engine.nodes(), first, forward, self.train_layout(server_round), hop_timeout=self.cfg["round-timeout"]
+            P.PHASE_CHAIN, engine.nodes(), first, forward, self.payload_layout(relayed=0), hop_timeout=self.cfg["round-timeout"]
         )
         self._note(out)
         return Step(None, len(out), {"chain_hops": float(len(out))}, {"chain_order": [r.partition_id for r in out]})
@@ -197,16 +204,16 @@ class FedPFT(HeadwayStrategy):
                     out[f"accuracy_local_p{r.partition_id}"] = r.metrics.get("correct-local", float("nan")) / r.count
         return out
 
-    def participants(self) -> dict[str, Any]:
+    def participants(self, engine: Engine) -> dict[str, Any]:
         """As every method's, but naming what each client runs: the shared frozen extractor
         and a linear head (FedPFT never builds the config's ``body``)."""
-        out = super().participants()
+        out = super().participants(engine)
         runs = f"{self.cfg['fedpft-extractor']} (frozen) + linear head"
         if "participants" in out:
             out["participants"] = {pid: runs for pid in out["participants"]}
         return out
 
-    def summary_extra(self) -> dict[str, Any]:
+    def summary_extra(self, engine: Engine) -> dict[str, Any]:
         cfg = self.cfg
         extra: dict[str, Any] = {
             "extractor": cfg["fedpft-extractor"],

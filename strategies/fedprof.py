@@ -30,11 +30,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, MessageType
+from flwr.app import ArrayRecord, MessageType, RecordDict
 
 from core import protocol as P
 from core.config import ConfigError
@@ -50,7 +51,7 @@ from core.profiles import (
     profile_problem,
     score,
 )
-from strategies.base import Step, mean_finite
+from strategies.base import Step, TrainRound, mean_finite
 from strategies.engine import Engine
 from strategies.fedavg import FedAvg, to_numpy, to_record
 from strategies.replies import ArraySpec, Layout, Reply
@@ -70,8 +71,34 @@ def validation_stream(seed: int, secret: str | None) -> tuple[np.random.Generato
     return np.random.default_rng([int(seed), *(int.from_bytes(digest[i : i + 4], "little") for i in range(0, 32, 4))]), f"${SECRET_ENV}"
 
 
+@dataclass
+class FedProfClientState:
+    """What FedProf keeps of one client across rounds."""
+
+    profile: np.ndarray | None = None  # its last valid representation profile RP_k (None: it has none)
+    version: int | None = None  # the global model version that profile is of
+    div: float | None = None  # div(RP_k, RP^B) when it was last scored
+    asked: int | None = None  # the last round it was asked for a profile (None: never)
+    misses: int = 0  # asks in a row that got no valid profile
+    n: int | None = None  # the count its last valid reply gave
+    model: dict[str, np.ndarray] | None = None  # full-cache: its last local model
+
+
+@dataclass(frozen=True)
+class ProfileRound(TrainRound):
+    """A FedProf training round: :class:`TrainRound` plus the global version the sent model is
+    and the scores λ (by partition id) its draw used."""
+
+    version: int = 0
+    scores: dict[int, float] = field(default_factory=dict)
+
+
 class FedProf(FedAvg):
-    """Score-weighted client selection by representation profiles (see the module docstring)."""
+    """Score-weighted client selection by representation profiles (see the module docstring).
+
+    Kept across rounds (set here, changed by ``prepare`` and ``aggregate_train``): the global
+    version and the baselines of the versions in use, the profiled width q, the initial model
+    and D^V; ``selections`` counts each client's selections for summary.json."""
 
     name = "fedprof"
 
@@ -80,8 +107,8 @@ class FedProf(FedAvg):
         self.version = 0  # the global model's version: the last round that changed it
         self.baselines: dict[int, np.ndarray] = {}  # version -> RP^B on D^V
         self.units = 0  # q, the profiled layer's width
+        self.initial: dict[str, np.ndarray] = {}  # the model before round 1: what a client never trained holds (full-cache)
         self.selections: dict[int, int] = {}  # partition id -> rounds selected
-        self.round_scores: dict[int, float] = {}  # partition id -> λ this round's sampling used
         self.validation: tuple[Any, str, int] | None = None  # (D^V inputs, the draw's source, rows held out)
 
     # ----- the baseline -------------------------------------------------------------
@@ -113,13 +140,18 @@ class FedProf(FedAvg):
         model.load_state_dict(arrays.to_torch_state_dict())
         return model_profile(model, self.cfg["fedprof-layer"], val)
 
-    def new_version(self, version: int, arrays: ArrayRecord) -> None:
+    def new_version(self, version: int, arrays: ArrayRecord, engine: Engine) -> None:
         """Record global version ``version`` and its baseline; drop baselines no client's profile refers to."""
         self.version = version
         self.baselines[version] = self.baseline(arrays)
         self.units = len(self.baselines[version])
-        in_use = {c.state["version"] for c in self.engine.registry.clients.values() if "version" in c.state} | {version}
+        in_use = {s.version for s in engine.registry.states(FedProfClientState).values() if s.version is not None} | {version}
         self.baselines = {v: b for v, b in self.baselines.items() if v in in_use}
+
+    def start_from(self, arrays: ArrayRecord, engine: Engine) -> None:
+        """The model before round 1: version 0, its baseline, and what an untrained client holds."""
+        self.new_version(0, arrays, engine)
+        self.initial = to_numpy(arrays)
 
     # ----- scores -------------------------------------------------------------------
     def scores(self, engine: Engine) -> dict[int, float]:
@@ -129,35 +161,34 @@ class FedProf(FedAvg):
         alpha = self.cfg["fedprof-alpha"]
         out = {}
         for node in engine.nodes():
-            state = engine.registry.clients[node].state
-            if "profile" in state:
-                state["div"] = divergence(state["profile"], self.baselines[state["version"]])
-                out[node] = score(state["div"], alpha)
+            state = engine.registry.state(node, FedProfClientState)
+            if state.profile is not None:
+                state.div = divergence(state.profile, self.baselines[state.version])
+                out[node] = score(state.div, alpha)
             else:
                 out[node] = 0.0
         return out
 
     def remember(self, engine: Engine, reply: Reply, version: int) -> None:
-        state = engine.registry.clients[reply.node_id].state
-        state["profile"], state["version"] = reply.payload[P.PROFILE].astype(np.float64), version
-        state["asked"], state["misses"] = engine.round, 0
+        state = engine.registry.state(reply.node_id, FedProfClientState)
+        state.profile, state.version = reply.payload[P.PROFILE].astype(np.float64), version
+        state.asked, state.misses = engine.round, 0
         if reply.count is not None:
-            state["n"] = int(reply.count)
+            state.n = int(reply.count)
 
     def forget(self, engine: Engine, node: int) -> None:
         """``node`` was asked for a profile and gave no valid one: it has none until it does."""
-        state = engine.registry.clients[node].state
-        for key in ("profile", "version", "div"):
-            state.pop(key, None)
-        state["asked"], state["misses"] = engine.round, state.get("misses", 0) + 1
+        state = engine.registry.state(node, FedProfClientState)
+        state.profile = state.version = state.div = None
+        state.asked, state.misses = engine.round, state.misses + 1
 
     def due(self, engine: Engine, node: int) -> bool:
         """Whether ``node`` is to be asked for a profile before this round's draw: never asked,
         or without a profile since its last ask 2^(misses-1) or more rounds ago."""
-        state = engine.registry.clients[node].state
-        if "asked" not in state:
+        state = engine.registry.state(node, FedProfClientState)
+        if state.asked is None:
             return True
-        return "profile" not in state and engine.round - state["asked"] >= 2 ** max(state.get("misses", 1) - 1, 0)
+        return state.profile is None and engine.round - state.asked >= 2 ** max(state.misses - 1, 0)
 
     def ask_profiles(self, engine: Engine, nodes: list[int], server_round: int, arrays: ArrayRecord, version: int) -> list[Reply]:
         """A profile-only exchange (no training) with ``nodes``: who answers validly is
@@ -182,99 +213,90 @@ class FedProf(FedAvg):
     # ----- rounds ---------------------------------------------------------------------
     def prepare(self, arrays: ArrayRecord, engine: Engine) -> tuple[ArrayRecord, Step | None]:
         """Alg. 1 lines 4-6: every client's profile of the initial model, and its baseline."""
-        self.engine = engine
-        self.new_version(0, arrays)
-        self.sent = to_numpy(arrays)
-        self.initial = self.sent  # what a client never trained holds (full-cache)
+        self.start_from(arrays, engine)
         replies = self.ask_profiles(engine, engine.nodes(), 0, arrays, 0)
         return arrays, Step(None, len(replies), {"clients": float(len(replies))})
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine):
-        self.engine = engine
+    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> tuple[ProfileRound, dict[int, RecordDict]]:
         if self.version not in self.baselines:  # no profiling round ran (e.g. a round driven on its own)
-            self.new_version(self.version, arrays)
-        self.sent = to_numpy(arrays)
-        if not hasattr(self, "initial"):
-            self.initial = self.sent
+            self.start_from(arrays, engine)
         self.profile_missing(engine, server_round, arrays)
         content = self.content(server_round, arrays, **{P.PHASE: P.PHASE_TRAIN})
         scores = self.scores(engine)
-        self.round_scores = {engine.partition_of(n): v for n, v in scores.items()}  # λ the sampler used, for rounds.jsonl
         chosen = engine.sample(self.cfg["fraction-train"], scores)
-        for node in chosen:
-            pid = engine.partition_of(node)
-            self.selections[pid] = self.selections.get(pid, 0) + 1
-        return {node: content for node in chosen}
+        by_partition = {engine.partition_of(n): v for n, v in scores.items()}  # λ the sampler used, for rounds.jsonl
+        ctx = ProfileRound(server_round, engine, to_numpy(arrays), version=self.version, scores=by_partition)
+        return ctx, {node: content for node in chosen}
 
     def train_round(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> Step:
         """As every strategy's round, and then: a selected node whose reply was missing or
         refused has no valid profile of this version, so it loses its score (line 15 takes
         only the profiles that arrived), even when too few replies came to aggregate."""
-        contents = self.configure_train(server_round, arrays, engine)
-        replies = engine.exchange(P.PHASE_TRAIN, contents, MessageType.TRAIN, self.train_layout(server_round))
+        ctx, contents = self.configure_train(server_round, arrays, engine)
+        for node in contents:
+            pid = engine.partition_of(node)
+            self.selections[pid] = self.selections.get(pid, 0) + 1
+        replies = engine.exchange(P.PHASE_TRAIN, contents, MessageType.TRAIN, self.train_layout(ctx))
         answered = {r.node_id for r in replies}
         for reply in replies:  # line 15: selected clients' fresh profiles, of the version they were sent
-            self.remember(engine, reply, self.version)
+            self.remember(engine, reply, ctx.version)
         for node in contents:
             if node not in answered and node in engine.registry.clients:
                 self.forget(engine, node)
         if not engine.quorum(P.PHASE_TRAIN, replies):
             return Step(None, len(replies))
-        return self.aggregate_train(server_round, replies)
+        return self.aggregate_train(ctx, replies)
 
     def profile_layout(self) -> Layout:
         return Layout({P.PROFILE: ArraySpec((self.units, 2))}, count=True, optional=(P.LOSS,), check=self.check_profile)
 
-    def train_layout(self, server_round: int) -> Layout:
+    def train_layout(self, ctx: TrainRound) -> Layout:
         """The model it was sent (as FedAvg) plus its (q, 2) profile."""
-        specs = {k: ArraySpec(tuple(v.shape), str(v.dtype)) for k, v in self.sent.items()}
+        specs = {k: ArraySpec(tuple(v.shape), str(v.dtype)) for k, v in ctx.sent.items()}
         specs[P.PROFILE] = ArraySpec((self.units, 2))
-        return Layout(
-            specs, count=True, optional=(P.LOSS,), check=partial(self.check_update_and_profile, bound=self.update_bound(server_round))
-        )
+        return Layout(specs, count=True, optional=(P.LOSS,), check=partial(self.check_update_and_profile, ctx=ctx))
 
     def check_profile(self, arrays: dict[str, np.ndarray], reply: Reply):
         problem = profile_problem(arrays[P.PROFILE], self.units)
         return (None, problem) if problem else (arrays, None)
 
-    def check_update_and_profile(self, arrays: dict[str, np.ndarray], reply: Reply, bound: tuple[str, float]):
+    def check_update_and_profile(self, arrays: dict[str, np.ndarray], reply: Reply, ctx: TrainRound):
         _, problem = self.check_profile(arrays, reply)
         if problem:
             return None, problem
         model = {k: v for k, v in arrays.items() if k != P.PROFILE}
-        checked, problem = self.check_update(model, reply, bound)
+        checked, problem = self.check_update(model, reply, ctx)
         return (None, problem) if problem else ({**checked, P.PROFILE: arrays[P.PROFILE]}, None)
 
-    def aggregate_train(self, server_round: int, replies: list[Reply]) -> Step:
-        engine = self.engine  # line 15 (selected clients' fresh profiles) ran in train_round, quorum or not
+    def aggregate_train(self, ctx: ProfileRound, replies: list[Reply]) -> Step:
+        engine = ctx.engine  # line 15 (selected clients' fresh profiles) ran in train_round, quorum or not
+        states = engine.registry.states(FedProfClientState)
         models = [{k: v for k, v in r.payload.items() if k != P.PROFILE} for r in replies]
         sizes = [r.count for r in replies]
-        known = {n: c.state["n"] for n, c in engine.registry.clients.items() if "n" in c.state}
+        known = {n: s.n for n, s in states.items() if s.n is not None}
         total = float(sum(known.values()))
         mode = self.cfg["fedprof-aggregation"]
         if mode == "full":
-            new = full_aggregate(self.sent, models, sizes, total)
+            new = full_aggregate(ctx.sent, models, sizes, total)
         elif mode == "full-cache":
-            for reply, model in zip(replies, models):
-                engine.registry.clients[reply.node_id].state["model"] = model
-            cached = [c.state for n, c in engine.registry.clients.items() if n in known and "model" in c.state]
-            new = cached_aggregate(self.initial, [s["model"] for s in cached], [s["n"] for s in cached], total)
+            for reply, model in zip(replies, models, strict=True):
+                states[reply.node_id].model = model
+            cached = [s for n, s in states.items() if n in known and s.model is not None]
+            new = cached_aggregate(self.initial, [s.model for s in cached], [s.n for s in cached], total)
         else:
-            new = partial_aggregate(models, sizes, total, len(known), like=self.sent)
+            new = partial_aggregate(models, sizes, total, len(known), like=ctx.sent)
         arrays = to_record(new)
-        self.new_version(server_round, arrays)  # line 18: the baseline of the new version
-        divs = [c.state["div"] for c in engine.registry.clients.values() if "div" in c.state]
+        self.new_version(ctx.server_round, arrays, engine)  # line 18: the baseline of the new version
+        divs = [s.div for s in states.values() if s.div is not None]
         metrics = {"loss": mean_finite([r.metrics.get(P.LOSS, float("nan")) for r in replies])}
         if divs:
             metrics["fedprof_div_mean"] = float(np.mean(divs))
-        details = {"fedprof_scores": {str(p): round(v, 6) for p, v in sorted(self.round_scores.items())}}
+        details = {"fedprof_scores": {str(p): round(v, 6) for p, v in sorted(ctx.scores.items())}}
         return Step(arrays, len(replies), metrics, details)
 
-    def summary_extra(self) -> dict[str, Any]:
-        clients = getattr(self, "engine", None)
-        divs = (
-            {} if clients is None else {str(c.partition_id): c.state["div"] for c in clients.registry.clients.values() if "div" in c.state}
-        )
+    def summary_extra(self, engine: Engine) -> dict[str, Any]:
+        states = engine.registry.states(FedProfClientState)
+        divs = {str(engine.partition_of(n)): s.div for n, s in states.items() if s.div is not None}
         return {
             "fedprof_alpha": self.cfg["fedprof-alpha"],
             "fedprof_aggregation": self.cfg["fedprof-aggregation"],

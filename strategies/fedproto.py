@@ -15,7 +15,7 @@ from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.models import common_width
 from core.prototypes import average_prototypes, prototype_problem
-from strategies.base import HeadwayStrategy, Step, mean_finite
+from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
 from strategies.replies import ArraySpec, Layout, Reply
 from strategies.services import Services
@@ -48,11 +48,11 @@ class FedProto(HeadwayStrategy):
             return ArrayRecord()
         return ArrayRecord({P.PROTOTYPES: Array(self.protos.astype(np.float32)), P.CLASS_COUNTS: Array(self.counts.astype(np.float32))})
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> dict[int, RecordDict]:
+    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
         content = self.content(server_round, self.global_record())
-        return {node: content for node in engine.sample(self.cfg["fraction-train"])}
+        return TrainRound(server_round, engine), {node: content for node in engine.sample(self.cfg["fraction-train"])}
 
-    def train_layout(self, server_round: int) -> Layout:
+    def train_layout(self, ctx: TrainRound) -> Layout:
         arrays = {P.PROTOTYPES: ArraySpec((self.classes, self.m)), P.CLASS_COUNTS: ArraySpec((self.classes,))}
         return Layout(arrays, count=True, optional=(P.LOSS,), check=self.check_prototypes)
 
@@ -63,12 +63,12 @@ class FedProto(HeadwayStrategy):
             problem = f"a prototype entry exceeds max-feature-value={self.cfg['max-feature-value']:g}"
         return (protos, counts), problem
 
-    def aggregate_train(self, server_round: int, replies: list[Reply]) -> Step:
+    def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
         self.protos, self.counts = average_prototypes([r.payload[0] for r in replies], [r.payload[1] for r in replies])
         return Step(self.global_record(), len(replies), {"loss": mean_finite([r.metrics.get(P.LOSS, float("nan")) for r in replies])})
 
     def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         return self.global_record()
 
-    def summary_extra(self) -> dict[str, Any]:
+    def summary_extra(self, engine: Engine) -> dict[str, Any]:
         return {"m": self.m, "lambda": self.cfg["fedproto-lambda"], "predict": self.cfg["fedproto-predict"]}

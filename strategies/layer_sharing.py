@@ -25,21 +25,17 @@ class LayerSharing(FedAvg):
     """Average the layers :meth:`shared_layers` names; the rest stay local."""
 
     has_global_model = False  # each client predicts with its own mix of local and shared layers
-    mixed_bodies = False  # whether clients may run different bodies (only if the shared layers agree)
+    averages = "body layers"  # without mixed_bodies, FedAvg's one-body rule holds (FedAvg.__init__)
 
     def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
-        bodies = body_names(cfg)
-        if len(bodies) > 1 and not self.mixed_bodies:
-            raise ConfigError(f"{self.name} averages body layers, so every client must run the same body: leave 'bodies' empty")
-        super(FedAvg, self).__init__(cfg, spec, services)  # FedAvg's single-body rule is relaxed above
-        self.sent = {}
+        super().__init__(cfg, spec, services)
         self._admitted: dict[str, str | None] = {}  # body name -> why it cannot take part (None: it can)
         self.template = self._model(cfg["body"])
         try:
             self.reference = self._shared_shapes(self.template)
         except ValueError as exc:
             raise ConfigError(f"{self.name}: {exc}") from None
-        for body in bodies:
+        for body in body_names(cfg):
             if problem := self._mismatch(body):
                 raise ConfigError(f"{self.name}: {problem}")
 

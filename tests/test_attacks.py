@@ -11,7 +11,7 @@ from flwr.app import Array, ArrayRecord, MessageType, MetricRecord, RecordDict
 from core import protocol as P
 from core.fedlog import StatsCheck
 from core.fedpft import ClassMixture, encode
-from tests.fakes import FakeGrid, engine_for, make_strategy, reply
+from tests.fakes import FakeGrid, engine_for, make_strategy, reply, smuggle
 
 
 def model_reply(msg, pid: int, scale: float = 1.0, shift: float = 0.0, n: int = 10) -> RecordDict:
@@ -39,11 +39,11 @@ def test_a_node_registering_an_unknown_body_is_refused_and_lg_fedavg_runs_on(tas
 
     grid = FakeGrid(3, answer, bodies=["mnist-cnn", body, "mnist-cnn"])
     records: list[dict] = []
-    s.start(grid=grid, initial_arrays=s.initial_arrays(), num_rounds=2, on_round=records.append)
+    engine = s.start(grid=grid, initial_arrays=s.initial_arrays(), num_rounds=2, on_round=records.append)
     assert [r["clients"] for r in records] == [2, 2]
     assert records[0]["failures"] == 1 and "registration" in records[0]["failure_reasons"][0]
     assert records[-1]["new_test_models"] == 2.0  # the upload phase ran on the registered nodes
-    assert list(s.participants()["participants"]) == ["0", "2"] and len(s.participants()["refused_nodes"]) == 1
+    assert list(s.participants(engine)["participants"]) == ["0", "2"] and len(s.participants(engine)["refused_nodes"]) == 1
 
 
 def test_a_body_whose_shared_layers_do_not_fit_is_refused_at_registration(task_identity, data_dir):
@@ -100,12 +100,12 @@ def test_the_local_dp_count_rule_in_isolation():
     stats[0] = [100.0, 50.0, 50.0]
     assert check.problem(stats, 0.0, 100) is None
     stats[0] = [109.0, 50.0, 50.0]  # one class beyond size + 8σ = 108
-    assert "can hold" in check.problem(stats, 0.0, 100)
+    assert "can hold" in str(check.problem(stats, 0.0, 100))
     stats[0], stats[1] = [104.0, 0.0, 0.0], [12.0, 0.0, 0.0]  # each class within 100 + 8σ, total 116 > 100 + 8σ√3 = 113.9
-    assert "beyond the 100 examples" in check.problem(stats, 0.0, 100)
+    assert "beyond the 100 examples" in str(check.problem(stats, 0.0, 100))
     stats[:, 0] = -7.9  # each class within its noise, but a total of -23.7 < -8σ√3 = -13.9: weight taken off every class
     stats[:, 1:] = 0.0
-    assert "below 0" in check.problem(stats, 0.0, 100)
+    assert "below 0" in str(check.problem(stats, 0.0, 100))
 
 
 # ----- 3. sign-flipped and ×10 models ----------------------------------------------
@@ -173,16 +173,16 @@ def test_a_string_metric_smuggled_past_metricrecord_is_a_rejected_reply(task_ide
     def answer(pid, msg):
         out = model_reply(msg, pid, scale=0.99)
         if pid == 1:
-            out[P.METRICS]._data[P.LOSS] = "0.1"  # pylint: disable=protected-access
+            smuggle(out.metric_records[P.METRICS], P.LOSS, "0.1")
         return out
 
     class Grid(FakeGrid):
-        def send_and_receive(self, messages, timeout):
-            replies = super().send_and_receive(messages, timeout)
+        def send_and_receive(self, messages, *, timeout=None):
+            replies = super().send_and_receive(messages, timeout=timeout)
             if where == "register":
                 for r in replies:
                     if r.metadata.src_node_id == 102 and r.metadata.message_type == MessageType.QUERY:
-                        r.content[P.METRICS]._data[P.PARTITION_ID] = "1"  # pylint: disable=protected-access
+                        smuggle(r.content.metric_records[P.METRICS], P.PARTITION_ID, "1")
             return replies
 
     engine = engine_for(s, Grid(3, answer))
@@ -198,8 +198,8 @@ def test_a_string_metric_smuggled_past_metricrecord_is_a_rejected_reply(task_ide
 class ReversedGrid(FakeGrid):
     """Replies arrive in the reverse order of the messages."""
 
-    def send_and_receive(self, messages, timeout):
-        return list(reversed(super().send_and_receive(messages, timeout)))
+    def send_and_receive(self, messages, *, timeout=None):
+        return list(reversed(super().send_and_receive(messages, timeout=timeout)))
 
 
 def test_fedpft_head_does_not_depend_on_the_order_replies_arrive(task_identity, data_dir):
@@ -239,8 +239,8 @@ def test_fedpft_head_does_not_depend_on_the_order_replies_arrive(task_identity, 
 def test_exchange_returns_replies_in_partition_order(task_identity, data_dir):
     s = make_strategy("fedavg", **{"data-dir": data_dir, "num-clients": 4})
     engine = engine_for(s, ReversedGrid(4, lambda pid, msg: model_reply(msg, pid, scale=0.99)))
-    content = s.configure_train(1, s.initial_arrays(), engine)
-    replies = engine.exchange(P.PHASE_TRAIN, content, MessageType.TRAIN, s.train_layout(1))
+    ctx, content = s.configure_train(1, s.initial_arrays(), engine)
+    replies = engine.exchange(P.PHASE_TRAIN, content, MessageType.TRAIN, s.train_layout(ctx))
     assert [r.partition_id for r in replies] == [0, 1, 2, 3]
 
 

@@ -78,7 +78,7 @@ def test_each_method_sends_its_shared_layers_and_averages_them_by_count(task_ide
     trained = [m for m in grid.sent if m.metadata.message_type == "train"]
     assert len(trained) == 3 and set(trained[0].content["arrays"]) == shared
     assert step.clients == 2 and len(engine.meter.failures) == 1 and "missing" in engine.meter.failures[0]
-    for k, v in step.arrays.items():
+    for v in step.arrays.values():
         assert np.allclose(v.numpy(), 0.03)  # (10·0.01 + 20·0.04) / 30
 
 
@@ -86,8 +86,36 @@ def test_lg_fedavg_warm_up_shares_the_whole_model_then_only_the_head(task_identi
     s = strategy("lg-fedavg", **{"lg-warmup-rounds": 2})
     full = s.initial_arrays()
     engine = engine_for(s, FakeGrid(3))
-    assert set(next(iter(s.configure_train(2, full, engine).values()))["arrays"]) == set(full)
-    assert set(next(iter(s.configure_train(3, full, engine).values()))["arrays"]) == {"head.weight", "head.bias"}
+    for rnd, shared in ((2, set(full)), (3, {"head.weight", "head.bias"})):
+        ctx, contents = s.configure_train(rnd, full, engine)
+        assert set(next(iter(contents.values()))["arrays"]) == shared and set(ctx.sent) == shared  # replies are checked against it
+
+
+def test_lg_fedavg_logs_its_own_run_config_keys(caplog):
+    """The strategy's start-of-run line names the method's declared keys (lg-*), not keys
+    that start with the method's name (none do for lg-fedavg)."""
+    s = strategy("lg-fedavg", **{"lg-global-layers": 2})
+    with caplog.at_level("INFO", logger="headway"):
+        s.summary()
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("strategy lg-fedavg"))
+    assert "'lg-global-layers': 2" in line and "'lg-warmup-rounds': 0" in line and "'lg-new-test': True" in line
+
+
+def test_layer_sharing_runs_fedavg_init(monkeypatch):
+    """LayerSharing is a FedAvg: its construction goes through FedAvg's (the one-body rule,
+    relaxed only where mixed_bodies says so)."""
+    from strategies.fedavg import FedAvg
+
+    seen, original = [], FedAvg.__init__
+
+    def spy(self, *args):
+        seen.append(type(self).__name__)
+        original(self, *args)
+
+    monkeypatch.setattr(FedAvg, "__init__", spy)
+    for algorithm in ("lg-fedavg", "fedper", "fedrep"):
+        strategy(algorithm)
+    assert seen == ["LGFedAvg", "FedPer", "FedRep"]
 
 
 def test_mixed_bodies_allowed_only_where_shared_layers_agree():
@@ -246,7 +274,7 @@ def test_fedproto_server_averages_valid_prototypes_only(task_identity):
     protos = step.arrays["prototypes"].numpy()
     assert np.allclose(protos[0], 2.0) and np.allclose(protos[1], 7.0) and np.allclose(protos[2:], 0.0)
     assert step.arrays["class-counts"].numpy().tolist()[:3] == [8.0, 2.0, 0.0]
-    assert set(next(iter(s.configure_train(2, ArrayRecord(), engine).values()))["arrays"]) == {"prototypes", "class-counts"}
+    assert set(next(iter(s.configure_train(2, ArrayRecord(), engine)[1].values()))["arrays"]) == {"prototypes", "class-counts"}
 
 
 def test_fedproto_pulls_the_features_before_feature_dropout_towards_the_prototypes(data_dir, monkeypatch):

@@ -10,6 +10,7 @@ from flwr.common.serde import recorddict_to_proto
 
 from core.aggregate import relative_update_norm, weighted_average
 from core.sampling import draw_with_replacement, sample_positions
+from strategies.fedavg import FedAvgClientState
 from strategies.replies import ArraySpec, Layout
 from strategies.wire import WireMeter, values_bytes, wire_bytes
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
@@ -214,8 +215,10 @@ def test_data_ratio_sampling_draws_by_partition_size_and_weighs_every_draw_equal
     mixed = 0
     for r in range(1, 41):
         engine = engine_for(s, grid, r)
-        step = s.train_round(r, arrays, engine)
-        draws = {engine.partition_of(n): m for n, m in s.draws.items()}
+        ctx, contents = s.configure_train(r, arrays, engine)
+        assert set(contents) == set(ctx.draws)
+        step = s.aggregate_train(ctx, engine.exchange("train", contents, MessageType.TRAIN, s.train_layout(ctx)))
+        draws = {engine.partition_of(n): m for n, m in ctx.draws.items()}
         assert 1 not in draws and sum(draws.values()) == 3
         for pid, m in draws.items():
             drawn[pid] += m
@@ -234,8 +237,8 @@ def test_data_ratio_without_server_data_weighs_by_the_counts_clients_reported(ta
     assert s.data_ratio(engine) == {101: 1.0, 102: 1.0, 103: 1.0}  # nobody heard from yet: equal
     for r in range(1, 6):
         s.train_round(r, s.initial_arrays(), engine)
-    heard = {n for n in (101, 102, 103) if "n" in s.engine.registry.clients[n].state}
-    ratio = s.data_ratio(s.engine)
+    heard = {n for n in (101, 102, 103) if engine.registry.state(n, FedAvgClientState).n is not None}
+    ratio = s.data_ratio(engine)
     assert heard and all(ratio[n] == {101: 40, 102: 10, 103: 20}[n] for n in heard)
     assert all(ratio[n] == np.mean([ratio[h] for h in heard]) for n in {101, 102, 103} - heard)
 
@@ -262,7 +265,7 @@ def test_relay_passes_each_reply_on_and_skips_a_dropped_hop(task_identity):
     engine = engine_for(s, grid)
 
     def forward(r):
-        return RecordDict({"arrays": ArrayRecord({"x": Array(r.arrays["x"])})})
+        return RecordDict({"arrays": ArrayRecord({"x": Array(r.arrays["x"])})}), LAYOUT
 
     start = RecordDict({"arrays": ArrayRecord({"x": Array(np.zeros(4, np.float32))})})
     out = engine.relay("relay", engine.nodes(), start, forward, LAYOUT, hop_timeout=2.0)
@@ -299,9 +302,49 @@ def test_wire_meter_counts_header_tree_and_objects_and_caches_shared_content(tas
     m_big = Message(content=big, dst_node_id=5, message_type="train")
     assert wire_bytes(m_big) - wire_bytes(m_small) == pytest.approx((100 * 101 - 10 * 51) * 4, abs=8)  # the data (and a few length digits)
     assert wire_bytes(m_small) > recorddict_to_proto(small).ByteSize() + 500  # ids, headers: the old size undercounts
+
+
+# The header as Flower pushes it (message_to_proto of the message without content) holds an empty
+# content field, 2 bytes (tag, length 0), that the meter leaves out: the one known gap, see
+# test_wire_meter_counts_the_header_exactly_as_flower_pushes_it.
+EMPTY_CONTENT_FIELD = 2
+
+
+def shipped(message: Message) -> int:
+    """Bytes Flower 1.39 ships for ``message`` in its deployed form, from Flower's own push code
+    (``flwr.client.grpc_rere_client.connection``, ``flwr.superlink.grid.http_grid``): the header
+    proto of the message without its content, its ObjectTree, and every deflated object of it.
+    The message id is set to the object id, as a deployment's grid does."""
+    from flwr.app.message import remove_content_from_message
+    from flwr.common.serde import message_to_proto
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
+
+    message.metadata.__dict__["_message_id"] = message.object_id
+    header = message_to_proto(remove_content_from_message(message)).ByteSize()
+    return header + get_object_tree(message).ByteSize() + sum(len(o.deflate()) for o in get_all_nested_objects(message).values())
+
+
+def _requests_and_replies() -> list[Message]:
+    big = RecordDict({"arrays": ArrayRecord({"x": Array(np.zeros((100, 101), np.float32))}), "config": ConfigRecord({"r": 1})})
+    small = RecordDict({"arrays": ArrayRecord({"x": Array(np.ones((10, 51), np.float16))}), "metrics": MetricRecord({"num-examples": 7})})
+    sent = [Message(content=big, dst_node_id=n, message_type="train") for n in (5, 6)]  # one content, two recipients
+    for m in sent:
+        m.metadata.__dict__["_message_id"] = m.object_id  # the deployed id a reply points back to
+    return [*sent, Message(content=small, reply_to=sent[0]), Message(content=small, reply_to=sent[1]), Message(RecordDict(), reply_to=sent[0])]
+
+
+def test_wire_meter_counts_what_flower_serializes(task_identity):
+    """One meter over requests sharing content and replies: each message's count is the size
+    Flower's own serialization gives it (up to the empty content field, see above)."""
     meter = WireMeter()
-    msgs = [Message(content=big, dst_node_id=n, message_type="train") for n in (5, 6)]
-    assert [meter.message(m) for m in msgs] == [wire_bytes(m) for m in msgs]
+    for m in _requests_and_replies():
+        assert meter.message(m) == shipped(m) - EMPTY_CONTENT_FIELD
+
+
+@pytest.mark.xfail(strict=True, reason="gap: the meter leaves out the 2 bytes of the empty content field in Flower's message header")
+def test_wire_meter_counts_the_header_exactly_as_flower_pushes_it(task_identity):
+    m = _requests_and_replies()[0]
+    assert WireMeter().message(m) == shipped(m)
 
 
 def test_wire_meter_counts_reply_ids_in_their_deployed_form(task_identity):
@@ -325,7 +368,7 @@ def test_a_restarted_node_takes_over_its_partition_once_the_old_node_is_gone(tas
     s = make_strategy("fedavg")
     grid = FakeGrid(3)
     engine = engine_for(s, grid)
-    engine.registry.clients[102].state["score"] = 0.25
+    engine.registry.state(102, FedAvgClientState).n = 25
     engine.end_round()
     restarted = 104
     grid.nodes = [101, 102, 103, restarted]
@@ -347,11 +390,11 @@ def test_a_restarted_node_takes_over_its_partition_once_the_old_node_is_gone(tas
     grid.nodes = [101, 103, restarted]  # the old node of partition 1 is gone
     engine.begin_round(3)
     assert engine.registry.partition(restarted) == 1 and 102 not in engine.registry.clients
-    assert engine.registry.clients[restarted].state == {"score": 0.25}
+    assert engine.registry.clients[restarted].state == FedAvgClientState(n=25)
     assert engine.nodes() == [101, restarted, 103] and not engine.meter.failures and engine.meter.absent == []
-    engine.registry.clients[restarted].state["score"] = 0.5
+    engine.registry.state(restarted, FedAvgClientState).n = 50
     engine.end_round()
     grid.nodes = [101, 102, 103, restarted]  # the first holder returns under its own id (as with SuperNode authentication)
     engine.begin_round(4)
-    assert engine.registry.partition(102) == 1 and engine.registry.clients[102].state == {"score": 0.5}
+    assert engine.registry.partition(102) == 1 and engine.registry.clients[102].state == FedAvgClientState(n=50)
     assert restarted in engine.registry.refused and engine.nodes() == [101, 102, 103]

@@ -215,7 +215,7 @@ def test_selection_favours_matching_profiles_and_malformed_profiles_are_counted(
 
     grid = FakeGrid(3, answer)
     records = []
-    strategy.start(grid=grid, initial_arrays=arrays, num_rounds=30, on_round=records.append)
+    engine = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=30, on_round=records.append)
     picks = strategy.selections
     assert picks.get(2, 0) <= 3 and picks[0] >= 20  # λ_2 = e^{-α·div} ≈ 0
     reasons = [(r["round"], f) for r in records for f in r.get("failure_reasons", []) if "min-replies" not in f]
@@ -231,5 +231,5 @@ def test_selection_favours_matching_profiles_and_malformed_profiles_are_counted(
     assert retries == [first + 1, first + 3, first + 7, first + 15][: len(retries)] and len(retries) >= 3
     assert len(records) == 30  # the run went on
     assert sum(r["clients"] for r in records) + len(refused_training) == 30  # one pick a round: a good reply, or a counted rejection
-    summary = strategy.summary_extra()
+    summary = strategy.summary_extra(engine)
     assert summary["fedprof_last_divergence"]["2"] > 1.0 > summary["fedprof_last_divergence"]["0"]

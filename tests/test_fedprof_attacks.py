@@ -72,20 +72,21 @@ def test_a_client_cannot_rebuild_the_baseline_from_the_run_config(task_identity,
             arrays.update({k: v.numpy() for k, v in msg.content["arrays"].items()})
         return reply(arrays, len(part.train[pid]), pid)
 
-    strategy.start(grid=FakeGrid(3, answer), initial_arrays=strategy.initial_arrays(), num_rounds=2)
+    engine = strategy.start(grid=FakeGrid(3, answer), initial_arrays=strategy.initial_arrays(), num_rounds=2)
     attacker, honest = divs[2][0], min(divs[0][0], divs[1][0])
     # with D^V = the held-out rows the attacker's divergence was 0 (float32 rounding: < 1e-6) and its score 1.0
     assert attacker > 1e-3 and score(attacker, 10.0) < 0.99, (attacker, honest)
     # what remains (README, Trust model): sampling noise of the same order as a clean client's, though smaller (the
     # held-out rows share half of D^V): over 500 private draws the ratio had median 0.47, 1st percentile 0.22
     assert 0.1 * honest < attacker, (attacker, honest)
-    assert strategy.summary_extra()["fedprof_validation"] == {"rows": 200, "held_out": 400, "drawn_from": f"${SECRET_ENV}"}
+    assert strategy.summary_extra(engine)["fedprof_validation"] == {"rows": 200, "held_out": 400, "drawn_from": f"${SECRET_ENV}"}
     assert len(strategy.validation[0]) == 200 and not torch.equal(strategy.validation[0], x_held[:200])
 
 
 def test_the_private_draw_is_reproducible_only_with_the_servers_secret():
     draws = [private_validation_rows(1000, validation_stream(0, None)[0]) for _ in range(2)]
-    assert len(draws[0]) == 500 and len(np.unique(draws[0])) == 500 and not np.array_equal(*draws)  # OS entropy: a new half each time
+    # OS entropy: a new half each time
+    assert len(draws[0]) == 500 and len(np.unique(draws[0])) == 500 and not np.array_equal(draws[0], draws[1])
     a, source = validation_stream(0, "s3cret")
     assert source == f"${SECRET_ENV}"
     assert np.array_equal(private_validation_rows(1000, a), private_validation_rows(1000, validation_stream(0, "s3cret")[0]))
@@ -128,7 +129,7 @@ def test_a_client_whose_profile_is_always_invalid_is_not_selected(task_identity,
         return reply(arrays, 20, pid)
 
     grid = FakeGrid(3, answer)
-    records = []
+    records: list[dict] = []
 
     def on_round(record):
         records.append(record)
@@ -163,12 +164,12 @@ def test_a_selected_client_whose_reply_is_refused_loses_its_score(task_identity,
             arrays.update({k: v.numpy() for k, v in msg.content["arrays"].items()})
         return reply(arrays, 20, pid)
 
-    records = []
-    strategy.start(grid=FakeGrid(3, answer), initial_arrays=strategy.initial_arrays(), num_rounds=3, on_round=records.append)
+    records: list[dict] = []
+    engine = strategy.start(grid=FakeGrid(3, answer), initial_arrays=strategy.initial_arrays(), num_rounds=3, on_round=records.append)
     assert records[0]["fedprof_scores"]["1"] == pytest.approx(1.0)  # its profile before round 1 was valid
     assert records[1]["fedprof_scores"]["1"] == pytest.approx(1.0)  # re-asked (profile only) before round 2's draw: valid again
-    state = next(c.state for c in strategy.engine.registry.clients.values() if c.partition_id == 1)
-    assert "profile" not in state and state["misses"] == 1  # round 3's training reply was refused
+    state = next(c.state for c in engine.registry.clients.values() if c.partition_id == 1)
+    assert state.profile is None and state.misses == 1  # round 3's training reply was refused
 
 
 # ----------------------------------------------------------------- item 11: near-dead units

@@ -15,7 +15,7 @@ import copy
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,10 +27,12 @@ from core import protocol as P
 from core.config import resolve
 from core.extractors import input_spec
 from core.run_data import MAX_PROFILE_CHARS, local_spec, node_profile
+from strategies.base import TrainRound
 from strategies.discovery import discover
 from strategies.engine import Engine
 from strategies.registry import STRATEGIES
 from strategies.services import Services
+from tests.fakes import GridStub
 
 SILENT = object()  # a node that never answers that message
 
@@ -51,7 +53,7 @@ class Script:
     answer: Callable[[int, Message], Any] | None = None
 
 
-class ScriptedGrid:
+class ScriptedGrid(GridStub):
     """Nodes 201, 202, … each following its :class:`Script`; every message sent is kept."""
 
     def __init__(self, scripts: list[Script]):
@@ -71,7 +73,7 @@ class ScriptedGrid:
             and m.content.config_records[P.CONFIG][P.PHASE] == phase
         ]
 
-    def send_and_receive(self, messages, timeout):
+    def send_and_receive(self, messages, *, timeout=None):
         out = []
         for msg in messages:
             self.sent.append(msg)
@@ -91,11 +93,11 @@ class ScriptedGrid:
                     content[P.METRICS] = MetricRecord(script.metrics)
                 out.append(Message(content=content, reply_to=msg))
                 continue
-            content = script.answer(node, msg) if script.answer else None
-            if isinstance(content, Error):
-                out.append(Message(content, reply_to=msg))
-            elif content is not None:
-                out.append(Message(content=content, reply_to=msg))
+            answer = script.answer(node, msg) if script.answer else None
+            if isinstance(answer, Error):
+                out.append(Message(answer, reply_to=msg))
+            elif answer is not None:
+                out.append(Message(content=answer, reply_to=msg))
         return out
 
 
@@ -132,7 +134,6 @@ def registered(cfg, schema, grid) -> tuple[Any, Engine]:
     """The run's strategy on ``schema`` and an engine on ``grid`` whose nodes were asked to register (round 1)."""
     strategy = strategy_on(cfg, schema)
     engine = Engine(grid, cfg, strategy.services, admit=strategy.body_problem)
-    strategy.engine = engine
     engine.begin_round(1)
     return strategy, engine
 
@@ -141,7 +142,7 @@ def readable(reason: str, limit: int = 2000) -> bool:
     return isinstance(reason, str) and 0 < len(reason) <= limit and "Traceback" not in reason
 
 
-def write_csv(path, rows: list[tuple[float, str, str]]) -> str:
+def write_csv(path, rows: Sequence[tuple[float | str, str, str]]) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("x,city,label\n" + "".join(f"{x},{city},{label}\n" for x, city, label in rows))
     return str(path)
@@ -386,7 +387,7 @@ def test_a_node_cannot_declare_more_at_registration_than_it_described(task_ident
 
 # ----- 4. replies beyond what a node declared ----------------------------------------------------
 def _model_reply(msg: Message, pid: int, scale: float, n: int) -> RecordDict:
-    arrays = ArrayRecord({k: Array(np.asarray(v.numpy() * scale, order="C")) for k, v in msg.content[P.ARRAYS].items()})
+    arrays = ArrayRecord({k: Array(np.asarray(v.numpy() * scale, order="C")) for k, v in msg.content.array_records[P.ARRAYS].items()})
     return RecordDict({P.ARRAYS: arrays, P.METRICS: MetricRecord({P.PARTITION_ID: pid, P.NUM_EXAMPLES: n, P.LOSS: 0.5})})
 
 
@@ -442,7 +443,7 @@ def _declared_class_2(cfg):
 
 def test_fedlog_statistics_for_ten_thousand_from_a_node_that_declared_ten_are_refused(task_identity):
     strategy, engine, grid = _declared_class_2(local_cfg(classes="2,3,7"))
-    layout = strategy.train_layout(1)
+    layout = strategy.train_layout(TrainRound(1, engine))
     grid.scripts[201].answer = lambda node, msg: _stats_reply(strategy, 0, {0: 10_000.0}, 10_000)
     got = engine.exchange(P.PHASE_TRAIN, {201: RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})})}, MessageType.TRAIN, layout)
     assert got == [] and any("above the 10 this client can hold" in f for f in engine.meter.failures), engine.meter.failures
@@ -461,7 +462,7 @@ def test_fedlog_statistics_of_a_class_the_node_did_not_declare_are_refused(task_
     strategy, engine, grid = _declared_class_2(local_cfg(classes="2,3,7"))
     grid.scripts[201].answer = lambda node, msg: _stats_reply(strategy, 0, {1: 10.0}, 10)  # class "3" is index 1
     got = engine.exchange(
-        P.PHASE_TRAIN, {201: RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})})}, MessageType.TRAIN, strategy.train_layout(1)
+        P.PHASE_TRAIN, {201: RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})})}, MessageType.TRAIN, strategy.train_layout(TrainRound(1, engine))
     )
     assert got == []
 
@@ -527,7 +528,7 @@ def test_a_node_answering_unregistered_every_round_costs_the_others_nothing(task
     schema = discover(grid, cfg).schema
     strategy, engine = registered(cfg, schema, grid)
     pids = {n: c.partition_id for n, c in engine.registry.clients.items()}
-    layout = strategy.train_layout(1)
+    layout = strategy.train_layout(TrainRound(1, engine))
     grid.scripts[201].answer = grid.scripts[203].answer = lambda node, msg: _stats_reply(strategy, pids[node], {0: 6.0, 1: 6.0}, 12)
     grid.scripts[202].answer = lambda node, msg: Error(code=P.ERROR_UNREGISTERED, reason="no schema here, register me again")
     for rnd in range(1, 13):
@@ -564,7 +565,7 @@ def test_no_cell_of_a_nodes_table_reaches_the_servers_logs_or_summary(task_ident
     misfit = write_csv(tmp_path / "misfit" / "data.csv", [(secrets[j], "elsewhere", "zz") for j in range(3)])
 
     def profile_of(path: str) -> str:
-        return description(cfg, path, "mnist-cnn")[P.CONFIG][P.DATA_PROFILE]
+        return str(description(cfg, path, "mnist-cnn").config_records[P.CONFIG][P.DATA_PROFILE])
 
     scripts = [Script(profile_of(p), body="mlp") for p in paths]
     scripts += [
@@ -577,7 +578,7 @@ def test_no_cell_of_a_nodes_table_reaches_the_servers_logs_or_summary(task_ident
     strategy, engine = registered(tcfg, found.schema, ScriptedGrid(scripts))
     assert sorted(c.partition_id for c in engine.registry.clients.values()) == [0, 1, 2]
     assert "classes not in the run's list: ['zz']" in engine.registry.refused[204]
-    seen = caplog.text + json.dumps(found.summary()) + json.dumps(strategy.participants())
+    seen = caplog.text + json.dumps(found.summary()) + json.dumps(strategy.participants(engine))
     assert "zz" in seen and "/srv/private/x.csv" in seen  # the reasons are there ...
     leaked = [v for v in secrets if v in seen or v.rstrip("0").rstrip(".") in seen]
     assert not leaked, leaked  # ... no cell is

@@ -16,11 +16,12 @@ from core import protocol as P
 from core.config import ConfigError, resolve
 from core.extractors import input_spec
 from core.run_data import local_spec, node_profile
+from strategies.base import TrainRound
 from strategies.discovery import discover
 from strategies.engine import Engine, RoundFailed
 from strategies.registry import STRATEGIES
 from strategies.services import Services
-from tests.fakes import reply
+from tests.fakes import GridStub, reply
 
 
 def write_npz(folder, labels, per_class=6, test_per_class=2, seed=0):
@@ -39,7 +40,7 @@ def write_npz(folder, labels, per_class=6, test_per_class=2, seed=0):
     return str(folder)
 
 
-class LocalGrid:
+class LocalGrid(GridStub):
     """Nodes 201, 202, … that own their data (``profiles[i]``: the JSON each declares, or an
     Error); they answer a describe or registration query with it and other messages with
     ``answer(node, message)``. A node may also claim a partition id of its own choosing."""
@@ -54,7 +55,7 @@ class LocalGrid:
     def get_node_ids(self):
         return list(self.nodes)
 
-    def send_and_receive(self, messages, timeout):
+    def send_and_receive(self, messages, *, timeout=None):
         out = []
         for msg in messages:
             self.sent.append(msg)
@@ -69,9 +70,9 @@ class LocalGrid:
                     content["metrics"] = reply({}, None, self.claims[node])["metrics"]
                 out.append(Message(content=content, reply_to=msg))
             else:
-                content = self.answer(node, msg)
-                if content is not None:
-                    out.append(Message(content=content, reply_to=msg) if not isinstance(content, Error) else Message(content, reply_to=msg))
+                answer = self.answer(node, msg)
+                if answer is not None:
+                    out.append(Message(content=answer, reply_to=msg) if not isinstance(answer, Error) else Message(answer, reply_to=msg))
         return out
 
 
@@ -130,7 +131,7 @@ def test_registration_gives_indices_refuses_data_that_does_not_fit_and_bounds_co
     stats = np.zeros((3, strategy.m), np.float32)
     stats[0, -1] = 40.0  # 40 examples of class "2": the node declared 12 training examples in all
     grid.answer = lambda node, msg: reply({P.STATS: stats}, 40, 0)
-    got = engine.exchange(P.PHASE_TRAIN, {201: RecordDict({"config": ConfigRecord({"r": 1})})}, MessageType.TRAIN, strategy.train_layout(1))
+    got = engine.exchange(P.PHASE_TRAIN, {201: RecordDict({"config": ConfigRecord({"r": 1})})}, MessageType.TRAIN, strategy.train_layout(TrainRound(1, engine)))
     assert got == [] and any("40" in f and "12" in f for f in engine.meter.failures), engine.meter.failures
 
 
@@ -143,7 +144,7 @@ def test_a_node_that_lost_its_schema_registers_again(tmp_path, task_identity):
     engine = Engine(grid, cfg, strategy.services, admit=strategy.body_problem)
     engine.begin_round(1)
     assert 201 in engine.registry.clients
-    engine.exchange(P.PHASE_TRAIN, {201: RecordDict({"config": ConfigRecord({"r": 1})})}, MessageType.TRAIN, strategy.train_layout(1))
+    engine.exchange(P.PHASE_TRAIN, {201: RecordDict({"config": ConfigRecord({"r": 1})})}, MessageType.TRAIN, strategy.train_layout(TrainRound(1, engine)))
     assert 201 not in engine.registry.clients  # forgotten ...
     engine.begin_round(2)
     assert engine.registry.clients[201].partition_id == 0  # ... and registered afresh, with the schema sent again
