@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flwr.app import MetricRecord, RecordDict
 
-from client.faults import MODEL_MODES, TRAIN_MODES, corrupt
+from client.faults import MODEL_MODES, TRAIN_MODES, damage_reply
 from core.fedpft import ClassMixture, encode
 from core.methods import ALGORITHMS
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
@@ -64,7 +64,7 @@ def test_a_bad_training_reply_is_rejected_and_the_round_goes_on(task_identity, d
     def answer(pid, msg):
         content = honest(algorithm, pid, msg)
         training = msg.content["config"].get("phase") != "profile"  # FedProf profiles newcomers first: only the training reply is bad
-        return corrupt(content, mode, "train") if pid == 2 and training else content
+        return damage_reply(content, mode, "train") if pid == 2 and training else content
 
     rnd = 2 if mode in MODEL_MODES else 1  # a sign flip is refused from round 2 (round 1's bound admits long honest moves)
     engine = engine_for(s, FakeGrid(3, answer), server_round=rnd)
@@ -110,7 +110,7 @@ def test_an_evaluation_reply_claiming_impossible_scores_is_rejected(task_identit
     def answer(pid, msg):
         met = MetricRecord({"partition-id": pid, "num-examples": 100, "correct": 80, "loss": 0.3})
         content = RecordDict({"metrics": met})
-        return corrupt(content, "bad-eval", "evaluate") if pid == 1 else content
+        return damage_reply(content, "bad-eval", "evaluate") if pid == 1 else content
 
     engine = engine_for(s, FakeGrid(3, answer))
     out = s.evaluate_round(1, s.initial_arrays(), engine)
