@@ -48,7 +48,7 @@ def circle_round(seed: int, iterations: int = 30, lr: float = 0.01):
             {P.ARRAYS: ArrayRecord({"eta": Array(eta0.astype(np.float32))}), P.CONFIG: ConfigRecord({P.ROUND: 1, P.PHASE: "train"})}
         )
         reply = client.train(env, content, state)
-        stats.append(reply[P.ARRAYS]["stats"].numpy().astype(np.float64))
+        stats.append(reply.array_records[P.ARRAYS]["stats"].numpy().astype(np.float64))
         envs.append(env)
         states.append(state)
     eta = solve_head(stats[0] + stats[1], 80)

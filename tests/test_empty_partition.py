@@ -12,6 +12,7 @@ from client.registry import PROCEDURES
 from core.config import resolve
 from core.data import load_dataset
 from core.partition import make_partition
+from core.protocol import as_int
 
 
 def empty_client(algorithm: str, data_dir: str):
@@ -43,10 +44,10 @@ def test_an_empty_partition_sends_zero_statistics_with_count_zero(data_dir, algo
     procedure, state = PROCEDURES[algorithm], RecordDict()
     reply = procedure.train(env, content, state)
     assert reply["metrics"]["num-examples"] == 0
-    for name, array in reply["arrays"].items():
+    for name, array in reply.array_records["arrays"].items():
         values = array.numpy()
         assert values.ndim >= 1 and values.size > 0 and not values.any(), name  # right shape, all zero
     if algorithm == "fedlog":
-        assert reply["arrays"]["stats"].numpy().shape == (10, 51)
-    scores = procedure.evaluate(env, content, state)["metrics"]
-    assert scores["correct"] <= scores["num-examples"]
+        assert reply.array_records["arrays"]["stats"].numpy().shape == (10, 51)
+    scores = procedure.evaluate(env, content, state).metric_records["metrics"]
+    assert as_int(scores["correct"]) <= as_int(scores["num-examples"])

@@ -25,7 +25,7 @@ def honest(monkeypatch, task_identity):
 
 
 def _context(node_config, run_config=None, state=None) -> Context:
-    base = {"fault-clients": "", "fault-mode": "nan", "round-timeout": 0.0}
+    base: dict[str, bool | float | int | str] = {"fault-clients": "", "fault-mode": "nan", "round-timeout": 0.0}
     return Context(1, 7, node_config, state or RecordDict(), {**base, **(run_config or {})})
 
 
@@ -58,7 +58,7 @@ def test_bad_eval_damages_evaluation_replies_only(honest):
 
 def test_error_mode_answers_with_the_failing_procedures_error_reply(honest):
     reply = _ask(build_client_app(), "train", _context({"partition-id": 1}, {"fault-clients": "1", "fault-mode": "error"}))
-    assert reply.has_error() and reply.error.code == P.ERROR_CLIENT and "fault injection" in reply.error.reason
+    assert reply.has_error() and reply.error.code == P.ERROR_CLIENT and "fault injection" in str(reply.error.reason)
 
 
 def test_a_node_with_its_own_data_is_named_by_its_registered_client_index(honest):

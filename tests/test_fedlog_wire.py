@@ -32,9 +32,9 @@ def test_present_rows_round_trip_exactly():
     rows = present_rows(stats)
     assert rows.shape == (2, 52) and rows[:, 0].tolist() == [3, 4]
     dense, problem = dense_statistics(rows.astype(np.float64), 10)
-    assert problem is None and np.array_equal(dense, stats.astype(np.float64))
+    assert problem is None and dense is not None and np.array_equal(dense, stats.astype(np.float64))
     empty, problem = dense_statistics(present_rows(np.zeros((10, 51))), 10)  # a client with no data
-    assert problem is None and not empty.any()
+    assert problem is None and empty is not None and not empty.any()
 
 
 def _head_after_one_round(uplink: str, answer) -> tuple[np.ndarray, list[str], int]:
@@ -94,7 +94,7 @@ def test_a_client_sends_only_the_rows_of_its_classes(data_dir):
             "config": ConfigRecord({"server-round": 1, "phase": "train"}),
         }
     )
-    out = PROCEDURES["fedlog"].train(env, content, RecordDict())["arrays"]
+    out = PROCEDURES["fedlog"].train(env, content, RecordDict()).array_records["arrays"]
     held = sorted(set(env.y_train.tolist()))
     rows = out["stats-rows"].numpy()
     assert set(out) == {"stats-rows"} and rows.shape == (len(held), 52) and rows[:, 0].tolist() == held
@@ -133,7 +133,8 @@ def test_a_client_trains_on_a_float16_head(data_dir):
     eta = np.random.default_rng(1).normal(0, 0.1, size=(10, 51)).astype(np.float16)
     content = RecordDict({"arrays": ArrayRecord({"eta": Array(eta)}), "config": ConfigRecord({"server-round": 1, "phase": "train"})})
     out = PROCEDURES["fedlog"].train(env, content, RecordDict())
-    assert out["arrays"]["stats"].numpy().dtype == np.float32 and np.isfinite(out["metrics"]["loss"])
+    loss = out.metric_records["metrics"]["loss"]
+    assert out.array_records["arrays"]["stats"].numpy().dtype == np.float32 and isinstance(loss, float) and np.isfinite(loss)
 
 
 # ----- float16 uplink (fedlog-uplink-dtype=float16): [count, means] rows -----------------
@@ -150,6 +151,7 @@ def test_float16_uplink_rows_rebuild_the_sums_within_half_precision():
         assert sent.dtype == np.float16
         rows = sent.astype(np.float64)
         dense = dense_statistics(rows, 10)[0] if sparse else rows
+        assert dense is not None
         back = sum_rows(dense)
         assert np.array_equal(back[:, 0], stats[:, 0])  # counts exact
         np.testing.assert_allclose(back, stats, rtol=2.0**-11, atol=0)
@@ -219,9 +221,12 @@ def test_float16_reply_whose_data_is_not_what_it_declares_or_with_means_on_an_em
         rows[9, 5] = 1.0  # class 9 holds no examples
         return reply({"stats": rows}, int(_stats(pid)[:, 0].sum()), pid, loss=0.5)
 
+    def first_node_sends(bad):
+        return lambda pid, msg: bad(pid, msg) if pid == 0 else half_reply(pid, False)
+
     for bad, reason in ((lying, "declared float16 but holds float64"), (empty_with_means, "no examples has non-zero")):
         s = make_strategy("fedlog", **{"fedlog-uplink-dtype": "float16", "fedlog-init": "random"})
-        engine = engine_for(s, FakeGrid(3, lambda pid, msg, bad=bad: bad(pid, msg) if pid == 0 else half_reply(pid, False)))
+        engine = engine_for(s, FakeGrid(3, first_node_sends(bad)))
         s.train_round(1, s.initial_arrays(), engine)
         assert len(engine.meter.failures) == 1 and reason in engine.meter.failures[0], engine.meter.failures
 
@@ -301,7 +306,7 @@ def test_float16_uplink_is_refused_under_dp_and_a_client_sends_it(data_dir):
             "config": ConfigRecord({"server-round": 1, "phase": "train"}),
         }
     )
-    rows = PROCEDURES["fedlog"].train(env, content, RecordDict())["arrays"]["stats-rows"].numpy()
+    rows = PROCEDURES["fedlog"].train(env, content, RecordDict()).array_records["arrays"]["stats-rows"].numpy()
     held, counts = np.unique(env.y_train.numpy(), return_counts=True)
     assert rows.dtype == np.float16 and rows[:, 0].tolist() == held.tolist() and rows[:, 1].tolist() == counts.tolist()
 
@@ -330,7 +335,12 @@ def test_fedlog_c_pulls_the_features_before_feature_dropout_towards_the_class_me
 
     seen = []
     real = fl.fedlog_c_loss
-    monkeypatch.setattr(fl, "fedlog_c_loss", lambda phi, *a: seen.append(phi.detach().clone()) or real(phi, *a))
+
+    def spy(phi, *a):
+        seen.append(phi.detach().clone())
+        return real(phi, *a)
+
+    monkeypatch.setattr(fl, "fedlog_c_loss", spy)
     env = client_env(
         {
             "algorithm": "fedlog",

@@ -52,11 +52,11 @@ def test_dominant_partition_needs_class_labels():
 
 def test_client_sizes_are_normal_seeded_and_fit_the_data():
     sizes = client_sizes(2000, 514.0, 101.0, 10**7, seed=3)
-    assert abs(sizes.mean() - 514) < 8 and abs(sizes.std() - 101) < 6
-    assert np.array_equal(sizes, client_sizes(2000, 514.0, 101.0, 10**7, seed=3))
-    assert not np.array_equal(sizes, client_sizes(2000, 514.0, 101.0, 10**7, seed=4))
+    assert sizes is not None and abs(sizes.mean() - 514) < 8 and abs(sizes.std() - 101) < 6
+    again, other = client_sizes(2000, 514.0, 101.0, 10**7, seed=3), client_sizes(2000, 514.0, 101.0, 10**7, seed=4)
+    assert again is not None and other is not None and np.array_equal(sizes, again) and not np.array_equal(sizes, other)
     squeezed = client_sizes(50, 514.0, 101.0, 20_000, seed=0)
-    assert squeezed.sum() <= 20_000 and squeezed.min() >= 1
+    assert squeezed is not None and squeezed.sum() <= 20_000 and squeezed.min() >= 1
     assert client_sizes(50, 0.0, 0.0, 100, seed=0) is None
 
 
@@ -77,7 +77,7 @@ def test_iid_partition_takes_exactly_the_drawn_sizes(data_dir):
     )
     part = make_partition(ds, cfg)
     expected = client_sizes(50, 514.0, 101.0, len(ds.y_train) - 3000, cfg["seed"])
-    assert [len(t) for t in part.train] == expected.tolist()
+    assert expected is not None and [len(t) for t in part.train] == expected.tolist()
     assert len(part.validation) == 3000 and not set(part.validation.tolist()) & set(np.concatenate(part.train).tolist())
 
 
@@ -110,10 +110,10 @@ def test_clients_evaluate_every_n_rounds_and_rounds_record_who_trained(task_iden
         return reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, 20, pid)
 
     grid = FakeGrid(4, answer)
-    records = []
+    records: list[dict] = []
     strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(), num_rounds=5, on_round=records.append)
     assert [r["accuracy"] is not None for r in records] == [False, True, False, True, True]  # rounds 2, 4 and the last
-    trained = {}
+    trained: dict[int, set[int]] = {}
     for msg in grid.sent:
         if msg.metadata.message_type == "train":
             trained.setdefault(int(msg.metadata.group_id), set()).add(msg.metadata.dst_node_id - 101)
@@ -135,7 +135,7 @@ def test_fedprof_rounds_record_the_scores_the_sampler_used(task_identity, data_d
             return reply({"profile": profile}, 20, pid)
         return reply({**{k: v.numpy() for k, v in msg.content["arrays"].items()}, "profile": profile}, 20, pid)
 
-    records = []
+    records: list[dict] = []
     strategy.start(grid=FakeGrid(4, answer), initial_arrays=strategy.initial_arrays(), num_rounds=2, on_round=records.append)
     scores = records[0]["fedprof_scores"]
     assert sorted(scores) == ["0", "1", "2", "3"]

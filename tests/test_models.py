@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from core.models import BODIES, build_body, build_model
+from core.models import BODIES, CNN, build_body, build_model
 
 SHAPES = {
     "mnist-cnn": (1, 28, 28),
@@ -41,7 +41,7 @@ def test_table_a2_widths():
     assert build_body("mnist-cnn", (1, 28, 28)).out_dim == 50
     assert build_body("cifar-cnn", (3, 32, 32)).out_dim == 100
     small = build_body("cifar-cnn-small", (3, 32, 32))
-    assert small.out_dim == 100 and len(small.fcs) == 1  # no 120-unit layer
+    assert isinstance(small, CNN) and small.out_dim == 100 and len(small.fcs) == 1  # no 120-unit layer
     n = sum(p.numel() for p in build_model("mnist-cnn", (1, 28, 28), 0, 10).parameters())
     assert n == 21840  # the LeNet-style MNIST CNN of Table A.2
 

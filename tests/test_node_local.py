@@ -29,6 +29,7 @@ import pytest
 
 from tests.cluster import Cluster, Netns, free_port, read_rounds, run_folder
 from tests.conftest import ROOT
+from tests.fakes import GridStub
 
 EXAMPLE_BODY_DIR = ROOT / "examples" / "custom_body"
 USER_BODY = "headway_example_body:small_cnn"
@@ -314,7 +315,7 @@ def test_nodes_whose_data_or_start_do_not_fit_a_local_run_are_refused(tmp_path, 
 # ----- the index of a refused node goes to one that had none (no processes) -------------------
 
 
-class DescribingGrid:
+class DescribingGrid(GridStub):
     """Nodes 201, 202, ... that answer a registration query with their body and ``profiles[i]``
     (None: never answers)."""
 
@@ -325,7 +326,7 @@ class DescribingGrid:
     def get_node_ids(self):
         return list(self.profiles)
 
-    def send_and_receive(self, messages, timeout):
+    def send_and_receive(self, messages, *, timeout=None):
         from flwr.app import ConfigRecord, Message, RecordDict
 
         from core import protocol as P

@@ -14,7 +14,7 @@ from core.data import load_dataset
 from core.models import build_model
 from core.partition import make_partition
 from simulation import simulate
-from strategies.wire import wire_bytes
+from strategies.wire import WireMeter
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,7 @@ def down_bytes(arrays: dict, server_round: int = 1) -> int:
     content = RecordDict(
         {"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}), "config": ConfigRecord({"server-round": server_round})}
     )
-    return wire_bytes(_sent(content, server_round))
+    return WireMeter().message(_sent(content, server_round))
 
 
 def reply_bytes(arrays: dict, n: int, pid: int, loss: bool = True) -> int:
@@ -76,7 +76,7 @@ def reply_bytes(arrays: dict, n: int, pid: int, loss: bool = True) -> int:
     metrics = MetricRecord({"num-examples": n, "partition-id": pid, **({"loss": 0.5} if loss else {})})
     content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}), "metrics": metrics})
     request = _sent(RecordDict({"config": ConfigRecord({"server-round": 1})}), 1)
-    return wire_bytes(Message(content=content, reply_to=request))
+    return WireMeter().message(Message(content=content, reply_to=request))
 
 
 def near(measured: int, expected: int, messages: int) -> bool:

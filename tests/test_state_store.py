@@ -10,14 +10,14 @@ from client.state_store import STORE_RECORD, load_state, restore_state, save_sta
 def test_state_round_trips_exactly_and_restores_only_an_empty_state(tmp_path):
     assert state_path({"partition-id": 0}, 7, 0) is None  # no state-dir: nothing on disk
     path = state_path({"state-dir": str(tmp_path)}, 7, 3)
-    assert path == tmp_path / "run-7" / "partition-3.state"
+    assert path is not None and path == tmp_path / "run-7" / "partition-3.state"
     body = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
     state = RecordDict({"body": ArrayRecord({"w": Array(body)}), "meta": ConfigRecord({"round": 4}), "m": MetricRecord({"loss": 0.5})})
     save_state(state, path)
     assert not list(path.parent.glob("*.tmp"))  # written atomically, no leftovers
     fresh = RecordDict()
     assert restore_state(fresh, path)
-    np.testing.assert_array_equal(fresh["body"]["w"].numpy(), body)
+    np.testing.assert_array_equal(fresh.array_records["body"]["w"].numpy(), body)
     assert fresh["meta"]["round"] == 4 and fresh[STORE_RECORD]["restores"] == 1
     save_state(fresh, path)
     again = RecordDict()

@@ -12,6 +12,7 @@ meter does not count them either (see the README's "How a round runs").
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import threading
@@ -61,8 +62,10 @@ def install(path: str) -> None:
     """Make every Fleet channel the SuperNode opens count through :class:`CountingInterceptor`."""
     original = connection.create_channel
 
-    def create_channel(*args: Any, interceptors=None, **kwargs: Any) -> grpc.Channel:
-        return original(*args, interceptors=[*(interceptors or []), CountingInterceptor(path)], **kwargs)
+    def create_channel(*args: Any, **kwargs: Any) -> grpc.Channel:
+        call = inspect.signature(original).bind(*args, **kwargs)  # interceptors, by keyword or by position
+        call.arguments["interceptors"] = [*(call.arguments.get("interceptors") or []), CountingInterceptor(path)]
+        return original(*call.args, **call.kwargs)
 
     connection.create_channel = create_channel
 
@@ -72,4 +75,4 @@ if __name__ == "__main__":
 
     install(os.environ["HEADWAY_WIRE_LOG"])
     sys.argv[0] = "flower-supernode"
-    raise SystemExit(flower_supernode())
+    flower_supernode()
