@@ -118,9 +118,6 @@ def damage_reply(content: RecordDict, mode: str, kind: str = "train", timeout: f
     return out
 
 
-corrupt = damage_reply  # transitional: tests/test_hostile_replies.py imports the old name; delete once it imports damage_reply
-
-
 def fault_mod(overrides: Mapping[str, Any], partition_of: Callable[[Context], int | None]) -> Mod:
     """A client mod for train and evaluate messages: the reply of a node whose partition
     (``partition_of(context)``) the run config (``overrides`` over the Flower run config)
