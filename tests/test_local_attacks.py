@@ -462,7 +462,10 @@ def test_fedlog_statistics_of_a_class_the_node_did_not_declare_are_refused(task_
     strategy, engine, grid = _declared_class_2(local_cfg(classes="2,3,7"))
     grid.scripts[201].answer = lambda node, msg: _stats_reply(strategy, 0, {1: 10.0}, 10)  # class "3" is index 1
     got = engine.exchange(
-        P.PHASE_TRAIN, {201: RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})})}, MessageType.TRAIN, strategy.train_layout(TrainRound(1, engine))
+        P.PHASE_TRAIN,
+        {201: RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})})},
+        MessageType.TRAIN,
+        strategy.train_layout(TrainRound(1, engine)),
     )
     assert got == []
 

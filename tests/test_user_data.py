@@ -131,7 +131,12 @@ def test_registration_gives_indices_refuses_data_that_does_not_fit_and_bounds_co
     stats = np.zeros((3, strategy.m), np.float32)
     stats[0, -1] = 40.0  # 40 examples of class "2": the node declared 12 training examples in all
     grid.answer = lambda node, msg: reply({P.STATS: stats}, 40, 0)
-    got = engine.exchange(P.PHASE_TRAIN, {201: RecordDict({"config": ConfigRecord({"r": 1})})}, MessageType.TRAIN, strategy.train_layout(TrainRound(1, engine)))
+    got = engine.exchange(
+        P.PHASE_TRAIN,
+        {201: RecordDict({"config": ConfigRecord({"r": 1})})},
+        MessageType.TRAIN,
+        strategy.train_layout(TrainRound(1, engine)),
+    )
     assert got == [] and any("40" in f and "12" in f for f in engine.meter.failures), engine.meter.failures
 
 
@@ -144,7 +149,12 @@ def test_a_node_that_lost_its_schema_registers_again(tmp_path, task_identity):
     engine = Engine(grid, cfg, strategy.services, admit=strategy.body_problem)
     engine.begin_round(1)
     assert 201 in engine.registry.clients
-    engine.exchange(P.PHASE_TRAIN, {201: RecordDict({"config": ConfigRecord({"r": 1})})}, MessageType.TRAIN, strategy.train_layout(TrainRound(1, engine)))
+    engine.exchange(
+        P.PHASE_TRAIN,
+        {201: RecordDict({"config": ConfigRecord({"r": 1})})},
+        MessageType.TRAIN,
+        strategy.train_layout(TrainRound(1, engine)),
+    )
     assert 201 not in engine.registry.clients  # forgotten ...
     engine.begin_round(2)
     assert engine.registry.clients[201].partition_id == 0  # ... and registered afresh, with the schema sent again
