@@ -162,7 +162,7 @@ class FedProf(FedAvg):
         out = {}
         for node in engine.nodes():
             state = engine.registry.state(node, FedProfClientState)
-            if state.profile is not None:
+            if state.profile is not None and state.version is not None:  # set together (remember)
                 state.div = divergence(state.profile, self.baselines[state.version])
                 out[node] = score(state.div, alpha)
             else:
@@ -268,7 +268,8 @@ class FedProf(FedAvg):
         checked, problem = self.check_update(model, reply, ctx)
         return (None, problem) if problem else ({**checked, P.PROFILE: arrays[P.PROFILE]}, None)
 
-    def aggregate_train(self, ctx: ProfileRound, replies: list[Reply]) -> Step:
+    def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
+        assert isinstance(ctx, ProfileRound), "a FedProf round is set up by FedProf.configure_train"
         engine = ctx.engine  # line 15 (selected clients' fresh profiles) ran in train_round, quorum or not
         states = engine.registry.states(FedProfClientState)
         models = [{k: v for k, v in r.payload.items() if k != P.PROFILE} for r in replies]
@@ -281,8 +282,8 @@ class FedProf(FedAvg):
         elif mode == "full-cache":
             for reply, model in zip(replies, models, strict=True):
                 states[reply.node_id].model = model
-            cached = [s for n, s in states.items() if n in known and s.model is not None]
-            new = cached_aggregate(self.initial, [s.model for s in cached], [s.n for s in cached], total)
+            cached = [(s.model, s.n) for s in states.values() if s.model is not None and s.n is not None]  # the known clients' models
+            new = cached_aggregate(self.initial, [m for m, _ in cached], [n for _, n in cached], total)
         else:
             new = partial_aggregate(models, sizes, total, len(known), like=ctx.sent)
         arrays = to_record(new)

@@ -131,8 +131,8 @@ def test_registry_refuses_a_second_claim_and_replies_under_another_partition(tas
     )  # everyone claims 0 in replies
     grid.send_and_receive_orig = grid.send_and_receive
 
-    def registration_claims(messages, timeout):  # nodes 101 and 102 both register as partition 0
-        out = grid.send_and_receive_orig(messages, timeout)
+    def registration_claims(messages, *, timeout=None):  # nodes 101 and 102 both register as partition 0
+        out = grid.send_and_receive_orig(messages, timeout=timeout)
         for r in out:
             if r.metadata.message_type == MessageType.QUERY:
                 r.content["metrics"]["partition-id"] = 0 if r.metadata.src_node_id in (101, 102) else 2
@@ -330,7 +330,12 @@ def _requests_and_replies() -> list[Message]:
     sent = [Message(content=big, dst_node_id=n, message_type="train") for n in (5, 6)]  # one content, two recipients
     for m in sent:
         m.metadata.__dict__["_message_id"] = m.object_id  # the deployed id a reply points back to
-    return [*sent, Message(content=small, reply_to=sent[0]), Message(content=small, reply_to=sent[1]), Message(RecordDict(), reply_to=sent[0])]
+    return [
+        *sent,
+        Message(content=small, reply_to=sent[0]),
+        Message(content=small, reply_to=sent[1]),
+        Message(RecordDict(), reply_to=sent[0]),
+    ]
 
 
 def test_wire_meter_counts_what_flower_serializes(task_identity):
@@ -374,8 +379,8 @@ def test_a_restarted_node_takes_over_its_partition_once_the_old_node_is_gone(tas
     grid.nodes = [101, 102, 103, restarted]
     answer = grid.send_and_receive
 
-    def claims_partition_1(messages, timeout):  # the new node 104 says it is partition 1
-        out = answer(messages, timeout)
+    def claims_partition_1(messages, *, timeout=None):  # the new node 104 says it is partition 1
+        out = answer(messages, timeout=timeout)
         for r in out:
             if r.metadata.src_node_id == restarted and r.metadata.message_type == MessageType.QUERY:
                 r.content["metrics"]["partition-id"] = 1
