@@ -12,6 +12,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from core import seeds
 from core.data import Dataset
 from core.methods import METHODS
 from core.sampling import sample_size
@@ -143,7 +144,7 @@ def client_sizes(num_clients: int, mean: float, std: float, available: int, seed
     than ``available`` are scaled down in proportion."""
     if mean <= 0:
         return None
-    sizes = np.maximum(1, np.rint(np.random.default_rng([seed, 0x73697A65]).normal(mean, std, num_clients))).astype(np.int64)
+    sizes = np.maximum(1, np.rint(np.random.default_rng([seed, seeds.CLIENT_SIZES]).normal(mean, std, num_clients))).astype(np.int64)
     if sizes.sum() > available:
         if num_clients > available:
             raise ValueError(
@@ -215,7 +216,7 @@ def _make_partition(
     if holdout > 0:  # drawn first, from its own stream, and never dealt to a client
         if holdout >= len(pool):
             raise ValueError(f"a server holdout of {holdout} rows leaves no training rows for clients ({len(pool)} in {ds.name})")
-        validation = np.sort(np.random.default_rng([seed, 104729]).choice(len(pool), size=holdout, replace=False))
+        validation = np.sort(np.random.default_rng([seed, seeds.SERVER_HOLDOUT]).choice(len(pool), size=holdout, replace=False))
         pool = np.setdiff1d(pool, validation)
     labels = ds.y_train[pool] if classification else np.zeros(len(pool))
     keep = pool[subsample(labels, fraction, rng, classification)]

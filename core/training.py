@@ -113,9 +113,6 @@ def task_metrics(task: str, outputs: torch.Tensor, y: torch.Tensor) -> dict[str,
     return {"mse": mse, "loss": mse, "r2": r2}
 
 
-score = task_metrics  # transitional: strategies/base.py, fedpft.py, lg_fedavg.py and tests/test_baselines_unit.py import the old name; delete once they import task_metrics (core.profiles.score is FedProf's selection score)
-
-
 @torch.no_grad()
 def ensemble_logits(models: Iterable[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor, batch_size: int = 1000) -> torch.Tensor:
     """The mean of every model's logits over ``x`` (LG-FedAvg's new-test ensemble)."""

@@ -15,6 +15,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from core.config import LOCAL, ConfigError, check_against_spec, check_bodies, resolve
 from core.extractors import input_spec
+from core.methods import METHODS
 from core.run_data import dataset_label, run_spec
 from server.results import Recorder
 from strategies.base import HeadwayStrategy
@@ -32,59 +33,20 @@ def default_out_dir(cfg: Mapping[str, Any]) -> Path:
 
 def build_strategy(cfg: dict[str, Any], schema: Any = None, described: dict[int, dict[str, Any]] | None = None) -> HeadwayStrategy:
     """The method's strategy for a resolved config; raises ConfigError when they cannot work
-    together, before any client is asked: the config against the data set's spec, the
-    profiled layer of FedProf, and (where the server holds the data) the partition.
+    together, before any client is asked: the config against the data set's spec, what the
+    method itself checks (its ``check_config``), and (where the server holds the data) the partition.
     ``schema``: with dataset=local, what the nodes' descriptions fixed (:mod:`strategies.discovery`),
     and ``described`` those descriptions by node id (a node may not declare more at registration)."""
     data_spec = run_spec(cfg, schema)
     check_against_spec(cfg, data_spec)
     spec = input_spec(cfg, data_spec)
     check_bodies(cfg, spec.input_shape)
-    if cfg["algorithm"] == "fedprof":
-        check_profiled_layer(cfg, spec)
-    strategy = STRATEGIES[cfg["algorithm"]](cfg, spec, Services(cfg, schema, dict(described or {})))
+    method = STRATEGIES[cfg["algorithm"]]
+    method.check_config(cfg, spec)
+    strategy = method(cfg, spec, Services(cfg, schema, dict(described or {})))
     if cfg["dataset"] != LOCAL:
         check_partition(cfg, strategy.services.data.dataset)
     return strategy
-
-
-def profiled_layers(cfg: Mapping[str, Any], spec: Any) -> list[str]:
-    """Modules of the run's model whose output is a tensor in a forward pass (what FedProf
-    can profile), found on a 2-row zero input in eval mode: no training, no data."""
-    import torch
-
-    from core.models import build_model
-
-    model = build_model(cfg["body"], spec.input_shape, cfg["feature-dim"], spec.num_classes, cfg["seed"], cfg["body-dropout"])
-    seen: list[str] = []
-    hooks = [
-        module.register_forward_hook(lambda _m, _i, out, name=name: seen.append(name) if isinstance(out, torch.Tensor) else None)
-        for name, module in model.named_modules()
-        if name
-    ]
-    try:
-        with torch.no_grad():
-            model(torch.zeros((2, *spec.input_shape)))
-    except Exception as exc:  # e.g. a body built for another input shape
-        raise ConfigError(
-            f"run-config key 'body' is {cfg['body']!r}, which cannot run on data set '{cfg['dataset']}' inputs of shape "
-            f"{tuple(spec.input_shape)}: {type(exc).__name__}: {' '.join(str(exc).split())}"
-        ) from None
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return list(dict.fromkeys(seen))
-
-
-def check_profiled_layer(cfg: Mapping[str, Any], spec: Any) -> None:
-    """ConfigError unless ``fedprof-layer`` names a module of the run's model that outputs a tensor."""
-    layer = cfg["fedprof-layer"]
-    names = profiled_layers(cfg, spec)
-    if layer not in names:
-        raise ConfigError(
-            f"run-config key 'fedprof-layer' is {layer!r}, which is not a layer with an output in body {cfg['body']!r}; "
-            f"choose one of: {', '.join(names)}"
-        )
 
 
 def check_partition(cfg: Mapping[str, Any], dataset: Any) -> None:
@@ -99,7 +61,7 @@ def check_partition(cfg: Mapping[str, Any], dataset: Any) -> None:
 
     from core.partition import make_partition, server_holdout
 
-    key = "fedprof-val-size" if cfg["algorithm"] == "fedprof" else "server-holdout"
+    key = METHODS[cfg["algorithm"]].holdout_key
     rows, holdout, clients, fraction = len(dataset.y_train), server_holdout(dict(cfg)), cfg["num-clients"], cfg["train-fraction"]
     most = rows - math.ceil(clients / fraction)  # the largest holdout that leaves train-fraction x the rest >= one row per client
     refusal = (
@@ -117,7 +79,7 @@ def check_partition(cfg: Mapping[str, Any], dataset: Any) -> None:
         raise ConfigError(refusal)
 
 
-def preflight(cfg: dict[str, Any]) -> None:
+def check_strategy(cfg: dict[str, Any]) -> None:
     """Every check that needs no client: the config against the data set's spec and the
     method (bodies, feature widths, shared layers). Raises ConfigError naming the key."""
     build_strategy(cfg)

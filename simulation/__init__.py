@@ -16,7 +16,7 @@ line ``error: ...`` on stderr and exit code 2: a bad config key or value (seed o
 ``classes-per-client`` above the data set's classes, a results folder that already holds
 files (without --overwrite), a data set that is neither on disk nor downloadable, a
 partition the data cannot give (e.g. a ``fedprof-val-size`` that leaves clients no rows),
-and whatever the method's strategy refuses (``server.app.preflight``, e.g. a
+and whatever the method's strategy refuses (``server.app.check_strategy``, e.g. a
 ``fedprof-layer`` that is not a layer of the model). A run that stops early still leaves
 summary.json, with status "failed" or "interrupted" and the reason; a run in which no
 round aggregated is "failed". Exit codes: 0 complete, 1 failed, 2 refused before

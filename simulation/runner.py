@@ -62,7 +62,7 @@ def load_config(path: str | None, sets: list[str]) -> dict[str, Any]:
 def preflight(cfg: dict[str, Any], out_dir: str | Path, overwrite: bool = False) -> None:
     """Every check that can stop a run before the simulation engine starts; changes nothing
     on disk. Raises ConfigError (the config against the data set's spec, and whatever the
-    method's strategy refuses: ``server.app.preflight``), ResultsFolderError (``out_dir``
+    method's strategy refuses: ``server.app.check_strategy``), ResultsFolderError (``out_dir``
     holds files and ``overwrite`` is not set) or DatasetMissingError."""
     if cfg["dataset"] == LOCAL:
         raise ConfigError(
@@ -72,9 +72,9 @@ def preflight(cfg: dict[str, Any], out_dir: str | Path, overwrite: bool = False)
     check_out_dir(out_dir, overwrite)
     load_run_dataset(cfg)  # a missing data set or an unreadable source fails here, once
     check_against_spec(cfg, run_spec(cfg))
-    from server.app import preflight as server_preflight
+    from server.app import check_strategy
 
-    server_preflight(cfg)
+    check_strategy(cfg)
 
 
 class _ErrorLog(logging.Handler):

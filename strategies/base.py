@@ -47,7 +47,7 @@ from core.config import body_names
 from core.data import DatasetSpec
 from core.methods import METHODS
 from core.models import BODIES, build_model, common_width, is_custom_body
-from core.training import predict, score
+from core.training import predict, task_metrics
 from strategies.engine import Engine, RoundFailed, RoundMeter
 from strategies.replies import Layout, Reply
 from strategies.services import Services
@@ -84,7 +84,7 @@ class TrainRound:
 def unknown_body(body: str, cfg: Mapping[str, Any]) -> str | None:
     """Why a node's declared ``body`` is not one this server may build, or None. Registry
     names are admitted; an import path or ``torchvision:`` name only when it is exactly one
-    of the run config's own ``body``/``bodies`` (checked, imported, at the server's preflight):
+    of the run config's own ``body``/``bodies`` (checked, imported, by ``server.app.check_strategy``):
     what a node declares never makes the server import a module."""
     if body in BODIES:
         return None
@@ -126,6 +126,11 @@ class HeadwayStrategy:
         self.services = services
 
     # ----- set-up ---------------------------------------------------------------
+    @classmethod
+    def check_config(cls, cfg: Mapping[str, Any], spec: DatasetSpec) -> None:
+        """ConfigError when this method cannot run ``cfg`` on data of ``spec``, checked before
+        the strategy is built and any client asked (``server.app.check_strategy``); default: nothing."""
+
     def initial_arrays(self) -> ArrayRecord:
         """What the server holds before round 1 (a model, a head, or nothing)."""
         return ArrayRecord()
@@ -231,24 +236,24 @@ class HeadwayStrategy:
     def aggregate_evaluate(self, server_round: int, replies: list[Reply]) -> dict[str, float]:
         """Sample-weighted mean of clients' local test metrics: Σ correct / Σ examples."""
         counted = [r for r in replies if r.count]
-        total = float(sum(r.count for r in counted))
+        total = float(sum(r.examples for r in counted))
         if total == 0:
             return {}
-        losses = [(r.metrics[P.LOSS], r.count) for r in counted if P.LOSS in r.metrics]
+        losses = [(r.metrics[P.LOSS], r.examples) for r in counted if P.LOSS in r.metrics]
         out = {"eval_clients": float(len(counted)), "test_examples": total}
         if losses:
             out["loss"] = float(sum(v * n for v, n in losses) / sum(n for _, n in losses))
         if self.spec.task != "classification":
             out["mse"] = sum(r.metrics[P.SQUARED_ERROR] for r in counted) / total
             return out
-        per_client = [r.metrics[P.CORRECT] / r.count for r in counted]
+        per_client = [r.metrics[P.CORRECT] / r.examples for r in counted]
         out["accuracy"] = sum(r.metrics[P.CORRECT] for r in counted) / total
         out["accuracy_client_mean"] = float(np.mean(per_client))
         out["accuracy_client_min"] = float(np.min(per_client))
         for name in self.eval_metrics:  # e.g. FedProto's correct-head -> accuracy_head
             have = [r for r in counted if name in r.metrics]
             if have:
-                out["accuracy_" + name[len(P.CORRECT) + 1 :]] = sum(r.metrics[name] for r in have) / sum(r.count for r in have)
+                out["accuracy_" + name[len(P.CORRECT) + 1 :]] = sum(r.metrics[name] for r in have) / sum(r.examples for r in have)
         return out
 
     def evaluate_round(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> dict[str, float]:
@@ -277,7 +282,7 @@ class HeadwayStrategy:
             self.cfg["body-dropout"],
         )
         model.load_state_dict(arrays.to_torch_state_dict())
-        s = score(self.spec.task, predict(model.eval(), test[0]), test[1])
+        s = task_metrics(self.spec.task, predict(model.eval(), test[0]), test[1])
         return {f"global_{k}": v for k, v in s.items()}
 
     # ----- the run ----------------------------------------------------------------

@@ -73,8 +73,9 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
         node = reply.metadata.src_node_id
         try:
             if reply.has_error():
-                raise ValueError(f"error {reply.error.code}: {_short(reply.error.reason)}")
-            text = reply.content.config_records.get(P.CONFIG, {}).get(P.DATA_PROFILE)
+                raise ValueError(f"error {reply.error.code}: {_short(reply.error.reason or '')}")
+            record = reply.content.config_records.get(P.CONFIG)
+            text = None if record is None else record.get(P.DATA_PROFILE)
             if isinstance(text, str) and len(text) > MAX_PROFILE_CHARS:  # refused before measuring: serializing it is the cost
                 raise ValueError(f"the data profile has {len(text)} characters, more than {MAX_PROFILE_CHARS}")
             engine.meter.add(P.PHASE_DESCRIBE, up=engine.wire.message(reply))

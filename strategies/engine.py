@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app.typing import ConfigRecordValues, MetricRecordValues
 from flwr.serverapp import Grid
 
 from core import protocol as P
@@ -268,7 +269,7 @@ class Engine:
         refused then is offered again, in another query and deadline, to a node that had none
         (until every node has had one, or none is left)."""
         schema = self.services.schema
-        fields = {P.ROUND: self.round, P.PHASE: P.PHASE_REGISTER}
+        fields: dict[str, ConfigRecordValues] = {P.ROUND: self.round, P.PHASE: P.PHASE_REGISTER}
         connected = set(self.grid.get_node_ids())
         if schema is None:
             self._registrations({n: RecordDict({P.CONFIG: ConfigRecord(fields)}) for n in nodes}, connected, {})
@@ -313,9 +314,9 @@ class Engine:
 
         if reply.has_error():
             self.meter.add(P.PHASE_REGISTER, up=self.wire.message(reply))
-            return f"registration error {reply.error.code}: {_short(reply.error.reason)}"
-        met = reply.content.metric_records.get(P.METRICS, {})
-        cfg = reply.content.config_records.get(P.CONFIG, {})
+            return f"registration error {reply.error.code}: {_short(reply.error.reason or '')}"
+        met: Mapping[str, MetricRecordValues] = reply.content.metric_records.get(P.METRICS, {})
+        cfg: Mapping[str, ConfigRecordValues] = reply.content.config_records.get(P.CONFIG, {})
         text = cfg.get(P.DATA_PROFILE)
         if isinstance(text, str) and len(text) > MAX_PROFILE_CHARS:  # refused before measuring: serializing it is the cost
             return f"its data profile has {len(text)} characters, more than {MAX_PROFILE_CHARS}"
@@ -427,10 +428,12 @@ class Engine:
         guard: a reply that trips any of it is a rejected reply, never a crash."""
         node = reply.metadata.src_node_id
         nbytes, values, step = 0, 0, "measured"
+        decoded: Reply | None
+        problem: str | None
         try:
             nbytes, step = self.wire.message(reply), "read"
             if reply.has_error():
-                decoded, problem = None, f"error {reply.error.code}: {_short(reply.error.reason)}"
+                decoded, problem = None, f"error {reply.error.code}: {_short(reply.error.reason or '')}"
             else:
                 pid = self.partition_of(node)
                 layout = layout if isinstance(layout, Layout) else layout(node)
@@ -494,7 +497,8 @@ class Engine:
         one was given. No hop waits past the round deadline of ``round-timeout`` from the
         relay's start."""
         deadline = self.clock() + self.cfg["round-timeout"]
-        content, out = first, []
+        content = first
+        out: list[Reply] = []
         for node in order:
             left = deadline - self.clock()
             if left <= 0:

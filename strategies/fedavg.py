@@ -135,10 +135,10 @@ class FedAvg(HeadwayStrategy):
     def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
         if self.cfg["client-sampling"] == "data-ratio":  # scheme I: every draw weighs the same
             for r in replies:
-                ctx.engine.registry.state(r.node_id, FedAvgClientState).n = int(r.count)
+                ctx.engine.registry.state(r.node_id, FedAvgClientState).n = r.examples
             weights = [ctx.draws.get(r.node_id, 0) for r in replies]
         else:
-            weights = [r.count for r in replies]
+            weights = [r.examples for r in replies]
         avg = weighted_average([r.payload for r in replies], weights, like=ctx.sent)
         losses = [r.metrics.get(P.LOSS, float("nan")) for r in replies]
         return Step(to_record(avg), len(replies), {"loss": mean_finite(losses), **self.update_norms(ctx.sent, replies)})

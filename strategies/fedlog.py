@@ -96,6 +96,7 @@ class FedLog(HeadwayStrategy):
         if not engine.quorum(P.PHASE_STATS, replies):
             return arrays, Step(None, len(replies))
         step = self.aggregate_train(ctx, replies)
+        assert step.arrays is not None, "FedLog's aggregation always solves a head"
         log.info("fedlog: first head from %d clients' statistics", step.clients)
         return step.arrays, Step(step.arrays, step.clients, {"clients": float(step.clients)})
 
@@ -136,7 +137,7 @@ class FedLog(HeadwayStrategy):
         if self.local_dp:
             n = max(float(np.sum(phi[:, 0])), 0.0)  # the noised count row: post-processing, no privacy cost
         else:
-            n = float(sum(r.count for r in replies))
+            n = float(sum(r.examples for r in replies))
         if self.cfg["fedlog-dp"] == "central":
             phi = add_noise(phi, self.sigma, self.services.private)  # once, on the sum, from OS entropy
         t0 = time.perf_counter()

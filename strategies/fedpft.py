@@ -31,7 +31,7 @@ from core.fedpft import (
     train_head,
 )
 from core.models import resolve_device
-from core.training import score
+from core.training import task_metrics
 from strategies.base import HeadwayStrategy, Step, TrainRound
 from strategies.engine import Engine
 from strategies.replies import ArraySpec, Layout, Reply
@@ -192,7 +192,7 @@ class FedPFT(HeadwayStrategy):
         if test is None:
             return {}
         f = features(self.cfg, self.cfg["dataset"], test[0], resolve_device(self.cfg["device"]))
-        s = score("classification", head_logits(f, *self.head), test[1])
+        s = task_metrics("classification", head_logits(f, *self.head), test[1])
         return {f"global_{k}": v for k, v in s.items()}
 
     def aggregate_evaluate(self, server_round: int, replies: list[Reply]) -> dict[str, float]:

@@ -30,11 +30,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, MessageType, RecordDict
 
 from core import protocol as P
@@ -69,6 +71,30 @@ def validation_stream(seed: int, secret: str | None) -> tuple[np.random.Generato
         return np.random.default_rng(), "os-entropy"
     digest = hashlib.sha256(secret.encode()).digest()
     return np.random.default_rng([int(seed), *(int.from_bytes(digest[i : i + 4], "little") for i in range(0, 32, 4))]), f"${SECRET_ENV}"
+
+
+def profiled_layers(cfg: Mapping[str, Any], spec: DatasetSpec) -> list[str]:
+    """Modules of the run's model whose output is a tensor in a forward pass (what FedProf
+    can profile), found on a 2-row zero input in eval mode: no training, no data."""
+    model = build_model(cfg["body"], spec.input_shape, cfg["feature-dim"], spec.num_classes, cfg["seed"], cfg["body-dropout"])
+    seen: list[str] = []
+    hooks = [
+        module.register_forward_hook(lambda _m, _i, out, name=name: seen.append(name) if isinstance(out, torch.Tensor) else None)
+        for name, module in model.named_modules()
+        if name
+    ]
+    try:
+        with torch.no_grad():
+            model(torch.zeros((2, *spec.input_shape)))
+    except Exception as exc:  # e.g. a body built for another input shape
+        raise ConfigError(
+            f"run-config key 'body' is {cfg['body']!r}, which cannot run on data set '{cfg['dataset']}' inputs of shape "
+            f"{tuple(spec.input_shape)}: {type(exc).__name__}: {' '.join(str(exc).split())}"
+        ) from None
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return list(dict.fromkeys(seen))
 
 
 @dataclass
@@ -110,6 +136,17 @@ class FedProf(FedAvg):
         self.initial: dict[str, np.ndarray] = {}  # the model before round 1: what a client never trained holds (full-cache)
         self.selections: dict[int, int] = {}  # partition id -> rounds selected
         self.validation: tuple[Any, str, int] | None = None  # (D^V inputs, the draw's source, rows held out)
+
+    @classmethod
+    def check_config(cls, cfg: Mapping[str, Any], spec: DatasetSpec) -> None:
+        """ConfigError unless ``fedprof-layer`` names a module of the run's model that outputs a tensor."""
+        layer = cfg["fedprof-layer"]
+        names = profiled_layers(cfg, spec)
+        if layer not in names:
+            raise ConfigError(
+                f"run-config key 'fedprof-layer' is {layer!r}, which is not a layer with an output in body {cfg['body']!r}; "
+                f"choose one of: {', '.join(names)}"
+            )
 
     # ----- the baseline -------------------------------------------------------------
     def validation_inputs(self):
@@ -266,14 +303,16 @@ class FedProf(FedAvg):
             return None, problem
         model = {k: v for k, v in arrays.items() if k != P.PROFILE}
         checked, problem = self.check_update(model, reply, ctx)
-        return (None, problem) if problem else ({**checked, P.PROFILE: arrays[P.PROFILE]}, None)
+        if checked is None:  # check_update gives the arrays or a problem, never both
+            return None, problem
+        return {**checked, P.PROFILE: arrays[P.PROFILE]}, None
 
     def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
         assert isinstance(ctx, ProfileRound), "a FedProf round is set up by FedProf.configure_train"
         engine = ctx.engine  # line 15 (selected clients' fresh profiles) ran in train_round, quorum or not
         states = engine.registry.states(FedProfClientState)
         models = [{k: v for k, v in r.payload.items() if k != P.PROFILE} for r in replies]
-        sizes = [r.count for r in replies]
+        sizes = [r.examples for r in replies]
         known = {n: s.n for n, s in states.items() if s.n is not None}
         total = float(sum(known.values()))
         mode = self.cfg["fedprof-aggregation"]

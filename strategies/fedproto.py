@@ -44,7 +44,7 @@ class FedProto(HeadwayStrategy):
 
     def global_record(self) -> ArrayRecord:
         """The global prototypes and counts (empty before the first aggregation)."""
-        if self.protos is None:
+        if self.protos is None or self.counts is None:  # set together, by aggregate_train
             return ArrayRecord()
         return ArrayRecord({P.PROTOTYPES: Array(self.protos.astype(np.float32)), P.CLASS_COUNTS: Array(self.counts.astype(np.float32))})
 
@@ -58,7 +58,7 @@ class FedProto(HeadwayStrategy):
 
     def check_prototypes(self, arrays: dict[str, np.ndarray], reply: Reply) -> tuple[tuple[np.ndarray, np.ndarray] | None, str | None]:
         protos, counts = arrays[P.PROTOTYPES].astype(np.float64), arrays[P.CLASS_COUNTS].astype(np.float64)
-        problem = prototype_problem(protos, counts, float(reply.count), (self.classes, self.m))
+        problem = prototype_problem(protos, counts, float(reply.examples), (self.classes, self.m))
         if problem is None and np.max(np.abs(protos), initial=0.0) > self.cfg["max-feature-value"]:
             problem = f"a prototype entry exceeds max-feature-value={self.cfg['max-feature-value']:g}"
         return (protos, counts), problem

@@ -21,7 +21,7 @@ from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.layers import top_layers
 from core.models import Net
-from core.training import ensemble_logits, score
+from core.training import ensemble_logits, task_metrics
 from strategies.engine import Engine
 from strategies.fedavg import FedAvg
 from strategies.layer_sharing import LayerSharing
@@ -70,7 +70,7 @@ class LGFedAvg(LayerSharing):
         models = [self._uploaded(engine, r) for r in replies]
         if not models:
             return {}
-        s = score(self.spec.task, ensemble_logits(models, test[0]), test[1])
+        s = task_metrics(self.spec.task, ensemble_logits(models, test[0]), test[1])
         log.info("lg-fedavg new test: ensemble of %d local models, accuracy %.4f", len(models), s["accuracy"])
         return {"new_test_accuracy": s["accuracy"], "new_test_models": float(len(models))}
 

@@ -108,6 +108,13 @@ class Reply:
     nbytes: int = 0
     max_count: float = math.inf  # the most examples the sender can hold (its partition's size, or the cap)
 
+    @property
+    def examples(self) -> int:
+        """``count`` where the reply's layout required one (``count=True``: every valid reply carries it)."""
+        if self.count is None:
+            raise ValueError(f"node {self.node_id}'s reply carries no num-examples: its layout did not ask for one")
+        return self.count
+
 
 def _metric_problem(name: str, value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -162,6 +169,7 @@ def decode(reply: Message, layout: Layout, partition_id: int, max_count: int, nb
             return None, f"unexpected metric {name!r}"
         if problem := _metric_problem(name, value):
             return None, problem
+        assert isinstance(value, (int, float))  # for mypy: _metric_problem refused anything else
         metrics[name] = float(value)
     if missing := sorted(expected - set(metrics)):
         return None, f"reply lacks metric(s) {missing}"
@@ -194,16 +202,16 @@ def decode(reply: Message, layout: Layout, partition_id: int, max_count: int, nb
             if problem:
                 return None, problem
             try:
-                value = arr.numpy()
+                data = arr.numpy()
             except Exception as exc:  # a shape/dtype header that lies about its data
                 return None, f"array {name!r} cannot be read: {exc}"
-            if value.shape != shape:
-                return None, f"array {name!r} holds {value.size} values, not shape {shape}"
-            if value.dtype != np.dtype(arr.dtype):  # the data's own header must agree with the declared dtype
-                return None, f"array {name!r} is declared {arr.dtype} but holds {value.dtype} data"
-            if np.issubdtype(value.dtype, np.floating) and not np.all(np.isfinite(value)):
+            if data.shape != shape:
+                return None, f"array {name!r} holds {data.size} values, not shape {shape}"
+            if data.dtype != np.dtype(arr.dtype):  # the data's own header must agree with the declared dtype
+                return None, f"array {name!r} is declared {arr.dtype} but holds {data.dtype} data"
+            if np.issubdtype(data.dtype, np.floating) and not np.all(np.isfinite(data)):
                 return None, f"array {name!r} contains NaN or Inf"
-            arrays[name] = value
+            arrays[name] = data
     out = Reply(reply.metadata.src_node_id, partition_id, arrays, count, metrics, config, nbytes=nbytes, max_count=max_count)
     if layout.check is not None:
         try:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from core import seeds
 from core.config import LOCAL
 from core.data import Dataset, DatasetMissingError, to_tensors
 from core.partition import make_partition
@@ -57,21 +58,21 @@ class ServerData:
         part = make_partition(self.dataset, self.cfg)
         return [(len(tr), len(te)) for tr, te in zip(part.train, part.test)]
 
-    def _inputs(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows as the run's models take them: tensors, or with ``inputs=features`` the
+    def _inputs(self, ds: Dataset, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of ``ds`` as the run's models take them: tensors, or with ``inputs=features`` the
         frozen extractor's features of them (computed and cached as the clients' are)."""
-        xt, yt = to_tensors(self.dataset, x, y)
+        xt, yt = to_tensors(ds, x, y)
         if self.cfg["inputs"] == "features":
             from core.extractors import configured_features
             from core.models import resolve_device
 
-            xt = configured_features(self.cfg, self.dataset.name, xt, resolve_device("auto"))
+            xt = configured_features(self.cfg, ds.name, xt, resolve_device("auto"))
         return xt, yt
 
     @cached_property
     def _test(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         ds = self.dataset
-        return None if ds is None else self._inputs(ds.x_test, ds.y_test)
+        return None if ds is None else self._inputs(ds, ds.x_test, ds.y_test)
 
     def test_tensors(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The whole test set as tensors (global evaluation, LG-FedAvg's new test), built once."""
@@ -84,9 +85,9 @@ class ServerData:
         if ds is None:
             return None
         if self.local:  # server-data's training rows are the server's own
-            return None if len(ds.y_train) == 0 else self._inputs(ds.x_train, ds.y_train)
+            return None if len(ds.y_train) == 0 else self._inputs(ds, ds.x_train, ds.y_train)
         rows = make_partition(ds, self.cfg).validation
-        return None if len(rows) == 0 else self._inputs(ds.x_train[rows], ds.y_train[rows])
+        return None if len(rows) == 0 else self._inputs(ds, ds.x_train[rows], ds.y_train[rows])
 
     def max_count(self, partition_id: int, split: str) -> int:
         """The largest ``num-examples`` partition ``partition_id`` can truly report for
@@ -116,5 +117,5 @@ class Services:
 
     def __post_init__(self) -> None:
         self.data = ServerData(self.cfg, self.schema)
-        self.sampling = np.random.default_rng([int(self.cfg["seed"]), 7919])  # reproducible choices
+        self.sampling = np.random.default_rng([int(self.cfg["seed"]), seeds.SAMPLING])  # reproducible choices
         self.private = private_rng()

@@ -26,7 +26,8 @@ import math
 
 import numpy as np
 from flwr.app import Array, Message, RecordDict
-from flwr.common.serde import message_to_proto
+from flwr.common.serde import error_to_proto, metadata_to_proto
+from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=no-name-in-module
 from flwr.proto.message_pb2 import ObjectTree  # pylint: disable=no-name-in-module
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
 
@@ -53,8 +54,7 @@ def _array_values(array: Array) -> int:
 
 def _header_size(message: Message) -> int:
     """The message header as it crosses the Fleet link (metadata and error, no content)."""
-    proto = message_to_proto(message if message.has_error() else Message(metadata=message.metadata, content=RecordDict()))
-    proto.ClearField("content")
+    proto = ProtoMessage(metadata=metadata_to_proto(message.metadata), error=error_to_proto(message.error) if message.has_error() else None)
     proto.metadata.message_id = message.object_id  # deployment ids are object ids (64 hex)
     return proto.ByteSize()
 
@@ -113,8 +113,3 @@ class WireMeter:
         """Forget cached content (call once per round: content is rebuilt every round)."""
         self._cache.clear()
         self._values.clear()
-
-
-def wire_bytes(message: Message) -> int:
-    """Bytes of one message on the Fleet link (see :class:`WireMeter`)."""
-    return WireMeter().message(message)

@@ -142,11 +142,11 @@ def test_client_prototypes_are_class_means_and_checked():
     protos, counts = class_prototypes(feats, np.array([0, 0, 2]), 3)
     assert np.allclose(protos, [[2.0, 1.0], [0.0, 0.0], [5.0, 5.0]]) and counts.tolist() == [2, 0, 1]
     assert prototype_problem(protos, counts, 3, (3, 2)) is None
-    assert "add up" in prototype_problem(protos, counts, 4, (3, 2))
-    assert "shape" in prototype_problem(protos[:, :1], counts, 3, (3, 2))
-    assert "NaN" in prototype_problem(np.full((3, 2), np.nan), counts, 3, (3, 2))
-    assert "non-negative" in prototype_problem(protos, np.array([3.0, -1.0, 1.0]), 3, (3, 2))
-    assert "no examples" in prototype_problem(np.ones((3, 2)), counts, 3, (3, 2))
+    assert "add up" in (prototype_problem(protos, counts, 4, (3, 2)) or "")
+    assert "shape" in (prototype_problem(protos[:, :1], counts, 3, (3, 2)) or "")
+    assert "NaN" in (prototype_problem(np.full((3, 2), np.nan), counts, 3, (3, 2)) or "")
+    assert "non-negative" in (prototype_problem(protos, np.array([3.0, -1.0, 1.0]), 3, (3, 2)) or "")
+    assert "no examples" in (prototype_problem(np.ones((3, 2)), counts, 3, (3, 2)) or "")
 
 
 def test_nearest_prototype_skips_classes_without_a_prototype():
@@ -198,7 +198,7 @@ def test_fedrep_trains_head_and_body_in_separate_phases(data_dir, head_epochs, b
     content, state = _shared_content(env, env.build_model()), RecordDict()
     before = {k: v.clone() for k, v in proc.model(env, content, state)[0].state_dict().items()}
     proc.train(env, content, state)
-    after = state[PERSONAL].to_torch_state_dict()
+    after = state.array_records[PERSONAL].to_torch_state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     head = {"head.weight", "head.bias"}
     assert changed == (head if moved == "head" else set(before) - head)
@@ -232,7 +232,7 @@ def test_client_keeps_its_local_layers_and_takes_the_received_ones(data_dir):
 
 def test_lg_new_test_scores_the_ensemble_of_uploaded_models_and_rejects_bad_uploads(task_identity, data_dir):
     from core.data import load_dataset, to_tensors
-    from core.training import score
+    from core.training import task_metrics
 
     s = strategy("lg-fedavg", **{"data-dir": data_dir})
     models = [build_model("mnist-cnn", (1, 28, 28), 0, 10, seed) for seed in (1, 2)]
@@ -249,7 +249,7 @@ def test_lg_new_test_scores_the_ensemble_of_uploaded_models_and_rejects_bad_uplo
     out = s.final_evaluation(ArrayRecord(), engine)
     ds = load_dataset("mnist", data_dir, 0)
     x, y = to_tensors(ds, ds.x_test, ds.y_test)
-    expected = score("classification", ensemble_logits([m.eval() for m in models], x), y)["accuracy"]
+    expected = task_metrics("classification", ensemble_logits([m.eval() for m in models], x), y)["accuracy"]
     assert out["new_test_models"] == 2 and out["new_test_accuracy"] == pytest.approx(expected)
     assert len(engine.meter.failures) == 1 and "array names differ" in engine.meter.failures[0]
     assert engine.meter.phase("upload-model")[1] > 2 * 21840 * 4  # two whole models came up
@@ -287,7 +287,12 @@ def test_fedproto_pulls_the_features_before_feature_dropout_towards_the_prototyp
 
     seen = []
     real = fp.prototype_loss
-    monkeypatch.setattr(fp, "prototype_loss", lambda f, *a: seen.append(f.detach().clone()) or real(f, *a))
+
+    def recorded(f, *a):
+        seen.append(f.detach().clone())
+        return real(f, *a)
+
+    monkeypatch.setattr(fp, "prototype_loss", recorded)
     env = client_env(
         {"algorithm": "fedproto", "data-dir": data_dir, "train-fraction": 0.01, "local-epochs": 1, "body-dropout": 0.95},
         {"partition-id": 0, "num-partitions": 50},

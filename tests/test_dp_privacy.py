@@ -13,6 +13,7 @@ from client.env import client_env
 from client.procedures.fedlog import FedLogClient
 from core.config import resolve
 from core.fedlog import noise_sigma, solve_head
+from strategies.base import TrainRound
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 DP = {"algorithm": "fedlog", "num-clients": 3, "train-fraction": 0.01, "local-epochs": 0, "fedlog-clip": 2.0, "fedlog-epsilon": 1.0}
@@ -59,7 +60,7 @@ def test_local_dp_server_takes_the_count_from_the_noised_count_row(task_identity
     """No reply carries a count; the head is solved with n = 20 + 30 + 40, the sum of the
     count rows (n = 0 or n = 3 replies gives another η)."""
     s = make_strategy("fedlog", **{"fedlog-dp": "local", "fedlog-clip": 2.0})
-    assert s.train_layout(1).count is False
+    assert s.train_layout(TrainRound(1, engine_for(s, FakeGrid(3)))).count is False
     counts = {0: 20.0, 1: 30.0, 2: 40.0}
     phi = np.zeros((10, 51))
 

@@ -12,7 +12,7 @@ from core.aggregate import relative_update_norm, weighted_average
 from core.sampling import draw_with_replacement, sample_positions
 from strategies.fedavg import FedAvgClientState
 from strategies.replies import ArraySpec, Layout
-from strategies.wire import WireMeter, values_bytes, wire_bytes
+from strategies.wire import WireMeter, values_bytes
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 from tests.oracles import inclusion_probabilities
 
@@ -20,8 +20,8 @@ LAYOUT = Layout({"x": ArraySpec((4,))}, count=True, optional=("loss",))
 
 
 def test_weighted_average_casts_to_the_servers_dtype_and_rounds_integers():
-    a = {"w": np.array([1.0, 2.0], np.float32), "n": np.array(3, np.int64)}
-    b = {"w": np.array([3.0, 6.0], np.float32), "n": np.array(4, np.int64)}
+    a: dict[str, np.ndarray] = {"w": np.array([1.0, 2.0], np.float32), "n": np.array(3, np.int64)}
+    b: dict[str, np.ndarray] = {"w": np.array([3.0, 6.0], np.float32), "n": np.array(4, np.int64)}
     out = weighted_average([a, b], [1, 3], like=a)
     assert out["w"].dtype == np.float32 and np.allclose(out["w"], [2.5, 5.0]) and out["n"] == 4
     with pytest.raises(ValueError):
@@ -29,7 +29,10 @@ def test_weighted_average_casts_to_the_servers_dtype_and_rounds_integers():
 
 
 def test_update_norm_is_relative_to_the_global_model():
-    ref = {"w": np.full(100, 0.5, np.float32), "n": np.array(7, np.int64)}  # float norm 5; the int counter is not a weight
+    ref: dict[str, np.ndarray] = {
+        "w": np.full(100, 0.5, np.float32),
+        "n": np.array(7, np.int64),
+    }  # float norm 5; the int counter is not a weight
     assert relative_update_norm(ref, {"w": ref["w"] * 3, "n": np.array(9, np.int64)}) == pytest.approx(2.0)  # moved by 10
     assert relative_update_norm(ref, {"w": -ref["w"], "n": ref["n"]}) == pytest.approx(2.0)  # a sign flip is 2
     small = {"w": np.full(4, 0.1, np.float32)}  # norm 0.2: measured against 1, not 0.2
@@ -102,7 +105,7 @@ def test_a_node_that_misses_the_deadline_is_not_asked_again_that_round(task_iden
         if pid == 2:
             return None  # dead
         if msg.metadata.message_type == "train":
-            return reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, 10, pid, loss=0.5)
+            return reply({k: v.numpy() for k, v in msg.content.array_records["arrays"].items()}, 10, pid, loss=0.5)
         return RecordDict({"metrics": MetricRecord({"partition-id": pid, "num-examples": 10, "correct": 7})})
 
     grid = FakeGrid(3, answer)
@@ -117,28 +120,30 @@ def test_a_node_that_misses_the_deadline_is_not_asked_again_that_round(task_iden
 
 def test_quorum_keeps_the_previous_model_when_too_few_replies_are_valid(task_identity):
     s = make_strategy("fedavg", **{"min-replies": 3})
-    grid = FakeGrid(3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, 10, pid) if pid else None)
+    grid = FakeGrid(
+        3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content.array_records["arrays"].items()}, 10, pid) if pid else None
+    )
     engine = engine_for(s, grid)
     step = s.train_round(1, s.initial_arrays(), engine)
     assert step.arrays is None and step.clients == 2
     assert "fewer than min-replies=3" in engine.meter.failures[-1]
 
 
-def test_registry_refuses_a_second_claim_and_replies_under_another_partition(task_identity):
+def test_registry_refuses_a_second_claim_and_replies_under_another_partition(task_identity, monkeypatch):
     s = make_strategy("fedavg")
     grid = FakeGrid(
-        3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, 10, 0)
+        3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content.array_records["arrays"].items()}, 10, 0)
     )  # everyone claims 0 in replies
-    grid.send_and_receive_orig = grid.send_and_receive
+    answer = grid.send_and_receive
 
     def registration_claims(messages, *, timeout=None):  # nodes 101 and 102 both register as partition 0
-        out = grid.send_and_receive_orig(messages, timeout=timeout)
+        out = answer(messages, timeout=timeout)
         for r in out:
             if r.metadata.message_type == MessageType.QUERY:
-                r.content["metrics"]["partition-id"] = 0 if r.metadata.src_node_id in (101, 102) else 2
+                r.content.metric_records["metrics"]["partition-id"] = 0 if r.metadata.src_node_id in (101, 102) else 2
         return out
 
-    grid.send_and_receive = registration_claims
+    monkeypatch.setattr(grid, "send_and_receive", registration_claims)
     engine = engine_for(s, grid)
     assert engine.registry.partition(101) == 0 and 102 in engine.registry.refused and engine.registry.partition(103) == 2
     assert "already held by node 101" in engine.meter.failures[0]
@@ -153,6 +158,7 @@ def test_absent_known_nodes_are_reported_and_new_nodes_register(task_identity):
     engine = engine_for(s, grid)
     engine.end_round()
     grid.nodes = [101, 103, 104]  # 102 left; 104 (a restarted client, new node id) arrives
+    assert grid.bodies is not None  # engine_for gave every partition its body
     grid.bodies.append("mnist-cnn")
     engine.begin_round(2)
     assert engine.meter.absent == [1]
@@ -206,7 +212,10 @@ def test_data_ratio_sampling_draws_by_partition_size_and_weighs_every_draw_equal
     s.services.data.__dict__["partition_sizes"] = [(10, 1), (0, 1), (30, 1)]  # partition 1 holds nothing: never drawn
     delta = {0: 0.001, 1: 0.5, 2: 0.007}
     grid = FakeGrid(
-        3, lambda pid, msg: reply({k: v.numpy() + delta[pid] for k, v in msg.content["arrays"].items()}, {0: 10, 1: 1, 2: 1}[pid], pid)
+        3,
+        lambda pid, msg: reply(
+            {k: v.numpy() + delta[pid] for k, v in msg.content.array_records["arrays"].items()}, {0: 10, 1: 1, 2: 1}[pid], pid
+        ),
     )  # counts n-weighting would use
     arrays = s.initial_arrays()
     name = next(iter(arrays.keys()))
@@ -232,7 +241,9 @@ def test_data_ratio_sampling_draws_by_partition_size_and_weighs_every_draw_equal
 def test_data_ratio_without_server_data_weighs_by_the_counts_clients_reported(task_identity):
     s = make_strategy("fedavg", **{"client-sampling": "data-ratio", "fraction-train": 1.0})
     s.services.data.__dict__["partition_sizes"] = None  # a deployment server without the data
-    grid = FakeGrid(3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, {0: 40, 1: 10, 2: 20}[pid], pid))
+    grid = FakeGrid(
+        3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content.array_records["arrays"].items()}, {0: 40, 1: 10, 2: 20}[pid], pid)
+    )
     engine = engine_for(s, grid)
     assert s.data_ratio(engine) == {101: 1.0, 102: 1.0, 103: 1.0}  # nobody heard from yet: equal
     for r in range(1, 6):
@@ -252,7 +263,7 @@ def test_client_sampling_is_refused_for_methods_that_draw_their_own_clients():
 
 def test_each_client_can_get_its_own_content(task_identity):
     s = make_strategy("fedavg")
-    grid = FakeGrid(3, lambda pid, msg: reply({"x": msg.content["arrays"]["x"].numpy() + 1}, 1, pid))
+    grid = FakeGrid(3, lambda pid, msg: reply({"x": msg.content.array_records["arrays"]["x"].numpy() + 1}, 1, pid))
     engine = engine_for(s, grid)
     contents = {n: RecordDict({"arrays": ArrayRecord({"x": Array(np.full(4, float(n), np.float32))})}) for n in engine.nodes()}
     replies = engine.exchange("train", contents, MessageType.TRAIN, LAYOUT)
@@ -261,7 +272,9 @@ def test_each_client_can_get_its_own_content(task_identity):
 
 def test_relay_passes_each_reply_on_and_skips_a_dropped_hop(task_identity):
     s = make_strategy("fedavg", **{"num-clients": 4})
-    grid = FakeGrid(4, lambda pid, msg: None if pid == 1 else reply({"x": msg.content["arrays"]["x"].numpy() + 10**pid}, 1, pid))
+    grid = FakeGrid(
+        4, lambda pid, msg: None if pid == 1 else reply({"x": msg.content.array_records["arrays"]["x"].numpy() + 10**pid}, 1, pid)
+    )
     engine = engine_for(s, grid)
 
     def forward(r):
@@ -300,8 +313,10 @@ def test_wire_meter_counts_header_tree_and_objects_and_caches_shared_content(tas
     big = RecordDict({"arrays": ArrayRecord({"x": Array(np.zeros((100, 101), np.float32))})})
     m_small = Message(content=small, dst_node_id=5, message_type="train")
     m_big = Message(content=big, dst_node_id=5, message_type="train")
-    assert wire_bytes(m_big) - wire_bytes(m_small) == pytest.approx((100 * 101 - 10 * 51) * 4, abs=8)  # the data (and a few length digits)
-    assert wire_bytes(m_small) > recorddict_to_proto(small).ByteSize() + 500  # ids, headers: the old size undercounts
+    assert WireMeter().message(m_big) - WireMeter().message(m_small) == pytest.approx(
+        (100 * 101 - 10 * 51) * 4, abs=8
+    )  # the data (and a few length digits)
+    assert WireMeter().message(m_small) > recorddict_to_proto(small).ByteSize() + 500  # ids, headers: the old size undercounts
 
 
 # The header as Flower pushes it (message_to_proto of the message without content) holds an empty
@@ -362,11 +377,11 @@ def test_wire_meter_counts_reply_ids_in_their_deployed_form(task_identity):
     request.metadata.__dict__["_message_id"] = request.object_id  # 64, as a deployment's
     deployed = Message(content=content, reply_to=request)
     assert len(simulated.metadata.reply_to_message_id) == 35 and len(deployed.metadata.reply_to_message_id) == 64
-    assert wire_bytes(simulated) == wire_bytes(deployed)
+    assert WireMeter().message(simulated) == WireMeter().message(deployed)
     assert len(simulated.deflate()) + 29 == len(deployed.deflate())  # the id sits in the message object (and the header)
 
 
-def test_a_restarted_node_takes_over_its_partition_once_the_old_node_is_gone(task_identity):
+def test_a_restarted_node_takes_over_its_partition_once_the_old_node_is_gone(task_identity, monkeypatch):
     """Two nodes claiming one partition: the second is refused while the first is connected,
     registered again when it leaves, and inherits the server's state of that client; the
     first holder, back under its own node id, takes its partition (and state) back."""
@@ -383,10 +398,11 @@ def test_a_restarted_node_takes_over_its_partition_once_the_old_node_is_gone(tas
         out = answer(messages, timeout=timeout)
         for r in out:
             if r.metadata.src_node_id == restarted and r.metadata.message_type == MessageType.QUERY:
-                r.content["metrics"]["partition-id"] = 1
+                r.content.metric_records["metrics"]["partition-id"] = 1
         return out
 
-    grid.send_and_receive = claims_partition_1
+    monkeypatch.setattr(grid, "send_and_receive", claims_partition_1)
+    assert grid.bodies is not None  # engine_for gave every partition its body
     grid.bodies.append("mnist-cnn")
     engine.begin_round(2)
     assert restarted in engine.registry.refused and "still connected" in engine.meter.failures[-1]

@@ -175,7 +175,7 @@ def one_error_line(err: str) -> str:
         (["classes-per-client=11"], "'classes-per-client'"),
         (["fedlog-dp=local"], "'fedlog-clip'"),
         (["lr"], "--set takes key=value"),
-        (["algorithm=fedavg", "bodies=mnist-cnn,mlp"], "'bodies'"),  # server.app.preflight: FedAvg with mixed bodies
+        (["algorithm=fedavg", "bodies=mnist-cnn,mlp"], "'bodies'"),  # server.app.check_strategy: FedAvg with mixed bodies
         (["algorithm=fedlog", "bodies=mnist-cnn,mlp"], "'feature-dim'"),  # bodies of different widths
     ],
 )
@@ -398,7 +398,7 @@ def test_the_runner_exports_its_entry_points():  # which layers import which: te
 
 
 def test_the_runner_checks_classes_per_client_itself(tmp_path, capsys, no_engine, data_dir, monkeypatch):
-    monkeypatch.setattr(server.app, "preflight", lambda cfg: None)  # whatever server.app checks or not
+    monkeypatch.setattr(server.app, "check_strategy", lambda cfg: None)  # whatever server.app checks or not
     code, err = run_main(capsys, ["--out", tmp_path / "out", "--set", f"data-dir={data_dir}", "--set", "classes-per-client=11"])
     assert code == 2 and "'classes-per-client'" in one_error_line(err)
 
