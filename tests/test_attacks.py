@@ -247,7 +247,7 @@ def test_exchange_returns_replies_in_partition_order(task_identity, data_dir):
 # ----- 10. poisoning inside the old bounds -------------------------------------------
 def test_fedlog_statistics_pushed_below_zero_are_refused_where_features_are_relus(task_identity, data_dir):
     """Sums at −b·count passed the clip bound; mnist-cnn's features leave a ReLU, so no data
-    gives a negative sum. +b·count still passes (see the README's trust model)."""
+    gives a negative sum. +b·count still passes (see docs/trust-and-dp.md)."""
     s = make_strategy("fedlog", **{"data-dir": data_dir, "fedlog-clip": 1.0})
     assert s.nonnegative
 

@@ -16,7 +16,7 @@ import torch
 
 import simulation
 from core.config import ConfigError, check_bodies, resolve
-from core.models import BODIES, BodyError, body_factory, build_body, build_model
+from core.models import BODIES, BodyError, TorchvisionBody, body_factory, build_body, build_model
 from tests.fakes import FakeGrid, engine_for, make_strategy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +81,12 @@ def test_a_body_without_out_dim_gets_its_measured_width(user_modules):
     assert build_body("bad_bodies:no_out_dim", (1, 28, 28), 5).out_dim == 5
 
 
+def _net(body: torch.nn.Module) -> torch.nn.Module:
+    """The torchvision network inside a ``torchvision:`` body."""
+    assert isinstance(body, TorchvisionBody)
+    return body.net
+
+
 # ----- 2. torchvision architectures by name -------------------------------------------------
 @pytest.mark.parametrize("arch, width", [("resnet18", 512), ("mobilenet_v3_small", 1024)])
 @pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32)])
@@ -89,7 +95,7 @@ def test_torchvision_architectures_build_with_their_width_or_feature_dim(arch, w
     assert body.out_dim == width and body(torch.zeros(2, *shape)).shape == (2, width)
     first = next(m for m in body.modules() if isinstance(m, torch.nn.Conv2d))
     assert first.in_channels == shape[0]
-    assert not any(isinstance(m, torch.nn.Linear) and m.out_features == 1000 for m in body.net.modules())  # the classifier is gone
+    assert not any(isinstance(m, torch.nn.Linear) and m.out_features == 1000 for m in _net(body).modules())  # the classifier is gone
     projected = build_body(f"torchvision:{arch}", shape, 16).train()
     assert projected.out_dim == 16 and projected(torch.rand(3, *shape)).shape == (3, 16)  # trains (BatchNorm) at batch 3
 
@@ -109,13 +115,15 @@ def test_a_local_weights_file_round_trips(tmp_path):
     path = tmp_path / "resnet18.pth"
     torch.save(state, path)
     body = build_body(f"torchvision:resnet18@{path}", (3, 32, 32), 0, seed=0)
-    loaded = body.net.state_dict()
+    loaded = _net(body).state_dict()
     assert set(loaded) == set(state) - {"fc.weight", "fc.bias"}
     assert all(torch.equal(loaded[k], state[k]) for k in loaded)
-    assert not torch.equal(build_body("torchvision:resnet18", (3, 32, 32), 0, seed=0).net.conv1.weight, state["conv1.weight"])
+    assert not torch.equal(
+        _net(build_body("torchvision:resnet18", (3, 32, 32), 0, seed=0)).get_parameter("conv1.weight"), state["conv1.weight"]
+    )
     gray = build_body(f"torchvision:resnet18@{path}", (1, 28, 28), 0)  # the RGB filters summed for gray inputs
-    assert torch.allclose(gray.net.conv1.weight, state["conv1.weight"].sum(1, keepdim=True))
-    assert torch.equal(gray.net.layer4[1].conv2.weight, state["layer4.1.conv2.weight"])
+    assert torch.allclose(_net(gray).get_parameter("conv1.weight"), state["conv1.weight"].sum(1, keepdim=True))
+    assert torch.equal(_net(gray).get_parameter("layer4.1.conv2.weight"), state["layer4.1.conv2.weight"])
 
 
 def test_a_weights_file_that_is_missing_or_does_not_fit_is_refused_naming_it(tmp_path):
@@ -134,7 +142,8 @@ def test_a_weights_file_that_is_missing_or_does_not_fit_is_refused_naming_it(tmp
 
 
 # ----- 3. refusals: one line naming the key ---------------------------------------------
-IMPORT_REFUSALS = [  # refused by resolve: the name does not resolve to a factory
+Refusal = tuple[dict[str, object], str, str]  # (run config, the key named, what the message says)
+IMPORT_REFUSALS: list[Refusal] = [  # refused by resolve: the name does not resolve to a factory
     (
         {"body": "no_such_package.bodies:net"},
         "'body'",
@@ -144,7 +153,7 @@ IMPORT_REFUSALS = [  # refused by resolve: the name does not resolve to a factor
     ({"body": "bad_bodies:not_callable"}, "'body'", "is of type int, not callable"),
     ({"body": "torchvision:resnet19"}, "'body'", "torchvision has no classification architecture 'resnet19'"),
 ]
-BUILD_REFUSALS = [  # resolve admits them (they import); building them on the data's inputs refuses them
+BUILD_REFUSALS: list[Refusal] = [  # resolve admits them (they import); building them on the data's inputs refuses them
     ({"body": "bad_bodies:raises"}, "'body'", "the factory raised RuntimeError: needs a GPU that is not here"),
     ({"body": "bad_bodies:wrong_width", "feature-dim": 5}, "'body'", "outputs 7 features, but feature-dim=5"),
     ({"bodies": "bad_bodies:not_2d,mnist-cnn"}, "'bodies'", "must output a 2-D (batch, width) tensor"),

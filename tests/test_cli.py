@@ -62,6 +62,7 @@ def test_bench_outside_a_source_checkout_fails_with_one_line(capsys, monkeypatch
     assert err.startswith("error: ") and err.count("\n") == 1 and "source checkout" in err
 
 
+@pytest.mark.slow
 def test_the_console_script_is_installed_and_keeps_exit_codes(tmp_path):
     """`pip install -e .` puts `headway` beside the venv's python; its exit code is the subcommand's."""
     script = Path(sys.executable).parent / "headway"
@@ -78,6 +79,7 @@ def test_the_console_script_is_installed_and_keeps_exit_codes(tmp_path):
     assert refused.returncode == 2 and refused.stderr.startswith("error: ")
 
 
+@pytest.mark.slow
 def test_python_m_simulation_is_still_the_run_command():
     done = subprocess.run([sys.executable, "-m", "simulation", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("usage: python -m simulation") and "--overwrite" in done.stdout

@@ -28,7 +28,7 @@ def old_derivations(cfg: dict, partition_id: int, server_round: int) -> list[np.
     return [np.random.default_rng(s) for s in seeds]
 
 
-def local_stats(data_dir: str) -> tuple[dict, list[np.ndarray], np.ndarray]:
+def local_stats(data_dir: str) -> tuple[dict, list[RecordDict], np.ndarray]:
     cfg = resolve({**DP, "fedlog-dp": "local", "data-dir": data_dir})
     env = client_env(cfg, {"partition-id": 0})
     eta = np.zeros((10, 51), np.float32)
@@ -36,12 +36,12 @@ def local_stats(data_dir: str) -> tuple[dict, list[np.ndarray], np.ndarray]:
     replies = [FedLogClient().train(env, content, RecordDict()) for _ in range(2)]
     clean_cfg = resolve({**DP, "fedlog-dp": "off", "data-dir": data_dir})
     clean = FedLogClient().train(client_env(clean_cfg, {"partition-id": 0}), content, RecordDict())
-    return cfg, replies, clean["arrays"]["stats"].numpy().astype(np.float64)
+    return cfg, replies, clean.array_records["arrays"]["stats"].numpy().astype(np.float64)
 
 
 def test_local_dp_noise_differs_between_runs_and_is_not_derived_from_the_config(data_dir):
     cfg, replies, clean = local_stats(data_dir)
-    noise = [r["arrays"]["stats"].numpy().astype(np.float64) - clean for r in replies]
+    noise = [r.array_records["arrays"]["stats"].numpy().astype(np.float64) - clean for r in replies]
     sigma = noise_sigma(cfg, 51)
     assert not np.allclose(noise[0], noise[1])  # same config, same client, same round: fresh noise
     assert np.std(noise[0]) == pytest.approx(sigma, rel=0.15)
@@ -52,8 +52,8 @@ def test_local_dp_noise_differs_between_runs_and_is_not_derived_from_the_config(
 
 def test_local_dp_reply_releases_only_the_noised_statistic(data_dir):
     _, replies, _ = local_stats(data_dir)
-    assert set(replies[0]["metrics"].keys()) == {"partition-id"}  # no count, no training loss
-    assert list(replies[0]["arrays"].keys()) == ["stats"]
+    assert set(replies[0].metric_records["metrics"].keys()) == {"partition-id"}  # no count, no training loss
+    assert list(replies[0].array_records["arrays"].keys()) == ["stats"]
 
 
 def test_local_dp_server_takes_the_count_from_the_noised_count_row(task_identity):
@@ -70,7 +70,7 @@ def test_local_dp_server_takes_the_count_from_the_noised_count_row(task_identity
         return reply({"stats": stats}, None, pid)
 
     for pid in counts:
-        phi += answer(pid, None)["arrays"]["stats"].numpy()
+        phi += answer(pid, None).array_records["arrays"]["stats"].numpy()
     step = s.train_round(1, s.initial_arrays(), engine_for(s, FakeGrid(3, answer)))
     assert step.clients == 3 and "loss" not in step.metrics
     chi, nu = s.cfg["fedlog-prior-chi"], s.cfg["fedlog-prior-nu"]

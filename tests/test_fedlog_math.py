@@ -107,19 +107,26 @@ def test_dp_sigma_is_theorem_7s_calibration_and_noise_has_that_scale():
     assert add_noise(base, 0.0, rng) is base  # mode off adds nothing
 
 
+def _why(check: StatsCheck, stats: np.ndarray, count: float) -> str:
+    """The problem ``check`` finds in a reply that must have one."""
+    problem = check.problem(stats, count)
+    assert problem is not None, "an impossible reply passed the check"
+    return problem
+
+
 def test_stats_check_catches_impossible_replies():
     check = StatsCheck(num_classes=2, m=3, clip=2.0)
     good = np.array([[4.0, 3.0, -8.0], [6.0, 12.0, 0.5]])
     assert check.problem(good, 10) is None
-    assert "shape" in check.problem(good[:, :2], 10)
+    assert "shape" in _why(check, good[:, :2], 10)
     bad = good.copy()
     bad[0, 1] = np.nan
-    assert "NaN" in check.problem(bad, 10)
-    assert "count" in check.problem(good, -1)
-    assert "sum to" in check.problem(good, 11)
+    assert "NaN" in _why(check, bad, 10)
+    assert "count" in _why(check, good, -1)
+    assert "sum to" in _why(check, good, 11)
     over = good.copy()
     over[1, 1] = 12.5  # > b * class count = 2 * 6
-    assert "clip bound" in check.problem(over, 10)
+    assert "clip bound" in _why(check, over, 10)
     assert StatsCheck(2, 3, 2.0, noise_sigma=1.0).problem(good + 0.5, 10) is None  # local DP noise is tolerated
 
 
@@ -136,4 +143,4 @@ def test_stats_check_accepts_every_honest_local_dp_reply_at_the_clip_bound():
     assert problems.count(None) == len(problems), {p for p in problems if p}
     over = honest.copy()
     over[3, 7] = 3 * b * count  # 200 over the bound, beyond the margin of 8σ·sqrt(1 + b²) ≈ 89
-    assert "clip bound" in check.problem(add_noise(over, sigma, rng), classes * count)
+    assert "clip bound" in _why(check, add_noise(over, sigma, rng), classes * count)

@@ -126,7 +126,7 @@ def test_float16_payload_round_trips_and_its_size_is_eqs_9_to_11(covariance):
     assert values == 3 * per  # 2 + 1 components
     assert sum(v.nbytes for v in payload.values()) == 2 * values + 12 * len(mixtures)
     back, problem = PayloadCheck(10, d, 2, covariance, 1e4).decode(payload, 50)
-    assert problem is None
+    assert problem is None and back is not None
     for got, want in zip(back, mixtures):
         assert (got.label, got.count) == (want.label, want.count)
         assert np.allclose(got.means, want.means, rtol=2e-3, atol=2e-3)
@@ -211,8 +211,8 @@ def test_client_dp_noise_comes_from_os_entropy(data_dir):
     )
     env = client_env(cfg, {"partition-id": 0})
     msg = RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1, P.PHASE: P.PHASE_TRAIN})})
-    a = FedPFTClient().train(env, msg, RecordDict())[P.ARRAYS][P.GMM_MEANS].numpy()
-    b = FedPFTClient().train(env, msg, RecordDict())[P.ARRAYS][P.GMM_MEANS].numpy()
+    a = FedPFTClient().train(env, msg, RecordDict()).array_records[P.ARRAYS][P.GMM_MEANS].numpy()
+    b = FedPFTClient().train(env, msg, RecordDict()).array_records[P.ARRAYS][P.GMM_MEANS].numpy()
     assert a.shape == b.shape and not np.array_equal(a, b)
 
 
@@ -273,7 +273,7 @@ def test_a_hostile_reply_is_counted_and_the_head_is_trained_from_the_valid_ones(
             p[P.GMM_MEANS][0, 0] = np.nan
         return reply(p, 40, pid)
 
-    records = []
+    records: list[dict] = []
     strategy.start(grid=FakeGrid(3, answer), initial_arrays=strategy.initial_arrays(), num_rounds=1, on_round=records.append)
     rec = records[0]
     assert rec["clients"] == 1 and rec["failures"] == 2
@@ -290,7 +290,9 @@ def test_efficientnet_lite0_loads_offline_and_gives_1280_features(data_dir):
     x, _ = to_tensors(ds, ds.x_train[:3], ds.y_train[:3])  # grayscale: repeated to three channels
     f = extract(x, "mnist", "efficientnet-lite0", resolution=32)
     assert f.shape == (3, 1280) and torch.isfinite(f).all() and f.abs().sum() > 0
-    lo, hi = feature_range("efficientnet-lite0", "mnist")  # the range the server holds mixture means to
+    bounds = feature_range("efficientnet-lite0", "mnist")  # the range the server holds mixture means to
+    assert bounds is not None
+    lo, hi = bounds
     assert f.min() >= lo and f.max() <= hi
     assert not load_extractor("efficientnet-lite0", "", 32, "cpu").training
 
@@ -356,7 +358,7 @@ def _expected_reply_bytes(cfg, pid: int) -> int:
 
     env = client_env(cfg, {"partition-id": pid})
     content = FedPFTClient().train(env, RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1, P.PHASE: P.PHASE_TRAIN})}), RecordDict())
-    arrays = {k: v.numpy() for k, v in content[P.ARRAYS].items()}
+    arrays = {k: v.numpy() for k, v in content.array_records[P.ARRAYS].items()}
     return reply_bytes(arrays, len(env.y_train), pid, loss=False)
 
 
@@ -450,6 +452,7 @@ def test_a_singular_full_covariance_never_crashes_the_sampler():
     payload = encode([ClassMixture(1, 30, np.ones(1), np.zeros((1, d)), cov[None], "full")], d, "full")
     mixtures, problem = PayloadCheck(10, d, 1, "full", 1e4).decode(payload, 30)
     if problem is None:
+        assert mixtures is not None
         x, y = synthesize(mixtures, torch.Generator().manual_seed(0))
         assert x.shape == (30, d) and torch.isfinite(x).all()
 

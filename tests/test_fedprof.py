@@ -56,17 +56,25 @@ def test_divergence_is_zero_for_identical_profiles_and_grows_with_the_shift():
     assert score(0.0, 10.0) == 1.0 and score(0.1, 10.0) == pytest.approx(np.exp(-1.0))
 
 
+def _why(profile: np.ndarray, n: int) -> str:
+    """The problem profile_problem finds in a profile that must have one."""
+    problem = profile_problem(profile, n)
+    assert problem is not None, "an impossible profile passed the check"
+    return problem
+
+
 def test_profile_problems_are_named():
     assert profile_problem(np.zeros((3, 2)), 3) is None
-    assert "shape" in profile_problem(np.zeros((4, 2)), 3)
-    assert "NaN" in profile_problem(np.array([[np.nan, 1.0]]), 1)
-    assert "negative variance" in profile_problem(np.array([[0.0, -1.0]]), 1)
+    assert "shape" in _why(np.zeros((4, 2)), 3)
+    assert "NaN" in _why(np.array([[np.nan, 1.0]]), 1)
+    assert "negative variance" in _why(np.array([[0.0, -1.0]]), 1)
 
 
 def test_model_profile_hooks_the_named_layer():
-    model = torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False))
+    layer = torch.nn.Linear(3, 2, bias=False)
+    model = torch.nn.Sequential(layer)
     with torch.no_grad():
-        model[0].weight.copy_(torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]]))
+        layer.weight.copy_(torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]]))
     x = torch.tensor([[1.0, 1.0, 0.0], [3.0, 2.0, 0.0]])
     assert np.allclose(model_profile(model, "0", x), [[2.0, 1.0], [3.0, 1.0]])
     with pytest.raises(ValueError, match="not a module"):
@@ -113,13 +121,13 @@ def test_full_cache_aggregation_counts_each_client_with_its_last_local_model(tas
     sent: dict[int, dict[int, dict[str, np.ndarray]]] = {}  # round -> partition -> the model it was sent
 
     def answer(pid, msg):
-        cfg = msg.content["config"]
+        cfg = msg.content.config_records["config"]
         profile = strategy.baselines[strategy.version].astype(np.float32)
         if cfg.get("phase") == "profile":
             return reply({"profile": profile}, sizes[pid], pid)
         if msg.metadata.message_type == "evaluate":
             return RecordDict({"metrics": MetricRecord({"num-examples": 10, "correct": 5, "partition-id": pid})})
-        model = {k: v.numpy() for k, v in msg.content["arrays"].items()}
+        model = {k: v.numpy() for k, v in msg.content.array_records["arrays"].items()}
         sent.setdefault(cfg["server-round"], {})[pid] = model
         return reply({**{k: v + np.float32(0.01 * (pid + 1)) for k, v in model.items()}, "profile": profile}, sizes[pid], pid)
 
@@ -200,7 +208,7 @@ def test_selection_favours_matching_profiles_and_malformed_profiles_are_counted(
     arrays = strategy.initial_arrays()
 
     def answer(pid, msg):
-        cfg = msg.content["config"]
+        cfg = msg.content.config_records["config"]
         base = strategy.baselines[strategy.version].astype(np.float32)
         profile = base.copy()
         if pid == 2:
@@ -211,10 +219,10 @@ def test_selection_favours_matching_profiles_and_malformed_profiles_are_counted(
             return RecordDict({"metrics": MetricRecord({"num-examples": 10, "correct": 5, "partition-id": pid})})
         if cfg.get("phase") == "profile":
             return reply({"profile": profile}, 20, pid)
-        return reply({**{k: v.numpy() for k, v in msg.content["arrays"].items()}, "profile": profile}, 20, pid)
+        return reply({**{k: v.numpy() for k, v in msg.content.array_records["arrays"].items()}, "profile": profile}, 20, pid)
 
     grid = FakeGrid(3, answer)
-    records = []
+    records: list[dict] = []
     engine = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=30, on_round=records.append)
     picks = strategy.selections
     assert picks.get(2, 0) <= 3 and picks[0] >= 20  # λ_2 = e^{-α·div} ≈ 0

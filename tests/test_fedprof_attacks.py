@@ -76,7 +76,7 @@ def test_a_client_cannot_rebuild_the_baseline_from_the_run_config(task_identity,
     attacker, honest = divs[2][0], min(divs[0][0], divs[1][0])
     # with D^V = the held-out rows the attacker's divergence was 0 (float32 rounding: < 1e-6) and its score 1.0
     assert attacker > 1e-3 and score(attacker, 10.0) < 0.99, (attacker, honest)
-    # what remains (README, Trust model): sampling noise of the same order as a clean client's, though smaller (the
+    # what remains (docs/trust-and-dp.md): sampling noise of the same order as a clean client's, though smaller (the
     # held-out rows share half of D^V): over 500 private draws the ratio had median 0.47, 1st percentile 0.22
     assert 0.1 * honest < attacker, (attacker, honest)
     assert strategy.summary_extra(engine)["fedprof_validation"] == {"rows": 200, "held_out": 400, "drawn_from": f"${SECRET_ENV}"}
@@ -101,6 +101,7 @@ def test_the_private_draw_is_reproducible_only_with_the_servers_secret():
 # ----------------------------------------------------------------- item 4 (b): no profile, lowest score
 
 
+@pytest.mark.slow
 def test_a_client_whose_profile_is_always_invalid_is_not_selected(task_identity, data_dir):
     """The attack: client 2 answers every request with a profile holding a negative variance.
     It used to keep its starting score 1.0 (the maximum: honest clients here score ~0.37)

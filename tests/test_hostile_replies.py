@@ -46,9 +46,9 @@ def honest(algorithm: str, pid: int, msg) -> RecordDict:
         protos[pid], counts[pid] = 1.0 + pid, 10
         return reply({"prototypes": protos, "class-counts": counts}, 10, pid, loss=0.7)
     profile = np.tile(np.array([[0.5, 1.0]], np.float32), (50, 1))  # FedProf: mnist-cnn's 50 features
-    if algorithm == "fedprof" and msg.content["config"].get("phase") == "profile":  # a profile request: no training
+    if algorithm == "fedprof" and msg.content.config_records["config"].get("phase") == "profile":  # a profile request: no training
         return reply({"profile": profile}, 10, pid)
-    model = {k: v.numpy() * 0.9 + 0.01 * pid for k, v in msg.content["arrays"].items()}
+    model = {k: v.numpy() * 0.9 + 0.01 * pid for k, v in msg.content.array_records["arrays"].items()}
     if algorithm == "fedprof":  # the model and its profile
         model["profile"] = profile
     return reply(model, 10, pid, loss=0.7)
@@ -63,7 +63,9 @@ def test_a_bad_training_reply_is_rejected_and_the_round_goes_on(task_identity, d
 
     def answer(pid, msg):
         content = honest(algorithm, pid, msg)
-        training = msg.content["config"].get("phase") != "profile"  # FedProf profiles newcomers first: only the training reply is bad
+        training = (
+            msg.content.config_records["config"].get("phase") != "profile"
+        )  # FedProf profiles newcomers first: only the training reply is bad
         return damage_reply(content, mode, "train") if pid == 2 and training else content
 
     rnd = 2 if mode in MODEL_MODES else 1  # a sign flip is refused from round 2 (round 1's bound admits long honest moves)
@@ -89,7 +91,7 @@ def test_an_honest_reply_of_a_model_with_hundreds_of_arrays_fits_the_cap(task_id
     def answer(pid, msg):  # trained-like: every array its own values (identical arrays would share one object)
         model = {
             k: v.numpy() + (rng.normal(0, 1e-3, v.numpy().shape).astype(v.numpy().dtype) if v.numpy().dtype.kind == "f" else 0)
-            for k, v in msg.content["arrays"].items()
+            for k, v in msg.content.array_records["arrays"].items()
         }
         if algorithm == "fedprof":
             model["profile"] = np.tile(np.array([[0.5, 1.0]], np.float32), (1024, 1))
@@ -149,7 +151,10 @@ def test_a_count_above_the_clients_partition_size_is_rejected(task_identity, dat
     s = make_strategy("fedavg", **{"data-dir": data_dir})
     sizes = [train for train, _ in s.services.data.partition_sizes]
     engine = engine_for(
-        s, FakeGrid(3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, sizes[pid] + (pid == 1), pid))
+        s,
+        FakeGrid(
+            3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content.array_records["arrays"].items()}, sizes[pid] + (pid == 1), pid)
+        ),
     )
     step = s.train_round(1, s.initial_arrays(), engine)
     assert step.clients == 2 and f"is {sizes[1] + 1}, above the {sizes[1]} this client can hold" in engine.meter.failures[0]

@@ -150,7 +150,8 @@ def test_node_keys_are_openssh_ec_keys_and_never_overwritten(tmp_path):
     assert main(["keys", str(tmp_path), "--name", "node0"]) == 0
     private = load_ssh_private_key((tmp_path / "node0").read_bytes(), None)
     public = load_ssh_public_key((tmp_path / "node0.pub").read_bytes())
-    assert isinstance(private, ec.EllipticCurvePrivateKey) and private.public_key().public_numbers() == public.public_numbers()
+    assert isinstance(private, ec.EllipticCurvePrivateKey) and isinstance(public, ec.EllipticCurvePublicKey)
+    assert private.public_key().public_numbers() == public.public_numbers()
     assert oct((tmp_path / "node0").stat().st_mode & 0o777) == "0o600"
     assert main(["keys", str(tmp_path), "--name", "node0"]) == 2
 
@@ -164,7 +165,7 @@ def _cmdline(pid: int) -> str:
 
 @pytest.mark.deployment
 def test_superlink_starts_from_the_venvs_python_with_a_path_that_lacks_the_venv(tmp_path):
-    """The README's `.venv/bin/python -m headway superlink --certs certs`, run with a
+    """docs/deployment.md's `headway superlink --certs certs`, as `.venv/bin/python -m headway`, with a
     PATH that has no virtual environment on it (no activate): Flower's SuperLink starts its
     SuperExec by bare name, so the launcher must put its interpreter's folder on the PATH
     it hands Flower. Started for real, then stopped by PID (and its group, if anything is left)."""
@@ -218,7 +219,8 @@ def test_superlink_starts_from_the_venvs_python_with_a_path_that_lacks_the_venv(
     sup = subprocess.Popen([*prefix, *cmd], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     tree: list[int] = []
     try:
-        deadline, superexec = time.monotonic() + 60, []
+        superexec: list[int] = []
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and sup.poll() is None and not superexec:
             tree = descendants(sup.pid)
             superexec = [p for p in tree if "flower-superexec" in _cmdline(p)]

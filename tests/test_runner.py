@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import flwr.simulation
@@ -263,12 +264,13 @@ def engine(monkeypatch):
     """Replace the engine and both apps; ``engine.play`` is what the 'ServerApp' does."""
 
     class Engine:
-        play = None
+        play: Callable[[FakeServer], None] | None = None
         server: FakeServer | None = None
 
         def __call__(self, *, server_app, client_app, num_supernodes, backend_config, verbose_logging):
             self.server = server_app
             assert num_supernodes == server_app.cfg["num-clients"]
+            assert self.play is not None, "the test did not say what the ServerApp does"
             self.play(server_app)
 
     eng = Engine()

@@ -47,6 +47,7 @@ def test_split_npz_reads_back_to_the_in_memory_partition(tmp_path, mnist_cfg):
         assert classes[node.y_test].tolist() == [str(c) for c in ds.y_test[part.test[k]]]
 
 
+@pytest.mark.slow
 def test_split_images_writes_png_class_folders_with_the_same_rows(tmp_path, mnist_cfg):
     folders = split("mnist", mnist_cfg, tmp_path / "nodes", "images")
     ds = load_dataset("mnist", mnist_cfg["data-dir"], mnist_cfg["seed"])
@@ -60,6 +61,7 @@ def test_split_images_writes_png_class_folders_with_the_same_rows(tmp_path, mnis
         assert rows(node.x_test, node.y_test, schema.classes) == rows(ds.x_test[part.test[k]], ds.y_test[part.test[k]], as_str)
 
 
+@pytest.mark.slow
 def test_split_through_the_command_line(tmp_path, data_dir):
     out = tmp_path / "nodes"
     cmd = [

@@ -188,14 +188,14 @@ def test_local_runs_are_refused_where_they_cannot_work():
 
 
 @pytest.fixture(scope="module")
-def digit_folder(tmp_path_factory, request):
-    """600 MNIST training and 200 test digits written as PNG files, in class folders named by word."""
+def digit_folder(tmp_path_factory, request, data_dir):
+    """600 MNIST training and 200 test digits written as PNG files, in class folders named by word
+    (skipped, saying why, without MNIST)."""
     from PIL import Image
 
     from core.data import load_dataset
-    from tests.conftest import data_root
 
-    ds = load_dataset("mnist", str(data_root()))
+    ds = load_dataset("mnist", data_dir)
     root = tmp_path_factory.mktemp("digits")
     words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
     for split, x, y, n in (("train", ds.x_train, ds.y_train, 600), ("test", ds.x_test, ds.y_test, 200)):
@@ -208,11 +208,14 @@ def digit_folder(tmp_path_factory, request):
 @pytest.fixture(scope="module")
 def adult_csv(tmp_path_factory):
     """2,000 rows of UCI Adult as one CSV with its text columns (workclass, sex, ...) and a
-    label column; no test split, so test-fraction is held out."""
+    label column; no test split, so test-fraction is held out (skipped, saying why, without it)."""
     from tests.conftest import data_root
 
     root = data_root()
-    src = next(p for p in (root / "uci-adult" / "adult.data", root / "adult" / "adult.data", root / "adult.data") if p.is_file())
+    where = (root / "uci-adult" / "adult.data", root / "adult" / "adult.data", root / "adult.data")
+    src = next((p for p in where if p.is_file()), None)
+    if src is None:
+        pytest.skip(f"UCI Adult (adult.data) not found in {root}: set HEADWAY_DATA_DIR")
     out = tmp_path_factory.mktemp("adult") / "adult.csv"
     names = [
         "age",

@@ -7,7 +7,7 @@ object's content. The deployment tests compare these counts with headway's wire 
 Each successful Fleet call that carries message parts appends one JSON line
 ``{"call": ..., "down": bytes, "up": bytes}`` to FILE. gRPC, HTTP/2 and TLS framing, node
 and run ids in requests, heartbeats and polls that return nothing are not counted: the
-meter does not count them either (see the README's "How a round runs").
+meter does not count them either (see docs/engine.md, "Byte accounting").
 """
 
 from __future__ import annotations
