@@ -23,7 +23,7 @@ run: setup
 
 # Everything but the slow fault tests (about 15 minutes on 2 cores).
 test: setup
-	$(PY) -m pytest -q -m "not system"
+	$(PY) -m pytest -q -m "not system" --durations=15
 
 # Faults survived by real processes: a SuperNode killed mid-round and restarted, a hung ClientApp,
 # a SuperLink restarted on its database, an unknown body, SIGTERM, node-local refusals; FedProf on a
