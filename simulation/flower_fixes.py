@@ -1,0 +1,228 @@
+"""Two fixes to Flower 1.39's simulation engine, installed for the duration of a run.
+
+1. The message extractor (``vce_api.add_messages_to_queue``) asks the link state for one message
+   per node, and each ask scans the whole message store under the lock: one pass costs
+   O(nodes x messages). :func:`hand_out` does the same pass with one lock and one walk.
+2. The extractor and the grid's ``send_and_receive`` sleep 0.1 s between polls. Here the extractor
+   wakes when a message is stored and the grid wakes when the replies it waits for are stored;
+   both keep the 0.1 s poll as a fallback. See docs/flower-extractor.md.
+
+Written against the exact Flower version in :data:`FLOWER_VERSION`; on any other it does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
+from queue import Queue
+from typing import Any
+
+log = logging.getLogger("headway")
+
+FLOWER_VERSION = "1.39.0"
+POLL_INTERVAL = 0.1  # Flower's own poll, kept as the fallback when no store event comes
+SWEEP_INTERVAL = 1.0  # seconds between the extractor's walks of the whole store (expiry of messages it no longer visits)
+
+
+class _Signals:
+    """Per link state: an event set when a message for the nodes is stored, and a counter (with
+    its condition) of replies stored, so waiting threads wake on the change they wait for."""
+
+    def __init__(self) -> None:
+        self.ins_stored = threading.Event()
+        self.fresh: dict[str, None] = {}  # ids stored since the extractor's last pass, in store order
+        self.res_stored = threading.Condition()
+        self.replies = 0
+
+
+_SIGNALS: weakref.WeakKeyDictionary[Any, _Signals] = weakref.WeakKeyDictionary()
+_SIGNALS_LOCK = threading.Lock()
+
+
+def _signals(state: Any) -> _Signals:
+    with _SIGNALS_LOCK:
+        sig = _SIGNALS.get(state)
+        if sig is None:
+            sig = _SIGNALS[state] = _Signals()
+        return sig
+
+
+def hand_out(state: Any, node_ids: Mapping[int, Any] | set[int], ids: Iterable[str] | None = None) -> tuple[list[Any], list[str]]:
+    """One extractor pass over an ``InMemoryLinkState``: at most one undelivered message per node
+    of ``node_ids``, in the store's order, marked delivered. Visits the messages ``ids`` names
+    (default: the whole store), each once, under one hold of the state's lock; a visited message
+    that expired or whose nodes left the run's federation is deleted, as Flower's
+    ``_check_stored_messages`` does. Returns (messages handed out, ids of visited messages still
+    waiting to be delivered)."""
+    from flwr.supercore.date import now
+
+    with state.lock:
+        store = state.message_ins_store
+        current = now().timestamp()
+        dropped: set[str] = set()
+        # (msg_id, message, metadata fields, federation_id or None when src == dst)
+        live: list[tuple[str, Any, dict[str, Any], str | None]] = []
+        federation_of: dict[int, str] = {}
+        nodes_to_check: dict[str, set[int]] = {}
+        for msg_id, msg in store.items() if ids is None else ((i, store.get(i)) for i in ids):
+            if msg is None:  # deleted since it was stored (replied to, expired, stopped run)
+                continue
+            md = msg.metadata.__dict__  # the fields Metadata's properties read: one call a message, not six
+            if md["_created_at"] + md["_ttl"] <= current:
+                dropped.add(msg_id)
+                continue
+            src, dst = md["_src_node_id"], md["_dst_node_id"]
+            if src == dst:
+                live.append((msg_id, msg, md, None))
+                continue
+            run_id = md["_run_id"]
+            federation = federation_of.get(run_id)
+            if federation is None:
+                federation = federation_of[run_id] = state.run_ids[run_id].run.federation_id
+            nodes_to_check.setdefault(federation, set()).update((src, dst))
+            live.append((msg_id, msg, md, federation))
+        # One membership query per federation instead of one per message (Flower asks
+        # filter_nodes({src, dst}) per message; membership is per node, so the answer is the same)
+        members = {fed: state.federation_manager.filter_nodes(nodes, fed) for fed, nodes in nodes_to_check.items()}
+        picked: list[Any] = []
+        waiting: list[str] = []
+        served: set[int] = set()
+        delivered_at = now().isoformat()
+        for msg_id, msg, md, federation in live:
+            if federation is not None and not (md["_src_node_id"] in members[federation] and md["_dst_node_id"] in members[federation]):
+                dropped.add(msg_id)
+            elif md["_delivered_at"] != "":
+                continue
+            elif md["_dst_node_id"] in served or md["_dst_node_id"] not in node_ids:
+                waiting.append(msg_id)
+            else:
+                served.add(md["_dst_node_id"])
+                md["_delivered_at"] = delivered_at
+                picked.append(msg)
+        state.delete_messages(dropped)
+    return picked, waiting
+
+
+def add_messages_to_queue(state: Any, queue: Queue[Any], nodes_mapping: Mapping[int, int], f_stop: threading.Event) -> None:
+    """Drop-in for ``vce_api.add_messages_to_queue``. Each pass visits the messages still waiting
+    from the last pass and those stored since (every :data:`SWEEP_INTERVAL` s: the whole store, so
+    messages nobody reads still expire); then it waits until a message is stored or 0.1 s passes
+    (Flower's poll), until ``f_stop`` is set."""
+    sig = _signals(state)
+    waiting: list[str] = []
+    last_sweep = -float("inf")
+    while not f_stop.is_set():
+        sig.ins_stored.clear()  # before the pass: a message stored during it wakes the next wait
+        with state.lock:
+            fresh, sig.fresh = sig.fresh, {}
+            if time.monotonic() - last_sweep >= SWEEP_INTERVAL:
+                last_sweep = time.monotonic()
+                picked, waiting = hand_out(state, nodes_mapping)
+            else:
+                picked, waiting = hand_out(state, nodes_mapping, dict.fromkeys([*waiting, *fresh]))
+        for msg in picked:
+            queue.put(msg)
+        sig.ins_stored.wait(POLL_INTERVAL)
+
+
+def send_and_receive(self: Any, messages: Iterable[Any], *, timeout: float | None = None) -> Iterable[Any]:
+    """Drop-in for ``InMemoryGrid.send_and_receive``: Flower's push-then-pull loop, except that
+    between pulls it waits until as many replies were stored as it still misses (or
+    ``pull_interval`` passes), instead of always sleeping ``pull_interval``."""
+    sig = _signals(self.state)
+    msg_ids = set(self.push_messages(messages))
+    del messages
+    end_time = time.time() + (timeout if timeout is not None else 0.0)
+    ret: list[Any] = []
+    while timeout is None or time.time() < end_time:
+        with sig.res_stored:
+            before = sig.replies
+        res_msgs = self.pull_messages(msg_ids)
+        ret.extend(res_msgs)
+        msg_ids.difference_update({msg.metadata.reply_to_message_id for msg in res_msgs})
+        if not msg_ids:
+            break
+        missing = len(msg_ids)
+        wait = self.pull_interval if timeout is None else max(0.0, min(self.pull_interval, end_time - time.time()))
+        deadline = time.monotonic() + wait
+        with sig.res_stored:
+            while sig.replies - before < missing and (left := deadline - time.monotonic()) > 0:
+                sig.res_stored.wait(left)
+    return ret
+
+
+def _supported() -> str | None:
+    """Why the fixes cannot be installed here, or None when they can."""
+    try:
+        import flwr
+    except ImportError:
+        return "Flower is not installed"
+    if flwr.__version__ != FLOWER_VERSION:
+        return f"they were written for Flower {FLOWER_VERSION}, this is {flwr.__version__}"
+    return None
+
+
+@contextlib.contextmanager
+def faster_simulation_engine() -> Iterator[bool]:
+    """Install the extractor pass and the store-driven wake-ups for the block; yields whether they
+    were installed. On another Flower version, or a state other than ``InMemoryLinkState`` (checked
+    when the extractor starts), Flower's own code runs and one line says why."""
+    why = _supported()
+    if why is not None:
+        log.info("Flower's simulation engine left as it is: %s", why)
+        yield False
+        return
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    flower_extractor = vce_api.add_messages_to_queue
+    store_ins = InMemoryLinkState.store_message_ins
+    store_res = InMemoryLinkState.store_message_res
+    flower_send_and_receive = InMemoryGrid.send_and_receive
+
+    def extractor(state: Any, queue: Queue[Any], nodes_mapping: dict[int, int], f_stop: threading.Event) -> None:
+        if type(state) is not InMemoryLinkState:
+            log.info("Flower's message extractor kept: the link state is %s, not InMemoryLinkState", type(state).__name__)
+            return flower_extractor(state, queue, nodes_mapping, f_stop)
+        return add_messages_to_queue(state, queue, nodes_mapping, f_stop)
+
+    def store_message_ins(self: Any, message: Any) -> str | None:
+        sig = _signals(self)
+        with self.lock:  # the id joins ``fresh`` in the order the store receives it
+            message_id = store_ins(self, message)
+            if message_id is not None:
+                sig.fresh[message_id] = None
+        if message_id is not None:
+            sig.ins_stored.set()
+        return message_id
+
+    def store_message_res(self: Any, message: Any) -> str | None:
+        message_id = store_res(self, message)
+        if message_id is not None:
+            sig = _signals(self)
+            with sig.res_stored:
+                sig.replies += 1
+                sig.res_stored.notify_all()
+        return message_id
+
+    def grid_send_and_receive(self: Any, messages: Iterable[Any], *, timeout: float | None = None) -> Iterable[Any]:
+        if type(self.state) is not InMemoryLinkState:
+            return flower_send_and_receive(self, messages, timeout=timeout)
+        return send_and_receive(self, messages, timeout=timeout)
+
+    vce_api.add_messages_to_queue = extractor  # run_api looks it up as a module global when it starts the thread
+    InMemoryLinkState.store_message_ins = store_message_ins  # type: ignore[method-assign]
+    InMemoryLinkState.store_message_res = store_message_res  # type: ignore[method-assign]
+    InMemoryGrid.send_and_receive = grid_send_and_receive  # type: ignore[method-assign]
+    try:
+        yield True
+    finally:
+        vce_api.add_messages_to_queue = flower_extractor
+        InMemoryLinkState.store_message_ins = store_ins  # type: ignore[method-assign]
+        InMemoryLinkState.store_message_res = store_res  # type: ignore[method-assign]
+        InMemoryGrid.send_and_receive = flower_send_and_receive  # type: ignore[method-assign]

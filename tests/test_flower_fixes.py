@@ -1,0 +1,236 @@
+"""simulation/flower_fixes.py against a real Flower ``InMemoryLinkState``: what the extractor pass
+keeps of Flower's semantics, what it costs (counted, not timed), the wake-ups, the version pin."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from queue import Empty, Queue
+from typing import Any
+
+import flwr
+from flwr.app import Message, RecordDict
+from flwr.server.superlink.fleet.vce import vce_api
+from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+from benchmarks.extractor import instruction, link_state
+from simulation import flower_fixes
+from simulation.flower_fixes import faster_simulation_engine, hand_out
+
+
+def tag(msg: Message) -> int:
+    return int(msg.content["c"]["tag"])  # type: ignore[arg-type]
+
+
+def store(state, run_id, node, **kw) -> Message:
+    msg = instruction(run_id, node, **kw)
+    assert state.store_message_ins(msg) is not None
+    return msg
+
+
+def test_one_message_per_node_per_pass_in_store_order_and_marked_delivered():
+    state, run_id, nodes = link_state(4)
+    for k in range(3):
+        for node in reversed(nodes):
+            store(state, run_id, node, tag=k)
+    for k in range(3):
+        picked, _ = hand_out(state, set(nodes))
+        assert [m.metadata.dst_node_id for m in picked] == list(reversed(nodes))  # one each, store order
+        assert [tag(m) for m in picked] == [k] * 4  # each node's messages in the order stored
+        assert all(m.metadata.delivered_at != "" for m in picked)
+    assert hand_out(state, set(nodes)) == ([], [])
+    assert len(state.message_ins_store) == 12  # delivered messages stay until their reply is pulled
+
+
+def test_nodes_outside_the_mapping_get_nothing_and_keep_waiting():
+    state, run_id, nodes = link_state(3)
+    mine, other = store(state, run_id, nodes[0]), store(state, run_id, nodes[1])
+    picked, waiting = hand_out(state, {nodes[0]})
+    assert picked == [mine]
+    assert waiting == [other.metadata.message_id]
+    assert other.metadata.delivered_at == ""
+
+
+def test_expired_and_out_of_federation_messages_deleted_as_flower_does():
+    """The same store checked by Flower's ``_check_stored_messages`` and by one pass of ours
+    loses the same messages; none of them is handed out."""
+    results = []
+    for ours in (False, True):
+        state, run_id, nodes = link_state(4)
+        msgs = [store(state, run_id, node, tag=i) for i, node in enumerate(nodes)]
+        msgs.append(store(state, run_id, nodes[0], tag=9))
+        msgs[1].metadata.created_at -= 3601  # past its one-hour ttl
+        left = nodes[2]  # this node left the federation
+        flower_filter = state.federation_manager.filter_nodes
+        state.federation_manager.filter_nodes = lambda ids, fed, left=left, f=flower_filter: f(ids, fed) - {left}
+        if ours:
+            picked, _ = hand_out(state, set(nodes))
+            assert sorted(tag(m) for m in picked) == [0, 3]
+        else:
+            state._check_stored_messages(set(state.message_ins_store))
+        results.append(sorted(tag(m) for m in state.message_ins_store.values()))
+    assert results[0] == results[1] == [0, 3, 9]
+
+
+def test_indexed_pass_visits_only_the_ids_given():
+    state, run_id, nodes = link_state(2)
+    first = store(state, run_id, nodes[0])
+    second = store(state, run_id, nodes[1])
+    assert hand_out(state, set(nodes), [second.metadata.message_id])[0] == [second]
+    assert first.metadata.delivered_at == ""
+    assert hand_out(state, set(nodes), ["gone", first.metadata.message_id])[0] == [first]  # a deleted id is skipped
+
+
+def test_cost_each_message_read_once_and_no_per_node_query(monkeypatch):
+    """A pass over 10 000 queued messages for 1 000 nodes reads each message's metadata once and
+    never calls Flower's per-node query or per-message check (Flower's pass is 1 000 scans)."""
+    state, run_id, nodes = link_state(1000)
+    for k in range(10):
+        for node in nodes:
+            store(state, run_id, node, tag=k)
+    reads = 0
+    flower_metadata: Any = Message.__dict__["metadata"].fget
+
+    def counted(self):
+        nonlocal reads
+        reads += 1
+        return flower_metadata(self)
+
+    def forbidden(*a, **kw):
+        raise AssertionError("the pass must not call this")
+
+    monkeypatch.setattr(Message, "metadata", property(counted))
+    monkeypatch.setattr(InMemoryLinkState, "get_message_ins", forbidden)
+    monkeypatch.setattr(InMemoryLinkState, "_check_stored_messages", forbidden)
+    picked, waiting = hand_out(state, set(nodes))
+    assert reads == 10_000
+    assert len(picked) == 1000 and len(waiting) == 9000
+    reads = 0
+    assert hand_out(state, set(nodes), [])[0] == [] and reads == 0  # an idle indexed pass reads nothing
+
+
+def _run_extractor(state, nodes, f_stop, queue):
+    th = threading.Thread(target=vce_api.add_messages_to_queue, args=(state, queue, dict.fromkeys(nodes, 0), f_stop))
+    th.start()
+    return th
+
+
+def test_concurrent_pushes_none_lost_none_twice_order_kept():
+    with faster_simulation_engine() as installed:
+        assert installed
+        state, run_id, nodes = link_state(50)
+        f_stop, queue = threading.Event(), Queue[Message]()
+        th = _run_extractor(state, nodes, f_stop, queue)
+        pushed: list[Message] = []
+
+        def push():
+            for k in range(20):
+                for node in nodes:
+                    pushed.append(store(state, run_id, node, tag=k))
+
+        pusher = threading.Thread(target=push)
+        pusher.start()
+        got: list[Message] = []
+        deadline = time.monotonic() + 120
+        while len(got) < 1000 and time.monotonic() < deadline:
+            try:
+                got.append(queue.get(timeout=1))
+            except Empty:
+                pass
+        pusher.join()
+        f_stop.set()
+        th.join(timeout=10)
+        assert not th.is_alive()
+    ids = [m.metadata.message_id for m in got]
+    assert len(ids) == len(set(ids)) == 1000
+    assert set(ids) == {m.metadata.message_id for m in pushed}
+    assert queue.empty()
+    for node in nodes:
+        assert [tag(m) for m in got if m.metadata.dst_node_id == node] == list(range(20))
+
+
+def test_extractor_wakes_on_store_not_on_the_poll(monkeypatch):
+    monkeypatch.setattr(flower_fixes, "POLL_INTERVAL", 60.0)
+    with faster_simulation_engine():
+        state, run_id, nodes = link_state(2)
+        f_stop, queue = threading.Event(), Queue[Message]()
+        th = _run_extractor(state, nodes, f_stop, queue)
+        time.sleep(0.2)  # the first pass has run; the extractor now waits
+        msg = store(state, run_id, nodes[1])
+        assert queue.get(timeout=20) is msg
+        f_stop.set()
+        store(state, run_id, nodes[0])  # wakes it to see f_stop
+        th.join(timeout=20)
+        assert not th.is_alive()
+
+
+def test_grid_wakes_when_the_replies_are_stored():
+    """With a 60 s pull interval the grid still returns as soon as the last reply is stored."""
+    with faster_simulation_engine():
+        state, run_id, nodes = link_state(3)
+
+        class Factory:
+            def state(self):
+                return state
+
+        grid = InMemoryGrid(Factory(), pull_interval=60.0)  # type: ignore[arg-type]
+        grid._run = state.run_ids[run_id].run
+        msgs = [instruction(run_id, node) for node in nodes]
+
+        def answer():
+            for msg in msgs:
+                while msg.metadata.message_id == "" or msg.metadata.message_id not in state.message_ins_store:
+                    time.sleep(0.01)
+                time.sleep(0.05)
+                reply = Message(RecordDict(), reply_to=msg)
+                reply.metadata.__dict__["_message_id"] = str(uuid.uuid4())
+                assert state.store_message_res(reply) is not None
+
+        for msg in msgs:
+            msg.metadata.__dict__["_message_id"] = ""  # push_messages sets it
+        th = threading.Thread(target=answer)
+        th.start()
+        t0 = time.monotonic()
+        replies = list(grid.send_and_receive(msgs, timeout=120))
+        took = time.monotonic() - t0
+        th.join()
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == sorted(m.metadata.message_id for m in msgs)
+    assert took < 30  # Flower's loop sleeps the full 60 s after its first pull
+
+
+def test_installs_for_the_pinned_version_and_restores_on_exit():
+    assert "add_messages_to_queue" in vce_api.run_api.__code__.co_names  # looked up when run_api starts the thread
+    originals = (vce_api.add_messages_to_queue, InMemoryGrid.send_and_receive, InMemoryLinkState.store_message_ins)
+    assert flwr.__version__ == flower_fixes.FLOWER_VERSION
+    with faster_simulation_engine() as installed:
+        assert installed
+        assert vce_api.add_messages_to_queue is not originals[0]
+        assert InMemoryGrid.send_and_receive is not originals[1]
+        assert InMemoryLinkState.store_message_ins is not originals[2]
+    assert (vce_api.add_messages_to_queue, InMemoryGrid.send_and_receive, InMemoryLinkState.store_message_ins) == originals
+
+
+def test_other_flower_version_left_alone(monkeypatch, caplog):
+    monkeypatch.setattr(flwr, "__version__", "1.40.0")
+    originals = (vce_api.add_messages_to_queue, InMemoryGrid.send_and_receive, InMemoryLinkState.store_message_ins)
+    with caplog.at_level(logging.INFO, logger="headway"), faster_simulation_engine() as installed:
+        assert not installed
+        assert (vce_api.add_messages_to_queue, InMemoryGrid.send_and_receive, InMemoryLinkState.store_message_ins) == originals
+    assert [r.getMessage() for r in caplog.records if "1.40.0" in r.getMessage()]
+
+
+def test_other_state_class_gets_flowers_extractor(monkeypatch):
+    calls = []
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", lambda *a: calls.append(a))
+
+    class OtherState(InMemoryLinkState):
+        pass
+
+    state, _, nodes = link_state(1)
+    state.__class__ = OtherState
+    with faster_simulation_engine():
+        vce_api.add_messages_to_queue(state, Queue(), {nodes[0]: 0}, threading.Event())
+    assert len(calls) == 1 and calls[0][0] is state
