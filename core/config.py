@@ -180,6 +180,13 @@ SCHEMA: dict[str, Key] = {
     "results-dir": Key("results", "where `flwr run` writes its results folder"),
     "client-num-cpus": positive("CPUs per virtual client (simulation)", 1.0),
     "client-num-gpus": non_negative("GPU share per virtual client (simulation)", 0.0),
+    "ray-address": Key(
+        "",
+        "Ray cluster the simulation runs on: host:port of its head (GCS), auto (RAY_ADDRESS, else the `ray start` cluster on this machine) "
+        "or empty: a private Ray started for the run (RAY_ADDRESS ignored); see docs/ray-cluster.md",
+        check=lambda v: "://" not in v,
+        rule="host:port, auto or empty (not a ray:// Ray Client address: run headway on a node of the cluster)",
+    ),
     # data quality: some clients' training data is corrupted (core/noise.py)
     "client-noise": Key(
         "",

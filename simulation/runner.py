@@ -72,6 +72,8 @@ def preflight(cfg: dict[str, Any], out_dir: str | Path, overwrite: bool = False)
     check_out_dir(out_dir, overwrite)
     load_run_dataset(cfg)  # a missing data set or an unreadable source fails here, once
     check_against_spec(cfg, run_spec(cfg))
+    if cfg.get("ray-address") == "auto":
+        ray_address("auto")  # no cluster to join: stop here, not in ray.init
     from server.app import check_strategy
 
     check_strategy(cfg)
@@ -115,6 +117,28 @@ def _ensure_summary(cfg: dict[str, Any], out_dir: Path, started: float, status: 
     return Recorder.reopen(out_dir, cfg, started=started).finish(status=status, reason=reason)
 
 
+def ray_address(value: str) -> str:
+    """The ``address`` for ``ray.init``: "local" for ``ray-address`` empty (a private Ray, so that
+    neither RAY_ADDRESS nor a `ray start` cluster on this machine is joined by chance), the
+    cluster's host:port for "auto" (found as Ray finds it: RAY_ADDRESS, else the latest
+    `ray start` here; ConfigError when there is none), else ``value`` as given."""
+    if not value:
+        return "local"
+    if value != "auto":
+        return value
+    from ray._private.services import canonicalize_bootstrap_address  # what ray.init(address="auto") does
+
+    try:
+        found = canonicalize_bootstrap_address("auto")
+    except ConnectionError:
+        found = None
+    if not found:
+        raise ConfigError(
+            "run-config key 'ray-address' is 'auto' but neither RAY_ADDRESS nor a `ray start` cluster on this machine was found"
+        )
+    return found
+
+
 def simulate(
     cfg: dict[str, Any], out_dir: str | Path, verbose: bool = False, overwrite: bool = False, *, check: bool = True
 ) -> dict[str, Any]:
@@ -138,24 +162,29 @@ def simulate(
 
     from client.app import build_client_app
     from server.app import build_server_app
+    from simulation.flower_fixes import faster_simulation_engine
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    backend = {
+    address = ray_address(cfg["ray-address"])
+    if cfg["ray-address"]:  # config.json names the cluster the run ran on ("auto" resolved)
+        cfg = {**cfg, "ray-address": address}
+    backend = {  # Flower sizes its actor pool from the resources of every node of the cluster
         "client_resources": {"num_cpus": cfg["client-num-cpus"], "num_gpus": cfg["client-num-gpus"]},
-        "init_args": {"include_dashboard": False, "logging_level": logging.WARNING},
+        "init_args": {"address": address, "include_dashboard": False, "logging_level": logging.WARNING},
     }
     errors = _ErrorLog()
     flwr_log = logging.getLogger("flwr")
     flwr_log.addHandler(errors)
     started = time.monotonic()
     try:
-        run_simulation(
-            server_app=build_server_app(cfg, out, overwrite=overwrite),
-            client_app=build_client_app(cfg),
-            num_supernodes=cfg["num-clients"],
-            backend_config=backend,
-            verbose_logging=verbose,
-        )
+        with faster_simulation_engine():  # Flower 1.39's extractor pass and poll waits, fixed: docs/flower-extractor.md
+            run_simulation(
+                server_app=build_server_app(cfg, out, overwrite=overwrite),
+                client_app=build_client_app(cfg),
+                num_supernodes=cfg["num-clients"],
+                backend_config=backend,
+                verbose_logging=verbose,
+            )
     except KeyboardInterrupt:
         _ensure_summary(cfg, out, started, "interrupted", INTERRUPTED)
         raise
