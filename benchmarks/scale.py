@@ -1,16 +1,20 @@
-"""How FedLog's simulation scales with the number of clients on one machine.
+"""FedLog's simulation against its compute floor as the number of clients grows.
 
-    python -m benchmarks.scale --clients 100 1000 --rounds 3
+    python -m benchmarks.scale --clients 50 1000 10000 --rounds 3 [--one-process] [--note "..."]
 
-Each run is FedLog on the MNIST Table 1 setup (mnist-cnn, 2 classes a client, Adam 1e-3,
-batch 10, 5 local epochs) with the *same data per client* as Table 1 (60 training images:
-train-fraction grows with the number of clients, 1.0 at 1 000), every client every round,
-in a fresh process. The benchmark samples the resident memory of that process and all its
-descendants (Ray's raylet, GCS and workers) every half second and writes, per run,
-``benchmarks/results/scale/<n>-clients/`` (the run's own results folder) and one row of
-``scale.jsonl``: seconds per round (mean of rounds after the first, and round 1 apart,
-which also collects the statistics of fedlog-init=stats), peak memory, accuracy, bytes.
-Runs already in ``scale.jsonl`` are skipped, so the command resumes.
+For each client count the benchmark runs the compute floor (benchmarks/floor.py: the same
+client work with no Flower and no Ray, in 2 worker processes, and with ``--one-process``
+also in 1) and then ``headway run`` on the same settings: FedLog on the MNIST Table 1 config
+with 60 training images a client (train-fraction grows with the clients, 1.0 at 1 000;
+beyond that MNIST repeated with shifted copies, :func:`benchmarks.floor.setup_sets`). Each
+run is a fresh process whose tree (Ray's raylet, GCS and workers; the floor's workers) has
+its RSS and PSS sampled every half second. One row per run goes to
+``benchmarks/results/scale/scale.jsonl``: seconds per round (mean of the rounds after the
+first; round 1 apart, which also holds the statistics round of fedlog-init=stats), wall
+seconds, peak RSS and PSS, accuracy per round and, for the simulation, bytes per round and
+whether its accuracies equal the floor's round by round. Rows already there are skipped,
+so the command resumes. ``scale.md`` (the table) and ``scale.svg``/``scale.png`` (seconds
+per round against clients, log-log) are rewritten from all rows at the end.
 """
 
 from __future__ import annotations
@@ -19,115 +23,187 @@ import argparse
 import json
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from benchmarks.floor import CONFIG, PeakSampler, setup_sets
 from benchmarks.runner import ROOT, load_run
-from headway.processes import descendants
 
 OUT = ROOT / "benchmarks" / "results" / "scale"
-TABLE1_CLIENTS, TABLE1_FRACTION = 50, 0.05
+TABLE = OUT / "scale.jsonl"
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and all its descendants, from /proc."""
-    total = 0
-    for p in [pid, *descendants(pid)]:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-                    break
-        except OSError:
-            pass
-    return total
-
-
-def run_one(clients: int, rounds: int, sets: list[str]) -> dict:
-    """One simulation with ``clients`` clients; its timing, peak memory and results."""
-    out = OUT / f"{clients}-clients"
-    fraction = min(1.0, TABLE1_FRACTION * clients / TABLE1_CLIENTS)
-    args = [
-        sys.executable,
-        "-m",
-        "simulation",
-        "benchmarks/configs/mnist-table1.toml",
-        "--out",
-        str(out),
-        "--overwrite",
-        "--set",
-        "algorithm=fedlog",
-        "--set",
-        f"num-clients={clients}",
-        "--set",
-        f"num-server-rounds={rounds}",
-        "--set",
-        f"train-fraction={fraction}",
-        "--set",
-        "target-accuracy=0.0",
-    ]
-    for s in sets:
-        args += ["--set", s]
+def measured(args: list[str]) -> tuple[float, int, int]:
+    """Run ``args`` in a fresh process (in the repository root); its wall seconds and the
+    peak RSS and PSS of its process tree. SystemExit when it fails."""
     print("run", " ".join(args[1:]), flush=True)
-    peak, stop = [0], threading.Event()
     started = time.monotonic()
     proc = subprocess.Popen(args, cwd=ROOT)
-
-    def sample() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], tree_rss(proc.pid))
-            stop.wait(0.5)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    code = proc.wait()
-    stop.set()
-    sampler.join()
+    with PeakSampler(proc.pid) as peak:
+        code = proc.wait()
     if code != 0:
-        raise SystemExit(f"the {clients}-client run failed (exit {code}); see its output above and {out}")
+        raise SystemExit(f"{' '.join(args[1:4])} failed (exit {code}); see its output above")
+    return time.monotonic() - started, peak.rss, peak.pss
+
+
+def memory(row: dict[str, Any], rss: int, pss: int) -> dict[str, Any]:
+    return {**row, "peak_rss_gib": round(rss / 2**30, 2), "peak_pss_gib": round(pss / 2**30, 2)}
+
+
+def run_floor(clients: int, rounds: int, processes: int, sets: list[str]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "floor.json"
+        args = [sys.executable, "-m", "benchmarks.floor", "--clients", str(clients), "--rounds", str(rounds), "--processes", str(processes)]
+        args += [*(x for s in sets for x in ("--set", s)), "--json", str(out)]
+        wall, rss, pss = measured(args)
+        result = json.loads(out.read_text())
+    row = {k: result[k] for k in ("clients", "data", "rounds", "round1_seconds", "seconds_per_round", "accuracy")}
+    return memory({"kind": f"floor-{processes}p", **row, "wall_seconds": round(wall, 1)}, rss, pss)
+
+
+def run_simulation(clients: int, rounds: int, sets: list[str]) -> dict[str, Any]:
+    out = OUT / f"{clients}-clients"
+    setup, data = setup_sets(clients, rounds)
+    args = [sys.executable, "-m", "simulation", str(CONFIG), "--out", str(out), "--overwrite"]
+    args += [x for s in [*setup, *sets] for x in ("--set", s)]
+    wall, rss, pss = measured(args)
     summary, rows = load_run(out)
+    if summary.get("status", "complete") != "complete" or summary.get("failures"):
+        raise SystemExit(f"the {clients}-client simulation did not complete cleanly: {summary.get('reason')}")
     later = [r["seconds"] for r in rows[1:]]
-    return {
+    row = {
+        "kind": "simulation",
         "clients": clients,
+        "data": data,
         "rounds": len(rows),
-        "train_fraction": fraction,
-        "examples_per_client": 60000 * fraction / clients,
-        "wall_seconds": round(time.monotonic() - started, 1),
-        "round1_seconds": round(rows[0]["seconds"], 1),
-        "seconds_per_round": round(sum(later) / len(later), 1) if later else None,
-        "peak_rss_gib": round(peak[0] / 2**30, 2),
-        "final_accuracy": summary["final_accuracy"],
+        "round1_seconds": round(rows[0]["seconds"], 2),
+        "seconds_per_round": round(sum(later) / len(later), 2) if later else None,
+        "accuracy": [r["accuracy"] for r in rows],
+        "wall_seconds": round(wall, 1),
         "bytes_per_round": round(sum(r["bytes_down"] + r["bytes_up"] for r in rows[1:]) / max(len(rows) - 1, 1)),
-        "failures": summary["failures"],
     }
+    return memory(row, rss, pss)
+
+
+def key(row: dict[str, Any]) -> tuple[int, str, int, tuple[str, ...]]:
+    return (row["clients"], row["kind"], row["rounds"], tuple(row.get("sets", ())))
+
+
+def load_rows() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in TABLE.read_text().splitlines() if line.strip()] if TABLE.exists() else []
+
+
+def ratio(sim: dict[str, Any] | None, floor: dict[str, Any] | None) -> str:
+    """The simulation's seconds per round over the floor's."""
+    a, b = (sim or {}).get("seconds_per_round"), (floor or {}).get("seconds_per_round")
+    return f"{a / b:.2f}×" if a and b else "–"
+
+
+def gib(row: dict[str, Any] | None) -> str:
+    return f"{row['peak_rss_gib']:.2f} / {row['peak_pss_gib']:.2f}" if row else "–"
+
+
+def seconds(row: dict[str, Any] | None) -> str:
+    return f"{row['seconds_per_round']} ({row['round1_seconds']})" if row else "–"
+
+
+def markdown(rows: list[dict[str, Any]], note: str) -> str:
+    """The table: per client count and settings, floor and simulation side by side."""
+    groups: dict[tuple[int, int, tuple[str, ...]], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["clients"], r["rounds"], tuple(r.get("sets", ()))), {})[r["kind"]] = r
+    lines = [
+        "# FedLog: simulation against its compute floor",
+        "",
+        *([f"**{note}**", ""] if note else []),
+        "Seconds per round: mean of rounds 2 on (round 1 in brackets: it also holds the statistics round). "
+        "Memory: peak RSS / PSS of the process tree, GiB. Accuracy: after the last round; "
+        "'same' when the simulation's accuracy equals the 2-process floor's in every round.",
+        "",
+        "| clients | rounds | data | floor 1 process | floor 2 processes | simulation | sim / floor-2p | "
+        "memory floor-2p | memory sim | accuracy | same | bytes / round | settings |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (clients, rounds, sets), g in sorted(groups.items()):
+        f1, f2, sim = g.get("floor-1p"), g.get("floor-2p"), g.get("simulation")
+        any_row = sim or f2 or f1 or {}
+        acc = any_row.get("accuracy", [None])[-1]
+        same = "–" if not (sim and f2) else ("yes" if sim["accuracy"] == f2["accuracy"] else "**no**")
+        nbytes = f"{sim['bytes_per_round']:,}" if sim else "–"
+        lines.append(
+            f"| {clients:,} | {rounds} | {any_row.get('data', '')} | {seconds(f1)} | {seconds(f2)} | {seconds(sim)} | "
+            f"{ratio(sim, f2)} | {gib(f2)} | {gib(sim)} | "
+            f"{'–' if acc is None else f'{100 * acc:.2f} %'} | {same} | {nbytes} | "
+            f"{' '.join(sets) or 'Table 1'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Seconds per round against clients, log-log, one line per kind (default settings only)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for kind in ("floor-1p", "floor-2p", "simulation"):
+        pts = sorted(
+            (r["clients"], r["seconds_per_round"]) for r in rows if r["kind"] == kind and not r.get("sets") and r["seconds_per_round"]
+        )
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker="o", label=kind)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("clients (60 training images each)")
+    ax.set_ylabel("seconds per round (rounds 2 on)")
+    ax.set_title("FedLog, MNIST Table 1 setup")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.scale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--clients", type=int, nargs="+", default=[100, 1000])
+    p.add_argument("--clients", type=int, nargs="+", default=[50, 1000, 10000])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra run-config overrides")
+    p.add_argument("--one-process", action="store_true", help="also run the floor in 1 process")
+    p.add_argument("--no-simulation", action="store_true", help="the floor only")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra run-config overrides for floor and simulation")
+    p.add_argument("--note", default="", help="a line at the top of scale.md (e.g. 'loaded machine, provisional')")
     args = p.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
-    table = OUT / "scale.jsonl"
-    done = {json.loads(line)["clients"] for line in table.read_text().splitlines()} if table.exists() else set()
+    done = {key(r) for r in load_rows()}
     for n in args.clients:
-        if n in done:
-            print(f"skip {n} clients (in {table})", flush=True)
-            continue
-        row = run_one(n, args.rounds, args.set)
-        with table.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
-        print(json.dumps(row), flush=True)
-    for line in table.read_text().splitlines():
-        r = json.loads(line)
-        print(
-            f"{r['clients']:>5} clients: round 1 {r['round1_seconds']} s, later rounds {r['seconds_per_round']} s each, "
-            f"peak memory {r['peak_rss_gib']} GiB, accuracy {r['final_accuracy']}, {r['failures']} failures"
-        )
+        kinds = [*(["floor-1p"] if args.one_process else []), "floor-2p", *([] if args.no_simulation else ["simulation"])]
+        for kind in kinds:
+            if (n, kind, args.rounds, tuple(args.set)) in done:
+                print(f"skip {kind} with {n} clients (in {TABLE})", flush=True)
+                continue
+            if kind == "simulation":
+                row = run_simulation(n, args.rounds, args.set)
+            else:
+                row = run_floor(n, args.rounds, 1 if kind == "floor-1p" else 2, args.set)
+            if args.set:
+                row["sets"] = args.set
+            with TABLE.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
+    rows = load_rows()
+    text = markdown(rows, args.note)
+    (OUT / "scale.md").write_text(text)
+    print(text)
+    try:
+        print("plot:", plot(rows, OUT / "scale.svg"))
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,67 @@
+"""The compute floor (benchmarks/floor.py) does the simulation's client work: run through
+Flower's engine and as the floor, FedLog gives the same accuracy round by round."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks.floor import CONFIG, load_cfg, repeated_mnist, run_floor, setup_sets
+from simulation import simulate
+
+pytestmark = pytest.mark.integration
+
+VARIANTS = {
+    "fedlog": [],
+    # FedLog-C with every wire option that changes what a client receives or sends
+    "fedlog-c-sparse-float16": [
+        "fedlog-alpha=0.5",
+        "fedlog-uplink=sparse",
+        "fedlog-uplink-dtype=float16",
+        "fedlog-wire-dtype=float16",
+        "fedlog-clip=4.0",
+    ],
+}
+
+
+def config(data_dir: str, extra: list[str]) -> dict:
+    sets, _ = setup_sets(4, 2, data_dir)
+    return load_cfg(CONFIG, [*sets, "local-epochs=1", f"data-dir={data_dir}", "sample-timeout=60", *extra])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_floor_accuracy_equals_the_simulation_round_by_round(tmp_path, data_dir, variant):
+    cfg = config(data_dir, VARIANTS[variant])
+    simulate(cfg, tmp_path / "sim")
+    sim = [json.loads(line)["accuracy"] for line in (tmp_path / "sim" / "rounds.jsonl").read_text().splitlines()]
+    floor = [r["accuracy"] for r in run_floor(cfg, processes=2)]
+    assert len(sim) == 2 and all(a is not None for a in sim)
+    assert floor == sim  # exact: rounds.jsonl stores the accuracy as the float it is
+
+
+def test_floor_in_one_process_equals_two(data_dir):
+    cfg = config(data_dir, ["num-server-rounds=1"])
+    assert [r["accuracy"] for r in run_floor(cfg, processes=1)] == [r["accuracy"] for r in run_floor(cfg, processes=2)]
+
+
+def test_repeated_mnist_source_for_more_clients_than_mnist_feeds(tmp_path, data_dir, monkeypatch):
+    """Beyond 1 000 clients the setup reads MNIST repeated, each copy shifted, 60 images a client."""
+    monkeypatch.setenv("HEADWAY_BENCH_CACHE", str(tmp_path))
+    sets, data = setup_sets(2000, 1, data_dir)
+    path = repeated_mnist(2, data_dir)
+    assert f"dataset={path}" in sets and "train-fraction=1" in sets and "x2" in data
+    with np.load(path) as z:
+        x, y = z["x_train"], z["y_train"]
+        assert x.shape == (120_000, 28, 28) and x.dtype == np.uint8 and len(z["x_test"]) == 20_000
+    assert np.array_equal(y[:60_000], y[60_000:])
+    assert np.array_equal(np.roll(x[:60_000], (0, 1), axis=(1, 2)), x[60_000:])
+    assert not np.array_equal(x[:60_000], x[60_000:])
+    cfg = load_cfg(CONFIG, [*sets, f"data-dir={data_dir}"])
+    from core.partition import make_partition
+    from core.run_data import load_run_dataset
+
+    part = make_partition(load_run_dataset(cfg), cfg)
+    sizes = [len(t) for t in part.train]  # the pathological split's shards: 60 a client on average, as in Table 1
+    assert len(sizes) == 2000 and sum(sizes) == 120_000 and 50 <= min(sizes) <= max(sizes) <= 70
