@@ -119,19 +119,17 @@ def _ensure_summary(cfg: dict[str, Any], out_dir: Path, started: float, status: 
 
 def ray_address(value: str) -> str:
     """The ``address`` for ``ray.init``: "local" for ``ray-address`` empty (a private Ray, so that
-    neither RAY_ADDRESS nor a `ray start` cluster on this machine is joined by chance), the
-    cluster's host:port for "auto" (found as Ray finds it: RAY_ADDRESS, else the latest
-    `ray start` here; ConfigError when there is none), else ``value`` as given."""
+    neither RAY_ADDRESS nor a `ray start` cluster on this machine is joined by chance); for
+    "auto", RAY_ADDRESS, else the cluster the last `ray start` on this machine recorded
+    (ConfigError when neither: not Ray's fallback of joining any Ray found running here);
+    else ``value`` as given."""
     if not value:
         return "local"
     if value != "auto":
         return value
-    from ray._private.services import canonicalize_bootstrap_address  # what ray.init(address="auto") does
+    from ray._private.utils import read_ray_address  # the file `ray start` writes for ray.init(address="auto")
 
-    try:
-        found = canonicalize_bootstrap_address("auto")
-    except ConnectionError:
-        found = None
+    found = os.environ.get("RAY_ADDRESS") or read_ray_address()
     if not found:
         raise ConfigError(
             "run-config key 'ray-address' is 'auto' but neither RAY_ADDRESS nor a `ray start` cluster on this machine was found"

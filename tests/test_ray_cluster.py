@@ -18,10 +18,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from core.config import ConfigError
+from simulation.runner import ray_address
 from tests.cluster import free_port
 from tests.conftest import ROOT
-
-pytestmark = pytest.mark.system
 
 RAY = str(Path(sys.executable).with_name("ray"))
 OBJECT_STORE = 100 * 1024 * 1024  # bytes per node: Ray's minimum is ~75 MiB, its default a third of the memory
@@ -202,15 +202,31 @@ def _run_actors(state: dict, out: Path) -> list[dict]:
     return [a for a in state["actors"] if a["job"] == jobs[0] and a["class"] == "ClientAppActor"]
 
 
-def _check_complete(done: subprocess.CompletedProcess, out: Path, address: str) -> dict:
+def _check_complete(done: subprocess.CompletedProcess, out: Path, address: str, rounds: int = 2) -> dict:
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "complete" and summary["rounds"] == 2 and summary["aggregated_rounds"] == 2
+    assert summary["status"] == "complete" and summary["rounds"] == rounds and summary["aggregated_rounds"] == rounds
     assert summary["final_accuracy"] > 0.5, summary
     assert json.loads((out / "config.json").read_text())["ray-address"] == address  # the folder names the cluster it ran on
     return summary
 
 
+def test_ray_address_private_unless_a_cluster_is_named(monkeypatch):
+    import ray._private.utils as ray_utils
+
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.9:6379")
+    assert ray_address("") == "local"  # a private Ray: RAY_ADDRESS is not followed by chance
+    assert ray_address("10.0.0.1:6379") == "10.0.0.1:6379"
+    assert ray_address("auto") == "10.0.0.9:6379"
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setattr(ray_utils, "read_ray_address", lambda temp_dir=None: "10.0.0.2:6379")  # what `ray start` recorded here
+    assert ray_address("auto") == "10.0.0.2:6379"
+    monkeypatch.setattr(ray_utils, "read_ray_address", lambda temp_dir=None: None)
+    with pytest.raises(ConfigError, match="ray-address"):
+        ray_address("auto")
+
+
+@pytest.mark.system
 def test_clients_run_on_both_nodes_of_the_cluster(cluster, tmp_path, data_dir):
     ray, state = cluster
     out = tmp_path / "run"
@@ -222,11 +238,12 @@ def test_clients_run_on_both_nodes_of_the_cluster(cluster, tmp_path, data_dir):
     assert {a["node"] for a in actors} == {n["id"] for n in state["nodes"] if n["alive"]}
 
 
+@pytest.mark.system
 def test_two_clients_share_one_gpu(cluster, tmp_path, data_dir):
     ray, state = cluster
     out = tmp_path / "run"
-    done = _run(out, data_dir, ray.address, **{"client-num-cpus": 0.5, "client-num-gpus": 0.5})
-    _check_complete(done, out, ray.address)  # trained on the CPU: torch sees no CUDA here, whatever Ray declared
+    done = _run(out, data_dir, ray.address, **{"num-server-rounds": 1, "client-num-cpus": 0.5, "client-num-gpus": 0.5})
+    _check_complete(done, out, ray.address, rounds=1)  # trained on the CPU: torch sees no CUDA here, whatever Ray declared
     gpu_nodes = [n["id"] for n in state["nodes"] if n["alive"] and n["resources"].get("GPU")]
     actors = _run_actors(ray.query(), out)
     # half a GPU each: the head (no GPU) holds none, the worker's one GPU holds two
