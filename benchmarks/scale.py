@@ -13,7 +13,7 @@ its RSS and PSS sampled every half second. One row per run goes to
 first; round 1 apart, which also holds the statistics round of fedlog-init=stats), wall
 seconds, peak RSS and PSS, accuracy per round and, for the simulation, bytes per round and
 whether its accuracies equal the floor's round by round. Rows already there are skipped,
-so the command resumes. ``scale.md`` (the table) and ``scale.svg``/``scale.png`` (seconds
+so the command resumes. ``scale.md`` (the table) and ``scale.svg`` (seconds
 per round against clients, log-log) are rewritten from all rows at the end.
 """
 
@@ -142,19 +142,19 @@ def markdown(rows: list[dict[str, Any]], note: str) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> Path:
-    """Seconds per round against clients, log-log, one line per kind (default settings only)."""
+    """Seconds per round against clients, log-log: one line per kind and settings."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for kind in ("floor-1p", "floor-2p", "simulation"):
-        pts = sorted(
-            (r["clients"], r["seconds_per_round"]) for r in rows if r["kind"] == kind and not r.get("sets") and r["seconds_per_round"]
-        )
-        if pts:
-            ax.plot(*zip(*pts, strict=True), marker="o", label=kind)
+    lines: dict[tuple[str, tuple[str, ...]], list[tuple[int, float]]] = {}
+    for r in rows:
+        if r["seconds_per_round"]:
+            lines.setdefault((r["kind"], tuple(r.get("sets", ()))), []).append((r["clients"], r["seconds_per_round"]))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (kind, sets), pts in sorted(lines.items()):
+        ax.plot(*zip(*sorted(pts), strict=True), marker="o", label=" ".join([kind, *sets]))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("clients (60 training images each)")
