@@ -18,10 +18,11 @@ from flwr.clientapp import ClientApp
 
 from client.env import ClientEnv, client_env, local_data, node_cfg
 from client.faults import fault_mod
+from client.procedures.base import round_of
 from client.registry import PROCEDURES
 from client.state_store import restore_state, save_state, state_path
 from core import protocol as P
-from core.config import body_for
+from core.config import body_for, scores_with_train
 from core.run_data import node_profile
 
 log = logging.getLogger("headway")
@@ -94,7 +95,12 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
         else:
             procedure = PROCEDURES[env.cfg["algorithm"]]
             handler = procedure.train if kind == "train" else procedure.evaluate
+            scores = None
+            if kind == "train" and scores_with_train(env.cfg, round_of(msg.content)):  # the model received, scored before training
+                scores = procedure.evaluate(env, msg.content, context.state).metric_records[P.METRICS]
             content = handler(env, msg.content, context.state)
+            if scores is not None:
+                content[P.SCORES] = scores
             if store is not None and len(context.state):
                 save_state(context.state, store)
     except Exception as exc:

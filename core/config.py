@@ -176,6 +176,12 @@ SCHEMA: dict[str, Key] = {
     "eval-every": non_negative(
         "clients score themselves on their test splits every this many rounds and after the last; 0: only after the last", 1
     ),
+    "client-evaluation": Key(
+        "exchange",
+        "how clients report their test scores of the global model: an evaluation exchange after each evaluated round, or "
+        "with-next-train: in the next round's train reply, scored before training (one exchange after the last round)",
+        choices=("exchange", "with-next-train"),
+    ),
     "global-eval": Key(True, "also evaluate a single global model on the whole test set, where one exists"),
     "results-dir": Key("results", "where `flwr run` writes its results folder"),
     "client-num-cpus": positive("CPUs per virtual client (simulation)", 1.0),
@@ -322,7 +328,34 @@ def _check_combinations(cfg: Mapping[str, Any], import_bodies: bool = True) -> N
         raise ConfigError("run-config key 'client-size-std' needs 'client-size-mean' > 0: the sizes are drawn from N(mean, std²)")
     if cfg["client-size-mean"] > 0 and cfg["partition"] not in ("iid", "dominant"):
         raise ConfigError(f"run-config key 'client-size-mean' applies to partition iid or dominant, not {cfg['partition']!r}")
+    if cfg["client-evaluation"] != "exchange":
+        _check_scores_with_train(cfg, method)
     method.validate(cfg)  # the chosen method's own rules (core/methods.py)
+
+
+def _check_scores_with_train(cfg: Mapping[str, Any], method: Any) -> None:
+    """client-evaluation=with-next-train only where a score sent with the next train reply measures what the exchange would."""
+    if not method.scores_with_train:
+        able = ", ".join(m.name for m in METHODS.values() if m.scores_with_train)
+        raise ConfigError(
+            f"run-config key 'client-evaluation' is {cfg['client-evaluation']!r}, which only {able} implement: {cfg['algorithm']} "
+            "evaluates what a train message does not bring (its own or a personal model, prototypes, a one-shot head): leave it 'exchange'"
+        )
+    if cfg["algorithm"] == "fedlog" and cfg["fedlog-dp"] == "local":
+        raise ConfigError(
+            "run-config key 'client-evaluation' must be 'exchange' with fedlog-dp='local': a train reply then releases nothing "
+            "but the noised statistics"
+        )
+
+
+def scores_with_train(cfg: Mapping[str, Any], server_round: int) -> bool:
+    """Whether round ``server_round``'s train replies carry the test scores of the model its train message brings, i.e. of
+    round ``server_round - 1``'s model: client-evaluation=with-next-train, and that round was due an evaluation and was not
+    the last (the last one is always evaluated by an exchange)."""
+    scored = server_round - 1
+    if cfg["client-evaluation"] != "with-next-train" or not 1 <= scored < cfg["num-server-rounds"]:
+        return False
+    return bool(cfg["eval-every"]) and scored % cfg["eval-every"] == 0
 
 
 def max_replies(cfg: Mapping[str, Any]) -> int:

@@ -36,6 +36,9 @@ class Method:
     every_client: bool = False  # a training round asks every client (else a fraction-train sample of them)
     builds_body: bool = True  # clients build the config's body (False: the method brings its own feature map)
     client_sampling: bool = False  # honours the client-sampling key (the others draw their clients their own way)
+    # client-evaluation=with-next-train gives the same scores as the evaluation exchange: a client's evaluation of the model a
+    # train message brings, before it trains, is the one it would have made in the exchange after the previous round
+    scores_with_train: bool = False
 
     def holdout(self, cfg: Mapping[str, Any]) -> int:
         """Training rows the server keeps for itself before partitioning."""
@@ -84,12 +87,14 @@ METHODS: dict[str, Method] = {
             "fedavg",
             "whole-model averaging weighted by n_k (McMahan et al. 2017)",
             client_sampling=True,
+            scores_with_train=True,
         ),
         Method(
             "fedprox",
             "FedAvg with the proximal term (mu/2)|w - w_global|^2 (Li et al. 2020)",
             {"fedprox-mu": non_negative("FedProx: proximal term weight mu", 0.01)},
             client_sampling=True,
+            scores_with_train=True,
         ),
         Method(
             "fedlog",
@@ -120,6 +125,7 @@ METHODS: dict[str, Method] = {
                 ),
             },
             validate=_fedlog_rules,
+            scores_with_train=True,
         ),
         Method(
             "lg-fedavg",

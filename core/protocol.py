@@ -5,6 +5,7 @@ and error codes. Kept free of Flower so both sides (and tests) import it without
 ARRAYS = "arrays"  # ArrayRecord: a model, a head, or a method's payload
 CONFIG = "config"  # ConfigRecord: round, phase and per-round settings
 METRICS = "metrics"  # MetricRecord: counts and measurements
+SCORES = "scores"  # MetricRecord of a train reply under client-evaluation=with-next-train: the received model's test scores
 
 # config fields
 ROUND = "server-round"

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -43,7 +43,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from core import protocol as P
-from core.config import body_names
+from core.config import body_names, scores_with_train
 from core.data import DatasetSpec
 from core.methods import METHODS
 from core.models import BODIES, build_model, common_width, is_custom_body
@@ -66,6 +66,7 @@ class Step:
     clients: int
     metrics: dict[str, float] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)  # non-scalar figures, e.g. FedProf's scores by partition id
+    scores: list[Reply] = field(default_factory=list)  # the previous round's model's test scores the train replies carried
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,21 @@ class TrainRound:
     engine: Engine
     sent: dict[str, np.ndarray] = field(default_factory=dict)
     draws: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A finished round waiting for its record (client-evaluation=with-next-train: for the
+    scores the next round's train replies carry): what :meth:`HeadwayStrategy._round_record` takes."""
+
+    round: int
+    step: Step
+    figures: dict[str, Any]
+    meter: RoundMeter
+    seconds: float
+    elapsed: float
+    aggregated: bool
+    expected: list[int] = field(default_factory=list)  # partitions the evaluation exchange would have asked
 
 
 def unknown_body(body: str, cfg: Mapping[str, Any]) -> str | None:
@@ -204,10 +220,14 @@ class HeadwayStrategy:
     def train_round(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> Step:
         """Configure, exchange, check quorum, aggregate (a failed round keeps ``arrays``)."""
         ctx, contents = self.configure_train(server_round, arrays, engine)
-        replies = engine.exchange(P.PHASE_TRAIN, contents, MessageType.TRAIN, self.train_layout(ctx))
+        layout = self.train_layout(ctx)
+        if scores_with_train(self.cfg, server_round):  # each reply also scores the model it received, as an evaluation reply would
+            layout = replace(layout, scores=self.eval_layout())
+        replies = engine.exchange(P.PHASE_TRAIN, contents, MessageType.TRAIN, layout)
+        scores = [r.scores for r in replies if r.scores is not None]
         if not engine.quorum(P.PHASE_TRAIN, replies):
-            return Step(None, len(replies))
-        return self.aggregate_train(ctx, replies)
+            return Step(None, len(replies), scores=scores)
+        return replace(self.aggregate_train(ctx, replies), scores=scores)
 
     def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         """What clients need to score themselves (default: the server's arrays)."""
@@ -309,41 +329,70 @@ class HeadwayStrategy:
         arrays = initial_arrays
         started = time.monotonic()
         engine.wait_for_clients()
-        for rnd in range(1, num_rounds + 1):
-            t0 = time.monotonic()
-            engine.begin_round(rnd)
-            if not engine.registry.clients:
-                raise RoundFailed(self._first_reason(engine.meter, "no client registered"))
-            extra: dict[str, float] = {}
-            if rnd == 1:
-                arrays, prep = self.prepare(arrays, engine)
-                if prep is not None:
-                    if prep.clients == 0:
-                        raise RoundFailed(self._first_reason(engine.meter, "the work before round 1 got no valid reply"))
-                    extra.update({f"prepare_{k}": v for k, v in prep.metrics.items()})
-            step = self.train_round(rnd, arrays, engine)
-            if rnd == 1 and step.clients == 0:
-                raise RoundFailed(self._first_reason(engine.meter, "every client failed in round 1"))
-            if step.arrays is not None:
-                arrays = step.arrays
-            every = self.cfg["eval-every"]
-            evaluation = self.evaluate_round(rnd, arrays, engine) if rnd == num_rounds or (every and rnd % every == 0) else {}
-            if rnd == num_rounds:
-                evaluation.update(self.final_evaluation(arrays, engine))
-            evaluation.update(self.global_evaluation(arrays))
-            record = self._round_record(
-                rnd, step, {**extra, **evaluation}, engine.end_round(), time.monotonic() - t0, time.monotonic() - started
-            )
-            # whether the server's state moved this round: new arrays, or (no arrays to return, e.g. FedPFT's chain) a quorum of
-            # replies; round 1 also counts a first model built before it (FedLog's statistics round)
-            record["aggregated"] = bool(
-                step.arrays is not None
-                or step.clients >= self.cfg["min-replies"]
-                or (rnd == 1 and prep is not None and prep.arrays is not None)
-            )
-            if on_round is not None:
-                on_round(record)
+        pending: _Pending | None = None  # a round whose clients' scores come with the next round's train replies
+        try:
+            for rnd in range(1, num_rounds + 1):
+                t0 = time.monotonic()
+                engine.begin_round(rnd)
+                if not engine.registry.clients:
+                    raise RoundFailed(self._first_reason(engine.meter, "no client registered"))
+                extra: dict[str, float] = {}
+                prep: Step | None = None
+                if rnd == 1:
+                    arrays, prep = self.prepare(arrays, engine)
+                    if prep is not None:
+                        if prep.clients == 0:
+                            raise RoundFailed(self._first_reason(engine.meter, "the work before round 1 got no valid reply"))
+                        extra.update({f"prepare_{k}": v for k, v in prep.metrics.items()})
+                step = self.train_round(rnd, arrays, engine)
+                if pending is not None:
+                    self._emit(pending, self.carried_scores(pending, step.scores), on_round)
+                    pending = None
+                if rnd == 1 and step.clients == 0:
+                    raise RoundFailed(self._first_reason(engine.meter, "every client failed in round 1"))
+                if step.arrays is not None:
+                    arrays = step.arrays
+                every = self.cfg["eval-every"]
+                due = rnd == num_rounds or bool(every and rnd % every == 0)
+                carried = due and scores_with_train(self.cfg, rnd + 1)
+                evaluation = self.evaluate_round(rnd, arrays, engine) if due and not carried else {}
+                if rnd == num_rounds:
+                    evaluation.update(self.final_evaluation(arrays, engine))
+                evaluation.update(self.global_evaluation(arrays))
+                # whether the server's state moved this round: new arrays, or (no arrays to return, e.g. FedPFT's chain) a quorum of
+                # replies; round 1 also counts a first model built before it (FedLog's statistics round)
+                aggregated = bool(
+                    step.arrays is not None
+                    or step.clients >= self.cfg["min-replies"]
+                    or (rnd == 1 and prep is not None and prep.arrays is not None)
+                )
+                done = _Pending(
+                    rnd, step, {**extra, **evaluation}, engine.end_round(), time.monotonic() - t0, time.monotonic() - started, aggregated
+                )
+                if carried:
+                    pending = replace(done, expected=sorted(engine.partition_of(n) for n in engine.nodes()))
+                else:
+                    self._emit(done, {}, on_round)
+        except BaseException:
+            if pending is not None:  # the round after it failed: its record still goes out, without the scores it waited for
+                self._emit(pending, {"eval_missing_partitions": pending.expected}, on_round)  # type: ignore[dict-item]
+            raise
         return arrays
+
+    def carried_scores(self, pending: _Pending, scores: list[Reply]) -> dict[str, Any]:
+        """Round ``pending.round``'s evaluation figures from the scores the next round's train replies
+        carried, and the partitions the evaluation exchange would have asked that sent none."""
+        figures: dict[str, Any] = dict(self.aggregate_evaluate(pending.round, scores))
+        missing = sorted(set(pending.expected) - {r.partition_id for r in scores})
+        if missing:
+            figures["eval_missing_partitions"] = missing
+        return figures
+
+    def _emit(self, done: _Pending, evaluation: Mapping[str, Any], on_round: RoundCallback | None) -> None:
+        record = self._round_record(done.round, done.step, {**done.figures, **evaluation}, done.meter, done.seconds, done.elapsed)
+        record["aggregated"] = done.aggregated
+        if on_round is not None:
+            on_round(record)
 
     @staticmethod
     def _first_reason(meter: RoundMeter, what: str) -> str:

@@ -17,6 +17,7 @@ for, and what crossed the wire.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -437,9 +438,9 @@ class Engine:
             else:
                 pid = self.partition_of(node)
                 layout = layout if isinstance(layout, Layout) else layout(node)
-                declared = self.registry.clients[node].declared_count(split)
-                most = declared if declared is not None else self.services.data.max_count(pid, split)
-                decoded, problem = decode(reply, layout, pid, most, nbytes)
+                most = self._most(node, pid, split)
+                most_test = self._most(node, pid, "test") if layout.scores is not None else math.inf
+                decoded, problem = decode(reply, layout, pid, most, nbytes, most_test)
                 values = self.wire.values(reply) if decoded is not None else 0
         except Exception as exc:
             decoded, problem = None, f"reply cannot be {step}: {type(exc).__name__}: {_short(str(exc))}"
@@ -457,6 +458,11 @@ class Engine:
         self.meter.add(phase, up=nbytes, values_up=values)
         self.registry.seen(node, self.round)
         return decoded
+
+    def _most(self, node: int, pid: int, split: str) -> int:
+        """The most examples ``node`` (partition ``pid``) can hold in ``split``: what it declared, else the partition's bound."""
+        declared = self.registry.clients[node].declared_count(split)
+        return declared if declared is not None else self.services.data.max_count(pid, split)
 
     def exchange(
         self, phase: str, contents: Mapping[int, RecordDict], kind: str, layout: Layout | Callable[[int], Layout], split: str = "train"

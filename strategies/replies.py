@@ -66,6 +66,8 @@ class Layout:
     ``slack_bytes``: allowance above the arrays' own size for headers and metadata, plus
     ``PER_ARRAY_BYTES`` for every array (its npy header, object id and tree entry).
     ``dims``: the largest length of each named dimension of ``arrays``.
+    ``scores``: the layout of a ``scores`` MetricRecord the reply must also carry (a train
+    reply under client-evaluation=with-next-train: checked as an evaluation reply is).
     """
 
     arrays: Mapping[str, ArraySpec] | None
@@ -76,6 +78,7 @@ class Layout:
     check: Check | None = None
     slack_bytes: int = 64 * 1024
     dims: Mapping[str, int] = field(default_factory=dict)
+    scores: Layout | None = None
 
     @property
     def max_bytes(self) -> int:
@@ -107,6 +110,7 @@ class Reply:
     payload: Any = None  # what the layout's check made of the arrays
     nbytes: int = 0
     max_count: float = math.inf  # the most examples the sender can hold (its partition's size, or the cap)
+    scores: Reply | None = None  # the test scores a train reply carried (client-evaluation=with-next-train), decoded
 
     @property
     def examples(self) -> int:
@@ -147,39 +151,76 @@ def _match_shape(
     return got, None
 
 
-def decode(reply: Message, layout: Layout, partition_id: int, max_count: int, nbytes: int) -> tuple[Reply | None, str | None]:
+def _decode_metrics(record: Any, layout: Layout, partition_id: int, max_count: float) -> tuple[dict[str, float], int | None, str | None]:
+    """(metrics, count, None) when a MetricRecord holds what ``layout`` requires and allows, else ({}, None, the reason)."""
+    metrics: dict[str, float] = {}
+    expected = set(layout.metrics) | ({P.NUM_EXAMPLES} if layout.count else set()) | {P.PARTITION_ID}
+    for name, value in record.items():
+        if name not in expected and name not in layout.optional:
+            return {}, None, f"unexpected metric {name!r}"
+        if problem := _metric_problem(name, value):
+            return {}, None, problem
+        assert isinstance(value, (int, float))  # for mypy: _metric_problem refused anything else
+        metrics[name] = float(value)
+    if missing := sorted(expected - set(metrics)):
+        return {}, None, f"reply lacks metric(s) {missing}"
+    if metrics[P.PARTITION_ID] != partition_id:
+        return {}, None, f"reply claims partition {metrics[P.PARTITION_ID]:g}, but this node registered as partition {partition_id}"
+    count = None
+    if layout.count:
+        if problem := _integral(P.NUM_EXAMPLES, metrics[P.NUM_EXAMPLES], max_count):
+            return {}, None, problem
+        count = int(metrics[P.NUM_EXAMPLES])
+    return metrics, count, None
+
+
+def _checked(layout: Layout, arrays: dict[str, np.ndarray], out: Reply) -> str | None:
+    """Run the layout's own check on ``out`` (setting its payload); the reason it fails, or None."""
+    if layout.check is None:
+        return None
+    try:
+        out.payload, problem = layout.check(arrays, out)
+    except Exception as exc:  # a method check that trips on odd input is a bad reply, not a crash
+        problem = f"payload cannot be checked: {type(exc).__name__}: {exc}"
+    return problem
+
+
+def decode(
+    reply: Message, layout: Layout, partition_id: int, max_count: int, nbytes: int, max_test_count: float = math.inf
+) -> tuple[Reply | None, str | None]:
     """(Reply, None) when ``reply`` is what ``layout`` allows, else (None, the reason).
 
     ``partition_id`` is what the registry knows of the sender; ``max_count`` bounds its
-    ``num-examples``; ``nbytes`` is the reply's size on the wire.
+    ``num-examples``; ``nbytes`` is the reply's size on the wire; ``max_test_count`` bounds
+    the ``num-examples`` of the scores a train reply carries (``layout.scores``).
     """
     if nbytes > layout.max_bytes:
         return None, f"reply is {nbytes} bytes, over this phase's cap of {layout.max_bytes}"
     content = reply.content
-    allowed = {P.METRICS} | ({P.ARRAYS} if layout.arrays is not None else set()) | ({P.CONFIG} if layout.config is not None else set())
+    allowed = (
+        {P.METRICS}
+        | ({P.ARRAYS} if layout.arrays is not None else set())
+        | ({P.CONFIG} if layout.config is not None else set())
+        | ({P.SCORES} if layout.scores is not None else set())
+    )
     names = set(content.keys())
     if names - allowed:
         return None, f"unexpected record(s) {sorted(names - allowed)}; this phase allows {sorted(allowed)}"
     if P.METRICS not in content.metric_records:
         return None, "reply without its metrics record"
-    metrics: dict[str, float] = {}
-    expected = set(layout.metrics) | ({P.NUM_EXAMPLES} if layout.count else set()) | {P.PARTITION_ID}
-    for name, value in content.metric_records[P.METRICS].items():
-        if name not in expected and name not in layout.optional:
-            return None, f"unexpected metric {name!r}"
-        if problem := _metric_problem(name, value):
-            return None, problem
-        assert isinstance(value, (int, float))  # for mypy: _metric_problem refused anything else
-        metrics[name] = float(value)
-    if missing := sorted(expected - set(metrics)):
-        return None, f"reply lacks metric(s) {missing}"
-    if metrics[P.PARTITION_ID] != partition_id:
-        return None, f"reply claims partition {metrics[P.PARTITION_ID]:g}, but this node registered as partition {partition_id}"
-    count = None
-    if layout.count:
-        if problem := _integral(P.NUM_EXAMPLES, metrics[P.NUM_EXAMPLES], max_count):
-            return None, problem
-        count = int(metrics[P.NUM_EXAMPLES])
+    metrics, count, problem = _decode_metrics(content.metric_records[P.METRICS], layout, partition_id, max_count)
+    if problem:
+        return None, problem
+    scores = None
+    if layout.scores is not None:
+        if P.SCORES not in content.metric_records:
+            return None, "reply without its scores record (client-evaluation=with-next-train)"
+        scored, n, problem = _decode_metrics(content.metric_records[P.SCORES], layout.scores, partition_id, max_test_count)
+        if not problem:
+            scores = Reply(reply.metadata.src_node_id, partition_id, {}, n, scored, max_count=max_test_count)
+            problem = _checked(layout.scores, {}, scores)
+        if problem:
+            return None, f"scores: {problem}"
     config: dict[str, Any] = {}
     if layout.config is not None and P.CONFIG in content.config_records:
         config = dict(content.config_records[P.CONFIG])
@@ -212,12 +253,7 @@ def decode(reply: Message, layout: Layout, partition_id: int, max_count: int, nb
             if np.issubdtype(data.dtype, np.floating) and not np.all(np.isfinite(data)):
                 return None, f"array {name!r} contains NaN or Inf"
             arrays[name] = data
-    out = Reply(reply.metadata.src_node_id, partition_id, arrays, count, metrics, config, nbytes=nbytes, max_count=max_count)
-    if layout.check is not None:
-        try:
-            out.payload, problem = layout.check(arrays, out)
-        except Exception as exc:  # a method check that trips on odd input is a bad reply, not a crash
-            problem = f"payload cannot be checked: {type(exc).__name__}: {exc}"
-        if problem:
-            return None, problem
+    out = Reply(reply.metadata.src_node_id, partition_id, arrays, count, metrics, config, nbytes=nbytes, max_count=max_count, scores=scores)
+    if problem := _checked(layout, arrays, out):
+        return None, problem
     return out, None
