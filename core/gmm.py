@@ -315,6 +315,7 @@ def fit_gmm(
     prev = torch.full((len(tensors),), -math.inf, dtype=torch.float64, device=device)
     done = torch.zeros(len(tensors), dtype=torch.bool, device=device)
     it = 0
+    ll = prev
     for it in range(1, max_iter + 1):  # noqa: B007 (the count of iterations run is returned)
         resp, ll = _e_step(x, mask, mix, x2)
         done = done | _converged(ll, prev, tol, x.dtype)
@@ -329,7 +330,8 @@ def fit_gmm(
             torch.where(done.view(-1, *([1] * (new.covariances.dim() - 1))), mix.covariances, new.covariances),
             covariance,
         )
-    _, ll = _e_step(x, mask, mix, x2)
+    if not bool(done.all()):  # max_iter ran out after an M-step: score the last mixture
+        _, ll = _e_step(x, mask, mix, x2)  # (else the last E-step scored every group's final, frozen mixture)
     # full covariances stay float64: rounded to float32 a nearly singular one stops being factorizable
     out = Mixture(mix.weights, mix.means + centre[:, None, :].to(dtype), mix.covariances, covariance)
     return FitResult(out, ll.cpu().numpy(), it, done.cpu().numpy())
