@@ -9,7 +9,10 @@ node; ours: :func:`hand_out`), the median of a few repeats on fresh stores:
   Flower scans the store for each node; ours visits only what is new (nothing) and, once a
   second, sweeps the whole store (the sweep column).
 
-Writes benchmarks/results/extractor/extractor.json.
+and the wall-clock of one exchange through Flower's own machinery with clients that answer at
+once (``InMemoryGrid.send_and_receive`` to every node, the extractor thread, a thread storing
+each reply as it is queued): what the 0.1 s sleeps add per exchange, with Flower's code and with
+``faster_simulation_engine``. Writes benchmarks/results/extractor/extractor.json.
 """
 
 from __future__ import annotations
@@ -116,10 +119,63 @@ def ours_indexed(state: Any, nodes: list[int]) -> list[Any]:
     return hand_out(state, state._bench_nodes, fresh)[0]
 
 
+def exchange_seconds(num_nodes: int, fixed: bool, repeats: int = 5) -> float:
+    """Median seconds of one ``send_and_receive`` of one message to each of ``num_nodes`` nodes
+    whose clients answer at once, through ``vce_api.add_messages_to_queue`` and ``InMemoryGrid``."""
+    import contextlib
+    import threading
+    from queue import Empty, Queue
+    from uuid import uuid4
+
+    from flwr.app import Message, RecordDict
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    from simulation.flower_fixes import faster_simulation_engine
+
+    with faster_simulation_engine() if fixed else contextlib.nullcontext():
+        state, run_id, nodes = link_state(num_nodes)
+        factory: Any = type("Factory", (), {"state": lambda self: state})()
+        grid = InMemoryGrid(factory)
+        grid._run = state.run_ids[run_id].run
+        f_stop, queue = threading.Event(), Queue[Message]()
+        extractor = threading.Thread(target=vce_api.add_messages_to_queue, args=(state, queue, dict.fromkeys(nodes, 0), f_stop))
+
+        def clients() -> None:
+            while not f_stop.is_set():
+                try:
+                    msg = queue.get(timeout=0.05)
+                except Empty:
+                    continue
+                reply = Message(RecordDict(), reply_to=msg)
+                reply.metadata.__dict__["_message_id"] = str(uuid4())
+                state.store_message_res(reply)
+
+        answerer = threading.Thread(target=clients)
+        extractor.start()
+        answerer.start()
+        times = []
+        try:
+            for _ in range(repeats):
+                msgs = [instruction(run_id, node) for node in nodes]
+                for msg in msgs:
+                    msg.metadata.__dict__["_message_id"] = ""  # push_messages sets it
+                t0 = time.perf_counter()
+                replies = list(grid.send_and_receive(msgs, timeout=60))
+                times.append(time.perf_counter() - t0)
+                assert len(replies) == num_nodes
+        finally:
+            f_stop.set()
+            extractor.join()
+            answerer.join()
+    return statistics.median(times)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, nargs="+", default=[50, 1000, 10000])
     p.add_argument("--flower-max", type=int, default=1000, help="skip Flower's pass above this many nodes (O(n^2): 10 000 takes minutes)")
+    p.add_argument("--exchange-nodes", type=int, nargs="*", default=[50])
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     rows = []
@@ -143,11 +199,26 @@ def main(argv: list[str] | None = None) -> None:
             f"{n:>6} | {ms['handout_flower_s']:>16} {ms['handout_ours_s']:>8} | {ms['idle_flower_s']:>12} {ms['idle_ours_s']:>8} {ms['idle_ours_sweep_s']:>8}",
             flush=True,
         )
+    exchanges = []
+    print("seconds per exchange (send_and_receive to every node, clients answering at once)")
+    for n in args.exchange_nodes:
+        row = {"nodes": n, "flower_s": exchange_seconds(n, fixed=False), "ours_s": exchange_seconds(n, fixed=True)}
+        exchanges.append(row)
+        print(f"{n:>6} nodes: Flower {row['flower_s']:.4f} s   ours {row['ours_s']:.4f} s", flush=True)
     import flwr
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
-        json.dumps({"flwr": flwr.__version__, "python": platform.python_version(), "machine": platform.machine(), "rows": rows}, indent=2)
+        json.dumps(
+            {
+                "flwr": flwr.__version__,
+                "python": platform.python_version(),
+                "machine": platform.machine(),
+                "rows": rows,
+                "exchanges": exchanges,
+            },
+            indent=2,
+        )
         + "\n"
     )
     print(f"wrote {args.out}")
