@@ -11,6 +11,7 @@ from queue import Empty, Queue
 from typing import Any
 
 import flwr
+import pytest
 from flwr.app import Message, RecordDict
 from flwr.server.superlink.fleet.vce import vce_api
 from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
@@ -236,3 +237,36 @@ def test_other_state_class_gets_flowers_extractor(monkeypatch):
     with faster_simulation_engine():
         vce_api.add_messages_to_queue(state, Queue(), {nodes[0]: 0}, stopped)
     assert len(calls) == 1 and calls[0][0] is state
+
+
+@pytest.mark.integration
+def test_headway_run_uses_the_fixed_extractor(tmp_path, data_dir, monkeypatch):
+    """simulate() runs a real simulation through our pass (Flower's per-node query is never
+    called) and gets the same rounds; Flower's functions are back afterwards."""
+    from core.config import resolve
+    from simulation import simulate
+
+    passes = []
+    ours = flower_fixes.hand_out
+
+    def counted(*a, **kw):
+        passes.append(1)
+        return ours(*a, **kw)
+
+    flower_queries = []
+    flower_query = InMemoryLinkState.get_message_ins
+
+    def watched(*a, **kw):
+        flower_queries.append(1)
+        return flower_query(*a, **kw)
+
+    monkeypatch.setattr(flower_fixes, "hand_out", counted)
+    monkeypatch.setattr(InMemoryLinkState, "get_message_ins", watched)
+    cfg = resolve(
+        {"dataset": "mnist", "num-clients": 2, "num-server-rounds": 1, "partition": "pathological", "train-fraction": 0.02}
+        | {"local-epochs": 1, "batch-size": 10, "seed": 0, "data-dir": data_dir}
+    )
+    summary = simulate(cfg, tmp_path)
+    assert summary["status"] == "complete"
+    assert passes and not flower_queries
+    assert vce_api.add_messages_to_queue.__module__ == "flwr.server.superlink.fleet.vce.vce_api"
