@@ -2,7 +2,9 @@
 
 1. The message extractor (``vce_api.add_messages_to_queue``) asks the link state for one message
    per node, and each ask scans the whole message store under the lock: one pass costs
-   O(nodes x messages). :func:`hand_out` does the same pass with one lock and one walk.
+   O(nodes x messages). :func:`hand_out` does the same pass under one hold of the lock, reading
+   each message once; the extractor visits only what was stored since (the whole store once a
+   second).
 2. The extractor and the grid's ``send_and_receive`` sleep 0.1 s between polls. Here the extractor
    wakes when a message is stored and the grid wakes when the replies it waits for are stored;
    both keep the 0.1 s poll as a fallback. See docs/flower-extractor.md.
