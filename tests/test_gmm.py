@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.gmm import _component_mask, _kmeans, fit_gmm, predict
+from core.gmm import _component_mask, _converged, _kmeans, fit_gmm, predict
 
 sklearn_mixture = pytest.importorskip("sklearn.mixture")
 from sklearn.metrics import adjusted_rand_score  # noqa: E402
@@ -44,6 +44,15 @@ def test_float32_fit_converges_where_rounding_exceeds_the_tolerance():
     f64 = fit_gmm([torch.from_numpy(x).double()], 10, "diag", tol=1e-7, max_iter=500)
     assert f32.converged.all() and f32.iterations < 500
     assert float(f32.log_likelihood[0]) == pytest.approx(float(f64.log_likelihood[0]), abs=1e-2)
+
+
+def test_float32_rounding_noise_ends_the_fit_instead_of_prolonging_it():
+    """In float32 a mean log-likelihood that went down by more than tol is rounding at the
+    optimum (EM never lowers it): converged. In float64, scikit-learn's |change| < tol."""
+    prev = torch.tensor([-1405.0, -1405.0, -1405.0], dtype=torch.float64)
+    ll = prev + torch.tensor([-3e-3, 5e-4, 2e-3], dtype=torch.float64)
+    assert _converged(ll, prev, 1e-3, torch.float32).tolist() == [True, True, False]
+    assert _converged(ll, prev, 1e-3, torch.float64).tolist() == [False, True, False]
 
 
 def test_kmeans_start_leaves_no_centre_on_an_outlier():
