@@ -428,7 +428,7 @@ class Engine:
         Everything computed from the reply (its size, its layout, its values) is behind one
         guard: a reply that trips any of it is a rejected reply, never a crash."""
         node = reply.metadata.src_node_id
-        nbytes, values, step = 0, 0, "measured"
+        nbytes, values, scored, step = 0, 0, 0, "measured"
         decoded: Reply | None
         problem: str | None
         try:
@@ -442,6 +442,7 @@ class Engine:
                 most_test = self._most(node, pid, "test") if layout.scores is not None else math.inf
                 decoded, problem = decode(reply, layout, pid, most, nbytes, most_test)
                 values = self.wire.values(reply) if decoded is not None else 0
+                scored = self.wire.record_bytes(reply, P.SCORES) if decoded is not None and decoded.scores is not None else 0
         except Exception as exc:
             decoded, problem = None, f"reply cannot be {step}: {type(exc).__name__}: {_short(str(exc))}"
             if step == "measured":  # serializing it failed: a record holds what Flower's records never allow
@@ -455,7 +456,9 @@ class Engine:
             self.meter.fail(f"{phase}: {self._who(node)}: {problem}")
             self.registry.failed(node)
             return None
-        self.meter.add(phase, up=nbytes, values_up=values)
+        self.meter.add(phase, up=nbytes - scored, values_up=values)
+        if scored:  # test scores a train reply carried (client-evaluation=with-next-train): evaluation traffic, not the method's
+            self.meter.add(P.PHASE_EVALUATE, up=scored)
         self.registry.seen(node, self.round)
         return decoded
 

@@ -112,6 +112,20 @@ class WireMeter:
         with no_object_id_recompute():
             return _message_size(message, self.content)
 
+    def record_bytes(self, message: Message, name: str) -> int:
+        """Bytes ``message`` carries for its record ``name`` (0 if it has none): its size less the size
+        it would have without that record. Header and message object keep their size (the content id
+        is 64 characters either way); the content objects and the object tree shrink."""
+        if message.has_error() or not message.has_content() or name not in message.content:
+            return 0
+        bare = RecordDict({k: v for k, v in message.content.items() if k != name})
+        with no_object_id_recompute():
+            full_tree, full = self.content(message.content)
+            bare_tree, rest = _content_size(bare)
+            with_it = ObjectTree(object_id=message.object_id, children=[full_tree]).ByteSize() + full
+            without = ObjectTree(object_id=message.object_id, children=[bare_tree]).ByteSize() + rest
+        return with_it - without
+
     def clear(self) -> None:
         """Forget cached content (call once per round: content is rebuilt every round)."""
         self._cache.clear()

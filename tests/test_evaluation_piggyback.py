@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from flwr.app import MetricRecord, RecordDict
+from flwr.app import Message, MetricRecord, RecordDict
 
 from core import protocol as P
 from core.config import ConfigError, resolve, scores_with_train
 from simulation import simulate
+from strategies.wire import WireMeter, message_size_uncached
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 BASE = {
@@ -78,6 +79,15 @@ def test_bad_scores_reject_the_whole_train_reply_and_the_round_goes_on(task_iden
 
     s = make_strategy("fedavg", **{"num-clients": 3, "client-evaluation": "with-next-train", "min-replies": 1})
     grid = FakeGrid(3, answer)
+    replies: list[Message] = []
+    sent_and_received = grid.send_and_receive
+
+    def keep(messages, *, timeout=None):
+        out = sent_and_received(messages, timeout=timeout)
+        replies.extend(out)
+        return out
+
+    grid.send_and_receive = keep  # type: ignore[method-assign]
     engine = engine_for(s, grid)
     engine.begin_round(2)
     step = s.train_round(2, s.initial_arrays(), engine)
@@ -85,6 +95,11 @@ def test_bad_scores_reject_the_whole_train_reply_and_the_round_goes_on(task_iden
     assert any(reason in f for f in engine.meter.failures), engine.meter.failures
     figures = s.aggregate_evaluate(1, step.scores)
     assert figures["accuracy"] == (1 + 3) / 10
+    # the scores' bytes are evaluation traffic: the method's train bytes are the accepted replies less their scores
+    accepted = [m for m in replies if m.metadata.message_type == "train" and m.metadata.src_node_id in (101, 103)]
+    scores_bytes = sum(WireMeter().record_bytes(m, P.SCORES) for m in accepted)
+    (_, train_up), (_, eval_up) = engine.meter.phase(P.PHASE_TRAIN), engine.meter.phase(P.PHASE_EVALUATE)
+    assert eval_up == scores_bytes > 0 and train_up == sum(message_size_uncached(m) for m in accepted) - scores_bytes
 
 
 def test_a_train_reply_without_scores_is_fine_in_a_round_that_carries_none(task_identity):
@@ -114,10 +129,12 @@ def test_scores_sent_with_the_next_train_reply_equal_the_evaluation_exchange(tmp
         assert a["accuracy"] == b["accuracy"] and a["loss"] == b["loss"] and a["eval_clients"] == b["eval_clients"] == 3
         assert a["accuracy_client_min"] == b["accuracy_client_min"]
         assert "eval_missing_partitions" not in b
-    assert all("eval_bytes_down" in r for r in exchange)
-    assert [("eval_bytes_down" in r) for r in carried] == [False, False, True]  # one exchange, after the last round
-    assert carried[0]["bytes_up"] > exchange[0]["bytes_up"] - exchange[0]["eval_bytes_up"]  # round 1's train replies carry nothing...
-    assert carried[1]["bytes_up"] > exchange[1]["bytes_up"] - exchange[1]["eval_bytes_up"]  # ...round 2's carry round 1's scores
+    assert all(r["eval_bytes_down"] > 0 for r in exchange)
+    # one evaluation exchange, after the last round; rounds 2 and 3's train replies carry the scores, metered as evaluation bytes up
+    assert "eval_bytes_down" not in carried[0] and carried[1]["eval_bytes_down"] == 0 and carried[2]["eval_bytes_down"] > 0
+    assert 0 < carried[1]["eval_bytes_up"] < exchange[1]["eval_bytes_up"]  # the scores alone cost less than evaluation replies
+    for a, b in zip(exchange, carried):  # the method's own traffic is unchanged (up to the run id's varint, which differs per run)
+        assert b["bytes_up"] == pytest.approx(a["bytes_up"], rel=0.01) and b["bytes_down"] == pytest.approx(a["bytes_down"], rel=0.01)
 
 
 @pytest.mark.integration

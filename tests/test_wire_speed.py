@@ -107,3 +107,16 @@ def test_an_array_of_equal_chunks_lists_each_chunk_once(task_identity):
     array = m.content.array_records["arrays"]["z"]
     assert len(array.slice_array()) == 4 and len(array.children) == 3
     assert WireMeter().message(m) == message_size_uncached(m)
+
+
+def test_the_bytes_of_one_record_are_the_message_less_the_same_message_without_it(task_identity):
+    """What a train reply's scores cost (client-evaluation=with-next-train), metered as evaluation traffic."""
+    request = _messages()[0]
+    scores = MetricRecord({"num-examples": 60, "partition-id": 1, "correct": 51, "loss": 0.25})
+    arrays = ArrayRecord({"stats": Array(np.ones((10, 51), np.float32))})
+    metrics = MetricRecord({"num-examples": 60})
+    full = Message(content=RecordDict({"arrays": arrays, "metrics": metrics, "scores": scores}), reply_to=request)
+    bare = Message(content=RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=request)
+    share = WireMeter().record_bytes(full, "scores")
+    assert share == message_size_uncached(full) - message_size_uncached(bare) > len(scores.deflate())
+    assert WireMeter().record_bytes(bare, "scores") == 0
