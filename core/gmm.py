@@ -354,12 +354,8 @@ def predict(mixture: Mixture, groups: list[torch.Tensor]) -> list[torch.Tensor]:
         x = (torch.as_tensor(g).to(mixture.means) - c[0])[None]
         m = Mixture(w, mixture.means[b : b + 1] - c, mixture.covariances[b : b + 1], mixture.covariance)
         x2 = torch.cat([x * x, x], -1) if m.covariance == "diag" else (x * x).sum(-1) if m.covariance == "spherical" else None
-        out.append(
-            (
-                _log_gauss(x if x2 is None or m.covariance != "diag" else x2[..., x.shape[-1] :], m, x2)
-                + torch.log(w.clamp_min(0))[:, None, :]
-            )[0].argmax(-1)
-        )
+        joint = _log_gauss(x, m, x2) + torch.log(w.clamp_min(0))[:, None, :]  # diag reads only x2 = [x², x]
+        out.append(joint[0].argmax(-1))
     return out
 
 
