@@ -63,11 +63,13 @@ def run_floor(clients: int, rounds: int, processes: int, sets: list[str]) -> dic
     return memory({"kind": f"floor-{processes}p", **row, "wall_seconds": round(wall, 1)}, rss, pss)
 
 
-def run_simulation(clients: int, rounds: int, sets: list[str]) -> dict[str, Any]:
-    out = OUT / f"{clients}-clients"
+def run_simulation(clients: int, rounds: int, sets: list[str], sim_sets: list[str]) -> dict[str, Any]:
+    """``headway run`` with the floor's settings plus ``sim_sets`` (settings of the simulation
+    alone, such as client-evaluation, that leave the client work unchanged)."""
+    out = OUT / "-".join([f"{clients}-clients", *(s.replace("=", "-") for s in sim_sets)])
     setup, data = setup_sets(clients, rounds)
     args = [sys.executable, "-m", "simulation", str(CONFIG), "--out", str(out), "--overwrite"]
-    args += [x for s in [*setup, *sets] for x in ("--set", s)]
+    args += [x for s in [*setup, *sets, *sim_sets] for x in ("--set", s)]
     wall, rss, pss = measured(args)
     summary, rows = load_run(out)
     if summary.get("status", "complete") != "complete" or summary.get("failures"):
@@ -88,7 +90,7 @@ def run_simulation(clients: int, rounds: int, sets: list[str]) -> dict[str, Any]
 
 
 def key(row: dict[str, Any]) -> tuple[int, str, int, tuple[str, ...]]:
-    return (row["clients"], row["kind"], row["rounds"], tuple(row.get("sets", ())))
+    return (row["clients"], row["kind"], row["rounds"], tuple(row.get("sets", ())) + tuple(row.get("sim_sets", ())))
 
 
 def load_rows() -> list[dict[str, Any]]:
@@ -113,7 +115,8 @@ def markdown(rows: list[dict[str, Any]], note: str) -> str:
     """The table: per client count and settings, floor and simulation side by side."""
     groups: dict[tuple[int, int, tuple[str, ...]], dict[str, dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["clients"], r["rounds"], tuple(r.get("sets", ()))), {})[r["kind"]] = r
+        kind = " ".join([r["kind"], *r.get("sim_sets", ())])
+        groups.setdefault((r["clients"], r["rounds"], tuple(r.get("sets", ()))), {})[kind] = r
     lines = [
         "# FedLog: simulation against its compute floor",
         "",
@@ -127,17 +130,19 @@ def markdown(rows: list[dict[str, Any]], note: str) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (clients, rounds, sets), g in sorted(groups.items()):
-        f1, f2, sim = g.get("floor-1p"), g.get("floor-2p"), g.get("simulation")
-        any_row = sim or f2 or f1 or {}
-        acc = any_row.get("accuracy", [None])[-1]
-        same = "–" if not (sim and f2) else ("yes" if sim["accuracy"] == f2["accuracy"] else "**no**")
-        nbytes = f"{sim['bytes_per_round']:,}" if sim else "–"
-        lines.append(
-            f"| {clients:,} | {rounds} | {any_row.get('data', '')} | {seconds(f1)} | {seconds(f2)} | {seconds(sim)} | "
-            f"{ratio(sim, f2)} | {gib(f2)} | {gib(sim)} | "
-            f"{'–' if acc is None else f'{100 * acc:.2f} %'} | {same} | {nbytes} | "
-            f"{' '.join(sets) or 'Table 1'} |"
-        )
+        f1, f2 = g.get("floor-1p"), g.get("floor-2p")
+        sims: list[tuple[str, dict[str, Any] | None]] = [(k, r) for k, r in sorted(g.items()) if k.startswith("simulation")]
+        for variant, sim in sims or [("", None)]:
+            any_row = sim or f2 or f1 or {}
+            acc = any_row.get("accuracy", [None])[-1]
+            same = "–" if not (sim and f2) else ("yes" if sim["accuracy"] == f2["accuracy"] else "**no**")
+            nbytes = f"{sim['bytes_per_round']:,}" if sim else "–"
+            settings = " ".join([*sets, *variant.split()[1:]]) or "Table 1"
+            lines.append(
+                f"| {clients:,} | {rounds} | {any_row.get('data', '')} | {seconds(f1)} | {seconds(f2)} | {seconds(sim)} | "
+                f"{ratio(sim, f2)} | {gib(f2)} | {gib(sim)} | "
+                f"{'–' if acc is None else f'{100 * acc:.2f} %'} | {same} | {nbytes} | {settings} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -151,7 +156,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
     lines: dict[tuple[str, tuple[str, ...]], list[tuple[int, float]]] = {}
     for r in rows:
         if r["seconds_per_round"]:
-            lines.setdefault((r["kind"], tuple(r.get("sets", ()))), []).append((r["clients"], r["seconds_per_round"]))
+            lines.setdefault((r["kind"], tuple(r.get("sets", ())) + tuple(r.get("sim_sets", ()))), []).append(
+                (r["clients"], r["seconds_per_round"])
+            )
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for (kind, sets), pts in sorted(lines.items()):
         ax.plot(*zip(*sorted(pts), strict=True), marker="o", label=" ".join([kind, *sets]))
@@ -177,6 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--one-process", action="store_true", help="also run the floor in 1 process")
     p.add_argument("--no-simulation", action="store_true", help="the floor only")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra run-config overrides for floor and simulation")
+    p.add_argument(
+        "--sim-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the simulation alone that leaves the client work unchanged (e.g. client-evaluation=with-next-train); "
+        "the floor rows are shared with the plain simulation's",
+    )
     p.add_argument("--note", default="", help="a line at the top of scale.md (e.g. 'loaded machine, provisional')")
     args = p.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -184,15 +199,18 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.clients:
         kinds = [*(["floor-1p"] if args.one_process else []), "floor-2p", *([] if args.no_simulation else ["simulation"])]
         for kind in kinds:
-            if (n, kind, args.rounds, tuple(args.set)) in done:
+            extra = args.sim_set if kind == "simulation" else []
+            if (n, kind, args.rounds, tuple(args.set) + tuple(extra)) in done:
                 print(f"skip {kind} with {n} clients (in {TABLE})", flush=True)
                 continue
             if kind == "simulation":
-                row = run_simulation(n, args.rounds, args.set)
+                row = run_simulation(n, args.rounds, args.set, args.sim_set)
             else:
                 row = run_floor(n, args.rounds, 1 if kind == "floor-1p" else 2, args.set)
             if args.set:
                 row["sets"] = args.set
+            if extra:
+                row["sim_sets"] = extra
             with TABLE.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
