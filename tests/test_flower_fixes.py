@@ -203,15 +203,52 @@ def test_grid_wakes_when_the_replies_are_stored():
 
 
 def test_installs_for_the_pinned_version_and_restores_on_exit():
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
     assert "add_messages_to_queue" in vce_api.run_api.__code__.co_names  # looked up when run_api starts the thread
+    ray_parts = ("build", "num_workers", "terminate")
     originals = (vce_api.add_messages_to_queue, InMemoryGrid.send_and_receive, InMemoryLinkState.store_message_ins)
+    ray_originals = [RayBackend.__dict__[name] for name in ray_parts]
     assert flwr.__version__ == flower_fixes.FLOWER_VERSION
     with faster_simulation_engine() as installed:
         assert installed
         assert vce_api.add_messages_to_queue is not originals[0]
         assert InMemoryGrid.send_and_receive is not originals[1]
         assert InMemoryLinkState.store_message_ins is not originals[2]
+        assert all(RayBackend.__dict__[name] is not was for name, was in zip(ray_parts, ray_originals, strict=True))
     assert (vce_api.add_messages_to_queue, InMemoryGrid.send_and_receive, InMemoryLinkState.store_message_ins) == originals
+    assert [RayBackend.__dict__[name] for name in ray_parts] == ray_originals
+
+
+class _Pool:
+    """The two fields of Flower's BasicActorPool that queue_ahead touches."""
+
+    def __init__(self, actors: list[object]) -> None:
+        self.pool = list(actors)
+        self.num_actors = len(actors)
+
+
+def test_queue_ahead_gives_each_actor_its_slots_and_terminate_sees_each_once():
+    actors = [object(), object(), object()]
+    pool = _Pool(actors)
+    flower_fixes.queue_ahead(pool, slots=2)
+    assert len(pool.pool) == 6 and all(pool.pool.count(a) == 2 for a in actors)
+    taken = [pool.pool.pop()]  # a message in flight: its actor still has an idle slot for the next one
+    assert {id(a) for a in pool.pool} == {id(a) for a in actors}
+    pool.pool.extend(taken)
+    flower_fixes.distinct_actors(pool)
+    assert sorted(map(id, pool.pool)) == sorted(map(id, actors))
+
+
+def test_worker_threads_are_one_per_slot():
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    backend = RayBackend.__new__(RayBackend)  # no Ray: only the pool the property reads
+    backend.pool = _Pool([object(), object()])  # type: ignore[assignment]
+    assert backend.num_workers == 2
+    with faster_simulation_engine():
+        assert backend.num_workers == 2 * flower_fixes.TASKS_PER_ACTOR
+    assert backend.num_workers == 2
 
 
 def test_other_flower_version_left_alone(monkeypatch, caplog):
@@ -261,6 +298,14 @@ def test_headway_run_uses_the_fixed_extractor(tmp_path, data_dir, monkeypatch):
         return flower_query(*a, **kw)
 
     monkeypatch.setattr(flower_fixes, "hand_out", counted)
+    slots = []
+    queue_ahead = flower_fixes.queue_ahead
+
+    def queued(pool, *a, **kw):
+        queue_ahead(pool, *a, **kw)
+        slots.append((len(pool.pool), pool.num_actors))
+
+    monkeypatch.setattr(flower_fixes, "queue_ahead", queued)
     monkeypatch.setattr(InMemoryLinkState, "get_message_ins", watched)
     cfg = resolve(
         {"dataset": "mnist", "num-clients": 2, "num-server-rounds": 1, "partition": "pathological", "train-fraction": 0.02}
@@ -269,4 +314,5 @@ def test_headway_run_uses_the_fixed_extractor(tmp_path, data_dir, monkeypatch):
     summary = simulate(cfg, tmp_path)
     assert summary["status"] == "complete"
     assert passes and not flower_queries
+    assert slots and all(n == flower_fixes.TASKS_PER_ACTOR * actors for n, actors in slots)
     assert vce_api.add_messages_to_queue.__module__ == "flwr.server.superlink.fleet.vce.vce_api"
