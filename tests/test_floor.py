@@ -29,7 +29,7 @@ def config(data_dir: str, extra: list[str]) -> dict:
     return load_cfg(CONFIG, [*sets, "local-epochs=1", f"data-dir={data_dir}", "sample-timeout=60", *extra])
 
 
-@pytest.mark.integration
+@pytest.mark.system
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_floor_accuracy_equals_the_simulation_round_by_round(tmp_path, data_dir, variant):
     cfg = config(data_dir, VARIANTS[variant])
@@ -40,13 +40,13 @@ def test_floor_accuracy_equals_the_simulation_round_by_round(tmp_path, data_dir,
     assert floor == sim  # exact: rounds.jsonl stores the accuracy as the float it is
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_floor_in_one_process_equals_two(data_dir):
     cfg = config(data_dir, ["num-server-rounds=1"])
     assert [r["accuracy"] for r in run_floor(cfg, processes=1)] == [r["accuracy"] for r in run_floor(cfg, processes=2)]
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_repeated_mnist_source_for_more_clients_than_mnist_feeds(tmp_path, data_dir, monkeypatch):
     """Beyond 1 000 clients the setup reads MNIST repeated, each copy shifted, 60 images a client."""
     monkeypatch.setenv("HEADWAY_BENCH_CACHE", str(tmp_path))
