@@ -12,8 +12,10 @@
    only after the last reply came back to the driver, so every actor idles for a round trip per
    message (about a quarter of its time at 1 000 clients). :func:`queue_ahead` gives each actor
    :data:`TASKS_PER_ACTOR` slots, so its next message is already queued at the actor when it finishes.
-   The price: a message queued behind a client that hangs (``fault-mode=silent``) waits for it, where
-   Flower would have given it to the next free actor.
+   A message goes to the actor with the most idle slots, so it queues behind another only when
+   every actor is busy; the price: a message queued behind a slow or hanging client waits for it,
+   where Flower would have given it to the next actor to finish. The worker loops also get one
+   thread each (Flower's default executor caps them at min(32, CPUs + 4), leaving the rest idle).
 
 Written against the exact Flower version in :data:`FLOWER_VERSION`; on any other it does nothing.
 """
@@ -21,11 +23,13 @@ Written against the exact Flower version in :data:`FLOWER_VERSION`; on any other
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from queue import Queue
 from typing import Any
 
@@ -35,6 +39,7 @@ FLOWER_VERSION = "1.39.0"
 POLL_INTERVAL = 0.1  # Flower's own poll, kept as the fallback when no store event comes
 SWEEP_INTERVAL = 1.0  # seconds between the extractor's walks of the whole store (expiry of messages it no longer visits)
 TASKS_PER_ACTOR = 2  # messages in flight per Ray actor: the one it runs and the next, already queued there
+MAX_WORKER_THREADS = 100_000  # a bound run_api's worker loops never reach (threads start one per loop)
 
 
 class _Signals:
@@ -168,7 +173,19 @@ def queue_ahead(pool: Any, slots: int = TASKS_PER_ACTOR) -> None:
     """Let each actor of a built ``BasicActorPool`` take ``slots`` messages at once: its idle list
     holds every actor ``slots`` times. A Ray actor runs its tasks one after the other, in the order
     they were submitted, so the extra message waits at the actor instead of in the driver."""
-    pool.pool = [actor for actor in pool.pool for _ in range(slots)]
+    pool.pool = list(pool.pool) * slots
+
+
+def least_busy_last(idle: list[Any]) -> None:
+    """Move a slot of the actor with the most idle slots to the end of ``idle``, where Flower's
+    ``BasicActorPool.submit`` pops: a message goes to a free actor before it queues behind a busy
+    one (Flower's list is last-in first-out, which would hand a just-returned slot out again)."""
+    count: dict[int, int] = {}
+    for actor in idle:
+        count[id(actor)] = count.get(id(actor), 0) + 1
+    best = max(range(len(idle)), key=lambda i: count[id(idle[i])], default=None)
+    if best is not None:
+        idle.append(idle.pop(best))
 
 
 def distinct_actors(pool: Any) -> None:
@@ -200,6 +217,7 @@ def faster_simulation_engine() -> Iterator[bool]:
     from flwr.server.superlink.fleet.vce import vce_api
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.simulation.ray_transport.ray_actor import BasicActorPool
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
     flower_extractor = vce_api.add_messages_to_queue
@@ -207,6 +225,7 @@ def faster_simulation_engine() -> Iterator[bool]:
     store_res = InMemoryLinkState.store_message_res
     flower_send_and_receive = InMemoryGrid.send_and_receive
     ray_build, ray_num_workers, ray_terminate = RayBackend.build, RayBackend.__dict__["num_workers"], RayBackend.terminate
+    pool_submit, flower_executor = BasicActorPool.submit, vce_api.ThreadPoolExecutor
 
     def extractor(state: Any, queue: Queue[Any], nodes_mapping: dict[int, int], f_stop: threading.Event) -> None:
         if type(state) is not InMemoryLinkState:
@@ -242,6 +261,10 @@ def faster_simulation_engine() -> Iterator[bool]:
         ray_build(self, app_fn)
         queue_ahead(self.pool)
 
+    def submit(self: Any, actor_fn: Any, job: Any) -> Any:
+        least_busy_last(self.pool)
+        return pool_submit(self, actor_fn, job)
+
     def num_workers(self: Any) -> int:  # run_api starts this many worker threads: one per slot
         return TASKS_PER_ACTOR * ray_num_workers.fget(self)
 
@@ -257,6 +280,10 @@ def faster_simulation_engine() -> Iterator[bool]:
     RayBackend.build = build  # type: ignore[method-assign]
     RayBackend.num_workers = property(num_workers)  # type: ignore[method-assign,assignment]
     RayBackend.terminate = terminate  # type: ignore[method-assign]
+    BasicActorPool.submit = submit  # type: ignore[method-assign]
+    # run_api runs each worker loop on a default ThreadPoolExecutor, whose min(32, CPUs + 4) threads would
+    # leave the loops beyond that cap unstarted (and their slots, or actors, unused): one thread per loop
+    vce_api.ThreadPoolExecutor = functools.partial(ThreadPoolExecutor, max_workers=MAX_WORKER_THREADS)  # type: ignore[misc,assignment]
     try:
         yield True
     finally:
@@ -267,3 +294,5 @@ def faster_simulation_engine() -> Iterator[bool]:
         RayBackend.build = ray_build  # type: ignore[method-assign]
         RayBackend.num_workers = ray_num_workers  # type: ignore[method-assign]
         RayBackend.terminate = ray_terminate  # type: ignore[method-assign]
+        BasicActorPool.submit = pool_submit  # type: ignore[method-assign]
+        vce_api.ThreadPoolExecutor = flower_executor  # type: ignore[misc]

@@ -346,8 +346,8 @@ class HeadwayStrategy:
                         extra.update({f"prepare_{k}": v for k, v in prep.metrics.items()})
                 step = self.train_round(rnd, arrays, engine)
                 if pending is not None:
-                    self._emit(pending, self.carried_scores(pending, step.scores), on_round)
-                    pending = None
+                    waiting, pending = pending, None  # emitted once, even if the callback raises
+                    self._emit(waiting, self.carried_scores(waiting, step.scores), on_round)
                 if rnd == 1 and step.clients == 0:
                     raise RoundFailed(self._first_reason(engine.meter, "every client failed in round 1"))
                 if step.arrays is not None:

@@ -68,3 +68,19 @@ def test_a_node_with_its_own_data_is_named_by_its_registered_client_index(honest
     assert reply.content.metric_records[P.METRICS][P.NUM_EXAMPLES] == 1_000_000_000
     unregistered = _ask(build_client_app(), "train", _context({"data": "/somewhere"}, run))
     assert unregistered.content.metric_records[P.METRICS][P.NUM_EXAMPLES] == 10
+
+
+def test_bad_eval_damages_the_scores_a_train_reply_carries():
+    """Under client-evaluation=with-next-train the scores ride in the train reply: bad-eval damages
+    them there, and leaves the training payload alone."""
+    from client.faults import damage_reply
+
+    honest_reply = RecordDict(
+        {P.METRICS: MetricRecord({P.NUM_EXAMPLES: 10}), P.SCORES: MetricRecord({P.CORRECT: 7, P.NUM_EXAMPLES: 9, P.LOSS: 0.5})}
+    )
+    damaged = damage_reply(honest_reply, "bad-eval", "train")
+    assert damaged.metric_records[P.SCORES][P.CORRECT] == 1_000_000
+    assert damaged.metric_records[P.SCORES][P.NUM_EXAMPLES] == 9 and damaged.metric_records[P.METRICS][P.NUM_EXAMPLES] == 10
+    assert honest_reply.metric_records[P.SCORES][P.CORRECT] == 7  # the honest reply itself is not changed
+    plain = RecordDict({P.METRICS: MetricRecord({P.NUM_EXAMPLES: 10})})
+    assert damage_reply(plain, "bad-eval", "train") is plain  # no scores carried: nothing to damage

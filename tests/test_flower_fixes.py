@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from queue import Empty, Queue
 from typing import Any
 
@@ -238,6 +239,36 @@ def test_queue_ahead_gives_each_actor_its_slots_and_terminate_sees_each_once():
     pool.pool.extend(taken)
     flower_fixes.distinct_actors(pool)
     assert sorted(map(id, pool.pool)) == sorted(map(id, actors))
+
+
+def test_a_message_goes_to_the_actor_with_the_most_idle_slots():
+    a, b, c = object(), object(), object()
+    pool = _Pool([a, b, c])
+    flower_fixes.queue_ahead(pool, slots=2)
+    taken = []
+    for _ in range(3):  # three messages: one on each actor before any actor gets a second
+        flower_fixes.least_busy_last(pool.pool)
+        taken.append(pool.pool.pop())
+    assert sorted(map(id, taken)) == sorted(map(id, [a, b, c]))
+    pool.pool.append(taken[0])  # its message done: that actor has two idle slots again, the others one
+    flower_fixes.least_busy_last(pool.pool)
+    assert pool.pool[-1] is taken[0]
+    # a slot returned last by a busy actor: Flower's pop (the list's end) would queue the message
+    # behind that actor's running one while another actor sits idle
+    idle = [a, a, b]  # a: nothing in flight; b: one message in flight
+    flower_fixes.least_busy_last(idle)
+    assert idle[-1] is a
+    empty: list[object] = []
+    flower_fixes.least_busy_last(empty)  # nothing idle: nothing to move
+    assert empty == []
+
+
+def test_worker_loops_get_a_thread_each_beyond_flowers_executor_cap():
+    with faster_simulation_engine():
+        executor = vce_api.ThreadPoolExecutor()
+        assert executor._max_workers >= 1000  # Flower's default: min(32, CPUs + 4)
+        executor.shutdown()
+    assert vce_api.ThreadPoolExecutor is ThreadPoolExecutor
 
 
 def test_worker_threads_are_one_per_slot():
