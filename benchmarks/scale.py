@@ -66,7 +66,7 @@ def run_floor(clients: int, rounds: int, processes: int, sets: list[str]) -> dic
 def run_simulation(clients: int, rounds: int, sets: list[str], sim_sets: list[str]) -> dict[str, Any]:
     """``headway run`` with the floor's settings plus ``sim_sets`` (settings of the simulation
     alone, such as client-evaluation, that leave the client work unchanged)."""
-    out = OUT / "-".join([f"{clients}-clients", *(s.replace("=", "-") for s in sim_sets)])
+    out = OUT / "-".join([f"{clients}-clients", f"{rounds}-rounds", *(s.replace("=", "-") for s in [*sets, *sim_sets])])
     setup, data = setup_sets(clients, rounds)
     args = [sys.executable, "-m", "simulation", str(CONFIG), "--out", str(out), "--overwrite"]
     args += [x for s in [*setup, *sets, *sim_sets] for x in ("--set", s)]
@@ -89,8 +89,8 @@ def run_simulation(clients: int, rounds: int, sets: list[str], sim_sets: list[st
     return memory(row, rss, pss)
 
 
-def key(row: dict[str, Any]) -> tuple[int, str, int, tuple[str, ...]]:
-    return (row["clients"], row["kind"], row["rounds"], tuple(row.get("sets", ())) + tuple(row.get("sim_sets", ())))
+def key(row: dict[str, Any]) -> tuple[int, str, int, tuple[str, ...], tuple[str, ...]]:
+    return (row["clients"], row["kind"], row["rounds"], tuple(row.get("sets", ())), tuple(row.get("sim_sets", ())))
 
 
 def load_rows() -> list[dict[str, Any]]:
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds = [*(["floor-1p"] if args.one_process else []), "floor-2p", *([] if args.no_simulation else ["simulation"])]
         for kind in kinds:
             extra = args.sim_set if kind == "simulation" else []
-            if (n, kind, args.rounds, tuple(args.set) + tuple(extra)) in done:
+            if (n, kind, args.rounds, tuple(args.set), tuple(extra)) in done:
                 print(f"skip {kind} with {n} clients (in {TABLE})", flush=True)
                 continue
             if kind == "simulation":
