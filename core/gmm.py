@@ -152,14 +152,14 @@ def _kmeans(x: torch.Tensor, mask: torch.Tensor, cmask: torch.Tensor, gen: torch
         if bool(lone.any()):
             sse = (onehot * d2[..., None]).sum(1).masked_fill(~cmask, -1.0)  # (B,K)
             widest = sse.argmax(1)
-            pick = torch.multinomial((label == widest[:, None]).to(x.dtype) * fmask * ~outlier + 1e-30, 1, generator=gen).squeeze(1)
+            pick = torch.multinomial(((label == widest[:, None]).to(x.dtype) * ~outlier + 1e-30) * fmask, 1, generator=gen).squeeze(1)
             first = lone.to(torch.int8).argmax(1)  # one move per group per step
             moving = lone.any(1)
             outlier |= moving[:, None] & (label == first[:, None])  # its points no longer pull a centre
             centres[rows[moving], first[moving]] = x[rows[moving], pick[moving]]
             moves = moves + moving.long()
         new, d2 = _assign(x, centres, cmask, x_sq)
-        settled = (new == label).all(1) | (shift <= tol)
+        settled = ((new == label) | ~mask).all(1) | (shift <= tol)  # padding rows' labels do not count
         label = new
         if not bool(lone.any()) and bool(settled.all()):
             break
