@@ -203,6 +203,77 @@ def test_grid_wakes_when_the_replies_are_stored():
     assert took < 30  # Flower's loop sleeps the full 60 s after its first pull
 
 
+def test_grid_pulls_only_the_ids_whose_reply_was_stored(monkeypatch):
+    """After the first pull (every id, as Flower's), a pull asks only for ids answered since: each
+    answered id is asked for once, where Flower's loop asks for every missing id on every pull."""
+    monkeypatch.setattr(flower_fixes, "SWEEP_INTERVAL", 1000.0)  # no full pull after the first
+    with faster_simulation_engine():
+        state, run_id, nodes = link_state(20)
+
+        class Factory:
+            def state(self):
+                return state
+
+        grid = InMemoryGrid(Factory(), pull_interval=0.01)  # type: ignore[arg-type]
+        grid._run = state.run_ids[run_id].run
+        asked: list[set[str]] = []
+        pull = grid.pull_messages
+
+        def counted(ids):
+            asked.append(set(ids))
+            return pull(ids)
+
+        monkeypatch.setattr(grid, "pull_messages", counted)
+        msgs = [instruction(run_id, node) for node in nodes]
+        for msg in msgs:
+            msg.metadata.__dict__["_message_id"] = ""
+
+        def answer():
+            for msg in msgs:
+                while msg.metadata.message_id == "" or msg.metadata.message_id not in state.message_ins_store:
+                    time.sleep(0.005)
+                time.sleep(0.01)
+                reply = Message(RecordDict(), reply_to=msg)
+                reply.metadata.__dict__["_message_id"] = str(uuid.uuid4())
+                assert state.store_message_res(reply) is not None
+
+        th = threading.Thread(target=answer)
+        th.start()
+        replies = list(grid.send_and_receive(msgs, timeout=60))
+        th.join()
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == sorted(m.metadata.message_id for m in msgs)
+    assert len(asked[0]) == 20  # the first pull: every id
+    later = [i for ids in asked[1:] for i in ids]
+    assert len(later) == len(set(later)) and len(later) <= 20  # then each answered id once
+    assert not flower_fixes._signals(state).answered  # nothing left waiting to be pulled
+
+
+def test_the_clientapp_loader_is_pickled_once_and_unpickled_once_per_process(monkeypatch):
+    import pickle
+
+    from ray import cloudpickle
+
+    app = ["the app"]
+
+    def app_fn():  # a closure, as Flower's loader is
+        return app[0]
+
+    loader = flower_fixes.LoadOnce(app_fn)
+    shipped = pickle.dumps(loader)
+    assert len(shipped) < len(loader.blob) + 300  # the blob travels as bytes, the closure is not pickled again
+    loads = []
+
+    def counted_loads(blob: bytes) -> Any:
+        loads.append(1)
+        return pickle.loads(blob)
+
+    monkeypatch.setattr(cloudpickle, "loads", counted_loads)
+    monkeypatch.setattr(flower_fixes, "_LOADERS", {})
+    first, second = pickle.loads(shipped), pickle.loads(shipped)  # two messages reaching one actor
+    assert first() == second() == "the app"
+    assert loads == [1]  # unpickled once for the process, however many messages
+
+
 def test_installs_for_the_pinned_version_and_restores_on_exit():
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
