@@ -169,32 +169,44 @@ def test_extractor_wakes_on_store_not_on_the_poll(monkeypatch):
         assert not th.is_alive()
 
 
+def grid_on(state: InMemoryLinkState, run_id: int, pull_interval: float) -> InMemoryGrid:
+    """Flower's in-memory grid of ``run_id`` on ``state`` (what run_simulation builds)."""
+
+    class Factory:
+        def state(self):
+            return state
+
+    grid = InMemoryGrid(Factory(), pull_interval=pull_interval)  # type: ignore[arg-type]
+    grid._run = state.run_ids[run_id].run
+    return grid
+
+
+def answering(state: InMemoryLinkState, msgs: list[Message], delay: float) -> threading.Thread:
+    """A started thread that replies to each of ``msgs``, in order, ``delay`` s after it is pushed."""
+    for msg in msgs:
+        msg.metadata.__dict__["_message_id"] = ""  # push_messages sets it
+
+    def answer():
+        for msg in msgs:
+            while msg.metadata.message_id == "" or msg.metadata.message_id not in state.message_ins_store:
+                time.sleep(0.005)
+            time.sleep(delay)
+            reply = Message(RecordDict(), reply_to=msg)
+            reply.metadata.__dict__["_message_id"] = str(uuid.uuid4())
+            assert state.store_message_res(reply) is not None
+
+    th = threading.Thread(target=answer)
+    th.start()
+    return th
+
+
 def test_grid_wakes_when_the_replies_are_stored():
     """With a 60 s pull interval the grid still returns as soon as the last reply is stored."""
     with faster_simulation_engine():
         state, run_id, nodes = link_state(3)
-
-        class Factory:
-            def state(self):
-                return state
-
-        grid = InMemoryGrid(Factory(), pull_interval=60.0)  # type: ignore[arg-type]
-        grid._run = state.run_ids[run_id].run
+        grid = grid_on(state, run_id, pull_interval=60.0)
         msgs = [instruction(run_id, node) for node in nodes]
-
-        def answer():
-            for msg in msgs:
-                while msg.metadata.message_id == "" or msg.metadata.message_id not in state.message_ins_store:
-                    time.sleep(0.01)
-                time.sleep(0.05)
-                reply = Message(RecordDict(), reply_to=msg)
-                reply.metadata.__dict__["_message_id"] = str(uuid.uuid4())
-                assert state.store_message_res(reply) is not None
-
-        for msg in msgs:
-            msg.metadata.__dict__["_message_id"] = ""  # push_messages sets it
-        th = threading.Thread(target=answer)
-        th.start()
+        th = answering(state, msgs, delay=0.05)
         t0 = time.monotonic()
         replies = list(grid.send_and_receive(msgs, timeout=120))
         took = time.monotonic() - t0
@@ -209,13 +221,7 @@ def test_grid_pulls_only_the_ids_whose_reply_was_stored(monkeypatch):
     monkeypatch.setattr(flower_fixes, "SWEEP_INTERVAL", 1000.0)  # no full pull after the first
     with faster_simulation_engine():
         state, run_id, nodes = link_state(20)
-
-        class Factory:
-            def state(self):
-                return state
-
-        grid = InMemoryGrid(Factory(), pull_interval=0.01)  # type: ignore[arg-type]
-        grid._run = state.run_ids[run_id].run
+        grid = grid_on(state, run_id, pull_interval=0.01)
         asked: list[set[str]] = []
         pull = grid.pull_messages
 
@@ -225,20 +231,7 @@ def test_grid_pulls_only_the_ids_whose_reply_was_stored(monkeypatch):
 
         monkeypatch.setattr(grid, "pull_messages", counted)
         msgs = [instruction(run_id, node) for node in nodes]
-        for msg in msgs:
-            msg.metadata.__dict__["_message_id"] = ""
-
-        def answer():
-            for msg in msgs:
-                while msg.metadata.message_id == "" or msg.metadata.message_id not in state.message_ins_store:
-                    time.sleep(0.005)
-                time.sleep(0.01)
-                reply = Message(RecordDict(), reply_to=msg)
-                reply.metadata.__dict__["_message_id"] = str(uuid.uuid4())
-                assert state.store_message_res(reply) is not None
-
-        th = threading.Thread(target=answer)
-        th.start()
+        th = answering(state, msgs, delay=0.01)
         replies = list(grid.send_and_receive(msgs, timeout=60))
         th.join()
     assert sorted(r.metadata.reply_to_message_id for r in replies) == sorted(m.metadata.message_id for m in msgs)
