@@ -1,0 +1,351 @@
+"""SecAgg+ (Bell et al. 2020) as plain functions: the server learns the sum of the clients'
+vectors and nothing else about any one of them, and survives clients that drop out after
+sharing their keys.
+
+Each round, every client makes two fresh key pairs, Shamir-shares a fresh mask seed and
+its first private key among its neighbours (a k-regular graph over the round's clients),
+and sends ``x + PRG(seed) ± Σ PRG(shared key with each neighbour) mod 2^64``. The pairwise
+masks cancel in the sum; the server removes each survivor's seed mask from shares of its
+seed, and a dropped client's pairwise masks from shares of its private key.
+
+Built from Flower's primitives, as Flower's legacy ``secaggplus_mod`` does: EC key pairs
+(``flwr.supercore.primitives.asymmetric``), ECDH + HKDF key agreement and Fernet
+encryption of the shares, Shamir secret sharing and the share framing
+(``flwr.common.secure_aggregation``). Two departures, both to close gaps in it:
+- masks come from ChaCha20 keyed with the whole 32-byte seed or shared key
+  (``cryptography``), not ``secaggplus_utils.pseudo_rand_gen``, which folds the seed to
+  32 bits for NumPy's ``RandomState`` (a mask of 2^32 possible values) and draws below
+  ``num_range - 1`` (never the top value);
+- the server can check every secret it rebuilds (a hash of the seed is sent with the
+  public keys; a rebuilt private key must match its public key), so a client that sends
+  a bad share is found rather than silently spoiling the sum; and a client refuses to
+  reveal both secrets of one neighbour (asked as alive and as dropped in one request).
+
+Values are fixed-point integers mod 2^64 (two's complement): ``frac`` fraction bits chosen
+so that the largest possible |sum| stays below 2^62 (:func:`fraction_bits`), with
+stochastic rounding from OS entropy (unbiased).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import os
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
+from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat, share_keys_plaintext_separate
+from flwr.supercore.primitives.asymmetric import (
+    bytes_to_private_key,
+    bytes_to_public_key,
+    generate_key_pairs,
+    private_key_to_bytes,
+    public_key_to_bytes,
+)
+
+MOD_BITS = 64  # arithmetic mod 2^64, numpy's uint64 wrap-around
+HEADROOM_BITS = 62  # the largest |sum| a config may reach is below 2^62: one bit of margin for rounding
+MAX_FRAC_BITS = 32
+MIN_FRAC_BITS = 8  # coarser than 2^-8 per value is refused, not silently used
+SEED_BYTES = 32
+MAX_KEY_BYTES = 1024  # a PEM public key of SECP384R1 is ~215 bytes; anything far larger is not a key
+
+
+class SecAggError(ValueError):
+    """A protocol step cannot go on: what was wrong, for the round's failure reasons."""
+
+
+# ----- fixed point ---------------------------------------------------------------------
+
+
+def fraction_bits(bound: float) -> int:
+    """Fraction bits for sums whose entries never exceed ``bound`` in magnitude: the most
+    (up to 32) that keep bound·2^f below 2^62. Raises SecAggError when fewer than 8 remain."""
+    if not math.isfinite(bound) or bound <= 0:
+        raise SecAggError(f"the bound on the summed values must be a positive finite number, got {bound}")
+    frac = min(MAX_FRAC_BITS, HEADROOM_BITS - 1 - math.ceil(math.log2(bound)))
+    if frac < MIN_FRAC_BITS:
+        raise SecAggError(
+            f"a sum bounded by {bound:.3g} leaves {frac} fraction bits in 64-bit fixed point (at least {MIN_FRAC_BITS} needed): "
+            "it could overflow the modulus; lower the bound (e.g. the clip) or the number of clients per round"
+        )
+    return frac
+
+
+def encode(values: np.ndarray, frac: int, rng: np.random.Generator) -> np.ndarray:
+    """float values -> uint64 fixed point with ``frac`` fraction bits, rounded stochastically
+    (E[decode(encode(v))] = v); integers are exact."""
+    scaled = np.asarray(values, dtype=np.float64).ravel() * float(2**frac)
+    low = np.floor(scaled)
+    rounded = low + (rng.random(scaled.shape) < scaled - low)
+    return rounded.astype(np.int64).view(np.uint64)
+
+
+def decode(total: np.ndarray, frac: int) -> np.ndarray:
+    """uint64 fixed point (a sum mod 2^64, read as two's complement) -> float64."""
+    return np.asarray(total, dtype=np.uint64).view(np.int64).astype(np.float64) / float(2**frac)
+
+
+# ----- masks -----------------------------------------------------------------------------
+
+
+def mask(key: bytes, size: int) -> np.ndarray:
+    """``size`` uniform uint64 values from ChaCha20 keyed with the 32-byte ``key``."""
+    if len(key) != 32:
+        raise SecAggError(f"a mask key has 32 bytes, got {len(key)}")
+    stream = Cipher(algorithms.ChaCha20(key, b"\0" * 16), mode=None).encryptor()
+    return np.frombuffer(stream.update(b"\0" * (8 * size)), dtype="<u8").astype(np.uint64)
+
+
+def pair_key(private_key: bytes, public_key: bytes) -> bytes:
+    """The 32-byte key two clients agree on (Flower's ECDH + HKDF), as raw bytes."""
+    return base64.urlsafe_b64decode(generate_shared_key(bytes_to_private_key(private_key), bytes_to_public_key(public_key)))
+
+
+def pair_sign(me: int, peer: int) -> int:
+    """+1 when ``me`` adds the mask it shares with ``peer``, −1 when it subtracts it (Flower's rule: the larger id adds)."""
+    return 1 if me > peer else -1
+
+
+def seed_digest(seed: bytes) -> bytes:
+    """What a client commits to about its seed with its public keys: SHA-256."""
+    return hashlib.sha256(seed).digest()
+
+
+# ----- the neighbour graph -------------------------------------------------------------------
+
+
+def share_count(clients: int, wanted: int) -> int:
+    """How many shares (neighbours, self included) each client makes: ``wanted`` when > 0,
+    else 2·⌈log2 n⌉+1 (SecAgg+'s O(log n)); odd, at least 3, at most n."""
+    k = wanted if wanted > 0 else 2 * math.ceil(math.log2(max(clients, 2))) + 1
+    k += 1 - k % 2
+    return max(min(k, clients), min(3, clients))
+
+
+def threshold_for(shares: int, fraction: float) -> int:
+    """Shares needed to rebuild a secret: more than ``fraction`` of them, at least 2."""
+    return max(2, min(shares, math.floor(fraction * shares) + 1))
+
+
+def neighbour_graph(nodes: Sequence[int], shares: int, rng: random.Random | None = None) -> dict[int, frozenset[int]]:
+    """Each node's neighbours (itself included): a ring over the nodes in random order, each
+    joined to the ``shares // 2`` before and after it (``shares`` = n: everyone)."""
+    order = list(nodes)
+    (rng or random.SystemRandom()).shuffle(order)
+    n, half = len(order), shares // 2
+    if shares >= n:
+        return {v: frozenset(order) for v in order}
+    return {v: frozenset(order[(i + j) % n] for j in range(-half, half + 1)) for i, v in enumerate(order)}
+
+
+# ----- the client ------------------------------------------------------------------------------
+
+
+@dataclass
+class Keys:
+    """A client's key pairs for one round: 1 for pairwise masks, 2 for encrypting shares."""
+
+    sk1: bytes
+    pk1: bytes
+    sk2: bytes
+    pk2: bytes
+
+
+def new_keys() -> Keys:
+    sk1, pk1 = generate_key_pairs()
+    sk2, pk2 = generate_key_pairs()
+    return Keys(private_key_to_bytes(sk1), public_key_to_bytes(pk1), private_key_to_bytes(sk2), public_key_to_bytes(pk2))
+
+
+def share_secrets(
+    me: int, keys: Keys, seed: bytes, neighbours: Mapping[int, tuple[bytes, bytes]], threshold: int
+) -> tuple[tuple[bytes, bytes], dict[int, bytes]]:
+    """Stage 1: Shamir shares of ``seed`` and ``keys.sk1`` for each neighbour. Returns this
+    client's own (seed share, key share) and {neighbour: ciphertext} of the others', each
+    encrypted to the neighbour's second public key."""
+    if neighbours.get(me) != (keys.pk1, keys.pk2):
+        raise SecAggError("the neighbour list does not carry this client's own public keys")
+    if len(neighbours) < threshold:
+        raise SecAggError(f"{len(neighbours)} neighbours, fewer than the threshold {threshold}")
+    listed = [k for pair in neighbours.values() for k in pair]
+    if len(set(listed)) != len(listed):
+        raise SecAggError("two neighbours share a public key")
+    order = sorted(neighbours)
+    seed_shares = create_shares(seed, threshold, len(order))
+    key_shares = create_shares(keys.sk1, threshold, len(order))
+    own: tuple[bytes, bytes] = (b"", b"")
+    out: dict[int, bytes] = {}
+    for peer, seed_share, key_share in zip(order, seed_shares, key_shares, strict=True):
+        if peer == me:
+            own = (seed_share, key_share)
+            continue
+        secret = generate_shared_key(bytes_to_private_key(keys.sk2), bytes_to_public_key(neighbours[peer][1]))
+        out[peer] = encrypt(secret, share_keys_plaintext_concat(me, peer, seed_share, key_share))
+    return own, out
+
+
+def open_shares(
+    me: int, keys: Keys, neighbours: Mapping[int, tuple[bytes, bytes]], ciphertexts: Mapping[int, bytes], threshold: int
+) -> dict[int, tuple[bytes, bytes]]:
+    """Stage 2: decrypt the shares the other neighbours sent this client; each must come
+    from who the server says and be meant for this client."""
+    if len(ciphertexts) + 1 < threshold:
+        raise SecAggError(f"shares from {len(ciphertexts)} neighbours: with this client, fewer than the threshold {threshold}")
+    held: dict[int, tuple[bytes, bytes]] = {}
+    for src, text in ciphertexts.items():
+        if src == me or src not in neighbours:
+            raise SecAggError(f"a share from node {src}, which is not a neighbour of this client")
+        secret = generate_shared_key(bytes_to_private_key(keys.sk2), bytes_to_public_key(neighbours[src][1]))
+        try:
+            plain = decrypt(secret, text)
+        except Exception:
+            raise SecAggError(
+                f"the share relayed as from node {src} does not decrypt with the key this client shares with node {src}"
+            ) from None
+        sender, dst, seed_share, key_share = share_keys_plaintext_separate(plain)
+        if sender != src or dst != me:
+            raise SecAggError(f"the share relayed as from node {src} to node {me} says it is from node {sender} to node {dst}")
+        held[src] = (seed_share, key_share)
+    return held
+
+
+def masked(me: int, keys: Keys, seed: bytes, encoded: np.ndarray, peers: Mapping[int, bytes]) -> np.ndarray:
+    """Stage 2: the encoded vector plus the seed's mask and ± the mask shared with each
+    peer (the neighbours whose shares this client holds: ``peers`` maps them to their first
+    public key), mod 2^64."""
+    out = np.asarray(encoded, dtype=np.uint64) + mask(seed, encoded.size)
+    for peer, pk1 in peers.items():
+        pairwise = mask(pair_key(keys.sk1, pk1), encoded.size)
+        out = out + pairwise if pair_sign(me, peer) > 0 else out - pairwise
+    return out
+
+
+def reveal(held: Mapping[int, tuple[bytes, bytes]], alive: Iterable[int], dropped: Iterable[int], threshold: int) -> dict[int, bytes]:
+    """Stage 3: the seed share of every neighbour that sent its masked vector and the key
+    share of every one that did not. Refuses a request that names one neighbour as both
+    (the two secrets together unmask its vector) or names a client it holds no share of."""
+    alive, dropped = set(alive), set(dropped)
+    if both := alive & dropped:
+        raise SecAggError(f"node(s) {sorted(both)} named as both alive and dropped: revealing both secrets would unmask them")
+    if unknown := (alive | dropped) - set(held):
+        raise SecAggError(f"node(s) {sorted(unknown)} are not neighbours whose shares this client holds")
+    if len(alive) < threshold:
+        raise SecAggError(f"{len(alive)} neighbours alive, fewer than the threshold {threshold}")
+    return {v: held[v][0] for v in alive} | {v: held[v][1] for v in dropped}
+
+
+# ----- the server ------------------------------------------------------------------------------
+
+
+def rebuild(shares: Sequence[bytes], threshold: int, valid: Callable[[bytes], bool]) -> bytes:
+    """A secret from its shares, checked by ``valid``; if all of them together do not give a
+    valid secret (a bad share), each set without one share is tried. Raises SecAggError."""
+    if len(shares) < threshold:
+        raise SecAggError(f"{len(shares)} shares, fewer than the threshold {threshold}")
+    trials = [list(shares)] + ([[s for j, s in enumerate(shares) if j != i] for i in range(len(shares))] if len(shares) > threshold else [])
+    for trial in trials:
+        try:
+            secret = combine_shares(trial)
+        except Exception:
+            continue
+        if valid(secret):
+            return secret
+    raise SecAggError("the shares do not rebuild a secret that matches what its owner committed to (more than one bad share)")
+
+
+def unmask_sum(
+    total: np.ndarray,
+    alive: Iterable[int],
+    dropped: Iterable[int],
+    shares: Mapping[int, Sequence[bytes]],
+    public_keys: Mapping[int, tuple[bytes, bytes]],
+    digests: Mapping[int, bytes],
+    peers: Mapping[int, Iterable[int]],
+    threshold: int,
+) -> np.ndarray:
+    """The sum of the alive clients' encoded vectors from the sum of their masked ones:
+    subtract each alive client's seed mask and cancel the pairwise masks alive clients share
+    with dropped ones (``peers[v]``: whose shares v held, so whom it masked with). ``shares``
+    maps each client to the shares of its secret the survivors revealed."""
+    out = np.asarray(total, dtype=np.uint64).copy()
+    for v in sorted(set(alive)):
+        seed = rebuild(shares.get(v, []), threshold, lambda s, v=v: len(s) == SEED_BYTES and seed_digest(s) == digests[v])
+        out = out - mask(seed, out.size)
+    gone = set(dropped)
+    for d in sorted(gone):
+        sk1 = rebuild(shares.get(d, []), threshold, lambda s, d=d: _key_matches(s, public_keys[d][0]))
+        for v in sorted(set(alive)):
+            if d in set(peers[v]):
+                pairwise = mask(pair_key(sk1, public_keys[v][0]), out.size)
+                out = out - pairwise if pair_sign(v, d) > 0 else out + pairwise  # undo the sign v applied
+    return out
+
+
+def _key_matches(private: bytes, public: bytes) -> bool:
+    try:
+        return public_key_to_bytes(bytes_to_private_key(private).public_key()) == public
+    except Exception:
+        return False
+
+
+def random_seed() -> bytes:
+    """A fresh mask seed from OS entropy."""
+    return os.urandom(SEED_BYTES)
+
+
+# ----- the server's bookkeeping between stages -----------------------------------------------
+
+
+def key_requests(graph: Mapping[int, frozenset[int]], keys: Mapping[int, tuple[bytes, bytes]]) -> dict[int, dict[int, tuple[bytes, bytes]]]:
+    """Stage 1's message to each client that sent its keys: the keys of its neighbours that did (itself included)."""
+    return {v: {u: keys[u] for u in graph[v] if u in keys} for v in keys}
+
+
+def share_problem(me: int, asked: Mapping[int, tuple[bytes, bytes]], ciphertexts: Mapping[int, bytes]) -> str | None:
+    """Why a client's stage-1 reply is not one ciphertext for each neighbour it was given (other than itself), or None."""
+    want = set(asked) - {me}
+    if set(ciphertexts) != want:
+        return f"shares for nodes {sorted(set(ciphertexts) - want)[:5]} it was not given and none for {sorted(want - set(ciphertexts))[:5]}"
+    return None
+
+
+def relay_shares(sent: Mapping[int, Mapping[int, bytes]]) -> dict[int, dict[int, bytes]]:
+    """Stage 2's shares for each client that sent its own: {receiver: {sender: ciphertext}}."""
+    out: dict[int, dict[int, bytes]] = {v: {} for v in sent}
+    for src, texts in sent.items():
+        for dst, text in texts.items():
+            if dst in out:
+                out[dst][src] = text
+    return out
+
+
+def unmask_requests(peers: Mapping[int, Iterable[int]], collected: Iterable[int]) -> dict[int, tuple[list[int], list[int]]]:
+    """Stage 3's question to each client whose masked vector arrived: which of the clients it
+    holds shares of (``peers[v]`` and itself) are alive, which dropped after sharing."""
+    done = set(collected)
+    out = {}
+    for v in sorted(done):
+        held = set(peers[v]) | {v}
+        out[v] = (sorted(held & done), sorted(held - done))
+    return out
+
+
+def gather_shares(
+    requests: Mapping[int, tuple[list[int], list[int]]], answers: Mapping[int, Mapping[int, bytes]]
+) -> dict[int, list[bytes]]:
+    """Each client's revealed shares, from the answers that name exactly what they were asked."""
+    out: dict[int, list[bytes]] = {}
+    for v, revealed in answers.items():
+        alive, dropped = requests[v]
+        if set(revealed) != set(alive) | set(dropped):
+            continue
+        for owner, share in revealed.items():
+            out.setdefault(owner, []).append(share)
+    return out
