@@ -20,6 +20,7 @@ from client.env import ClientEnv, client_env, local_data, node_cfg
 from client.faults import fault_mod
 from client.procedures.base import round_of
 from client.registry import PROCEDURES
+from client.secure_aggregation import answer, is_stage
 from client.state_store import restore_state, save_state, state_path
 from core import protocol as P
 from core.config import body_for, scores_with_train
@@ -98,7 +99,12 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
             scores = None
             if kind == "train" and scores_with_train(env.cfg, round_of(msg.content)):  # the model received, scored before training
                 scores = procedure.evaluate(env, msg.content, context.state).metric_records[P.METRICS]
-            content = handler(env, msg.content, context.state)
+            if kind == "train" and is_stage(msg.content):  # one stage of secure aggregation (client/secure_aggregation.py)
+                content = answer(
+                    msg.content, msg.metadata.dst_node_id, env.partition_id, context.state, lambda c: handler(env, c, context.state)
+                )
+            else:
+                content = handler(env, msg.content, context.state)
             if scores is not None:
                 content[P.SCORES] = scores
             if store is not None and len(context.state):

@@ -22,10 +22,12 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
+from client.secure_aggregation import SESSION
 from core import protocol as P
 
 log = logging.getLogger("headway")
 
+VOLATILE = (SESSION,)  # never on disk: a secure-aggregation round's secrets
 STORE_RECORD = "state-store"  # in the state itself: how often it was restored from disk
 
 
@@ -39,7 +41,8 @@ def save_state(state: RecordDict, path: Path) -> None:
     """Write ``state`` to ``path`` atomically and durably (a crash or power loss leaves the
     previous file whole)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = recorddict_to_proto(state).SerializeToString()
+    kept = RecordDict({name: record for name, record in state.items() if name not in VOLATILE})
+    data = recorddict_to_proto(kept).SerializeToString()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:

@@ -182,6 +182,22 @@ SCHEMA: dict[str, Key] = {
         "with-next-train: in the next round's train reply, scored before training (one exchange after the last round)",
         choices=("exchange", "with-next-train"),
     ),
+    # secure aggregation (core/secagg.py; docs/secure-aggregation.md)
+    "secure-aggregation": Key(
+        "off",
+        "secagg+: the server learns only the sum of the clients' replies, never one of them (SecAgg+; sum-shaped methods only)",
+        choices=("off", "secagg+"),
+    ),
+    "secagg-shares": non_negative(
+        "SecAgg+: clients each one shares its secrets with, itself included (odd; capped at the round's clients); 0: 2*ceil(log2 n)+1", 0
+    ),
+    "secagg-threshold": Key(
+        0.5,
+        "SecAgg+: a secret is rebuilt from more than this fraction of its shares; a round with fewer survivors among a client's "
+        "neighbours fails and keeps the previous model",
+        check=lambda v: 0 < v < 1,
+        rule="in (0, 1)",
+    ),
     "global-eval": Key(True, "also evaluate a single global model on the whole test set, where one exists"),
     "results-dir": Key("results", "where `flwr run` writes its results folder"),
     "client-num-cpus": positive("CPUs per virtual client (simulation)", 1.0),
@@ -330,6 +346,8 @@ def _check_combinations(cfg: Mapping[str, Any], import_bodies: bool = True) -> N
         raise ConfigError(f"run-config key 'client-size-mean' applies to partition iid or dominant, not {cfg['partition']!r}")
     if cfg["client-evaluation"] != "exchange":
         _check_scores_with_train(cfg, method)
+    if cfg["secure-aggregation"] != "off":
+        _check_secure_aggregation(cfg, method)
     method.validate(cfg)  # the chosen method's own rules (core/methods.py)
 
 
@@ -345,6 +363,20 @@ def _check_scores_with_train(cfg: Mapping[str, Any], method: Any) -> None:
         raise ConfigError(
             "run-config key 'client-evaluation' must be 'exchange' with fedlog-dp='local': a train reply then releases nothing "
             "but the noised statistics"
+        )
+
+
+def _check_secure_aggregation(cfg: Mapping[str, Any], method: Any) -> None:
+    """secure-aggregation only for methods whose server needs nothing but the sum of the replies."""
+    if not method.secure_sum:
+        able = ", ".join(m.name for m in METHODS.values() if m.secure_sum)
+        raise ConfigError(
+            f"run-config key 'secure-aggregation' is {cfg['secure-aggregation']!r}, which only {able} implement: {cfg['algorithm']}'s "
+            "server needs what each client sends (profiles to select by, mixtures to sample from, models to compare), not only their sum"
+        )
+    if cfg["client-evaluation"] != "exchange":
+        raise ConfigError(
+            "run-config key 'client-evaluation' must be 'exchange' with secure-aggregation: a train reply then holds only the masked sum share"
         )
 
 

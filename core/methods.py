@@ -39,6 +39,8 @@ class Method:
     # client-evaluation=with-next-train gives the same scores as the evaluation exchange: a client's evaluation of the model a
     # train message brings, before it trains, is the one it would have made in the exchange after the previous round
     scores_with_train: bool = False
+    # secure-aggregation=secagg+: the server needs only the sum of the training replies (core/secagg.py)
+    secure_sum: bool = False
 
     def holdout(self, cfg: Mapping[str, Any]) -> int:
         """Training rows the server keeps for itself before partitioning."""
@@ -62,6 +64,27 @@ def _fedlog_rules(cfg: Mapping[str, Any]) -> None:
             f"run-config key 'fedlog-uplink-dtype' must be 'float32' with fedlog-dp={cfg['fedlog-dp']!r}: float16 sends "
             "class means, the server rebuilds sums as count x mean, so rounding grows with the count and one example "
             "can move a sum by more than the clip b the noise is calibrated to (and under local DP the counts are noised)"
+        )
+    _fedlog_secure_rules(cfg)
+
+
+def _fedlog_secure_rules(cfg: Mapping[str, Any]) -> None:
+    """Under secure-aggregation the statistics are summed in fixed point: bounded (fedlog-clip > 0), dense float32, not locally noised."""
+    if cfg["secure-aggregation"] == "off":
+        return
+    if cfg["fedlog-clip"] <= 0:
+        raise ConfigError(
+            "run-config key 'fedlog-clip' must be > 0 with secure-aggregation: the fixed-point sum needs a bound on every feature to rule out overflow"
+        )
+    if cfg["fedlog-uplink"] != "dense" or cfg["fedlog-uplink-dtype"] != "float32":
+        raise ConfigError(
+            "run-config keys 'fedlog-uplink' and 'fedlog-uplink-dtype' must be 'dense' and 'float32' with secure-aggregation: "
+            "every client adds the same classes x m sums"
+        )
+    if cfg["fedlog-dp"] == "local":
+        raise ConfigError(
+            "run-config key 'fedlog-dp' cannot be 'local' with secure-aggregation: the server already sees only the sum; "
+            "use 'central' (the server noises the sum) or 'distributed' (the clients do)"
         )
 
 
@@ -126,6 +149,7 @@ METHODS: dict[str, Method] = {
             },
             validate=_fedlog_rules,
             scores_with_train=True,
+            secure_sum=True,
         ),
         Method(
             "lg-fedavg",

@@ -65,3 +65,29 @@ def as_int(value: object) -> int:
     if isinstance(value, (int, float, str)):
         return int(value)
     raise TypeError(f"expected a number, got {type(value).__name__}")
+
+
+# Secure aggregation (core/secagg.py): a ConfigRecord SECAGG in a TRAIN message names the stage
+# and what it needs; the train content rides with the collect stage. Each stage is an exchange
+# of its own, metered under its phase.
+SECAGG = "secagg"
+SECAGG_STAGE = "stage"
+STAGE_SETUP = "secagg-setup"  # -> keys: PK1, PK2, SEED_DIGEST
+STAGE_SHARE = "secagg-share"  # IDS + PK1S + PK2S of the neighbours (itself included) -> IDS + CIPHERTEXTS
+STAGE_COLLECT = "secagg-collect"  # IDS + CIPHERTEXTS relayed to it, SUM_NAMES, FRAC_BITS -> ARRAYS{MASKED}
+STAGE_UNMASK = "secagg-unmask"  # ALIVE, DROPPED -> IDS + SHARES
+SECAGG_THRESHOLD = "threshold"
+PK1 = "pk1"
+PK2 = "pk2"
+PK1S = "pk1s"
+PK2S = "pk2s"
+SEED_DIGEST = "seed-digest"
+IDS = "ids"
+CIPHERTEXTS = "ciphertexts"
+SHARES = "shares"
+ALIVE = "alive"
+DROPPED = "dropped"
+SUM_NAMES = "sum-names"  # the arrays of the method's reply that are summed, in this order
+FRAC_BITS = "frac-bits"
+NOISE_STD = "noise-std"  # fedlog-dp=distributed: each client's share of the Gaussian noise (0: none)
+MASKED = "masked"  # uint64 (D,): the masked fixed-point vector

@@ -276,11 +276,19 @@ def unmask_sum(
     maps each client to the shares of its secret the survivors revealed."""
     out = np.asarray(total, dtype=np.uint64).copy()
     for v in sorted(set(alive)):
-        seed = rebuild(shares.get(v, []), threshold, lambda s, v=v: len(s) == SEED_BYTES and seed_digest(s) == digests[v])
-        out = out - mask(seed, out.size)
-    gone = set(dropped)
-    for d in sorted(gone):
-        sk1 = rebuild(shares.get(d, []), threshold, lambda s, d=d: _key_matches(s, public_keys[d][0]))
+        digest = digests[v]
+
+        def is_seed(secret: bytes, digest: bytes = digest) -> bool:
+            return len(secret) == SEED_BYTES and seed_digest(secret) == digest
+
+        out = out - mask(rebuild(shares.get(v, []), threshold, is_seed), out.size)
+    for d in sorted(set(dropped)):
+        pk1 = public_keys[d][0]
+
+        def is_key(secret: bytes, pk1: bytes = pk1) -> bool:
+            return _key_matches(secret, pk1)
+
+        sk1 = rebuild(shares.get(d, []), threshold, is_key)
         for v in sorted(set(alive)):
             if d in set(peers[v]):
                 pairwise = mask(pair_key(sk1, public_keys[v][0]), out.size)

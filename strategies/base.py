@@ -50,6 +50,7 @@ from core.models import BODIES, build_model, common_width, is_custom_body
 from core.training import predict, task_metrics
 from strategies.engine import Engine, RoundFailed, RoundMeter
 from strategies.replies import Layout, Reply
+from strategies.secure_aggregation import SecureSum, SumSpec, secure_sum
 from strategies.services import Services
 
 log = logging.getLogger("headway")
@@ -217,9 +218,26 @@ class HeadwayStrategy:
     def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
         raise NotImplementedError
 
+    def sum_spec(self, ctx: TrainRound, nodes: list[int]) -> SumSpec:
+        """What the clients add up under secure-aggregation (a method declared ``secure_sum``), and the bound on the sum."""
+        raise NotImplementedError
+
+    def aggregate_sum(self, ctx: TrainRound, total: SecureSum) -> Step:
+        """The step from the securely summed replies (a method declared ``secure_sum``)."""
+        raise NotImplementedError
+
+    def secure_step(self, phase: str, ctx: TrainRound, contents: Mapping[int, RecordDict]) -> Step:
+        """One exchange under secure-aggregation: SecAgg+ over ``contents``, quorum on the clients in the sum, aggregate."""
+        total = secure_sum(ctx.engine, phase, contents, self.sum_spec(ctx, sorted(contents)))
+        if total is None or not ctx.engine.quorum(phase, total):
+            return Step(None, len(total) if total is not None else 0)
+        return self.aggregate_sum(ctx, total)
+
     def train_round(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> Step:
         """Configure, exchange, check quorum, aggregate (a failed round keeps ``arrays``)."""
         ctx, contents = self.configure_train(server_round, arrays, engine)
+        if self.cfg["secure-aggregation"] != "off":
+            return self.secure_step(P.PHASE_TRAIN, ctx, contents)
         layout = self.train_layout(ctx)
         if scores_with_train(self.cfg, server_round):  # each reply also scores the model it received, as an evaluation reply would
             layout = replace(layout, scores=self.eval_layout())

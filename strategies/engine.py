@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sized
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -462,27 +462,38 @@ class Engine:
         self.registry.seen(node, self.round)
         return decoded
 
+    def most_examples(self, node: int, split: str = "train") -> int:
+        """The most examples ``node`` can hold in ``split`` (what it declared, else its partition's bound)."""
+        return self._most(node, self.partition_of(node), split)
+
     def _most(self, node: int, pid: int, split: str) -> int:
         """The most examples ``node`` (partition ``pid``) can hold in ``split``: what it declared, else the partition's bound."""
         declared = self.registry.clients[node].declared_count(split)
         return declared if declared is not None else self.services.data.max_count(pid, split)
 
     def exchange(
-        self, phase: str, contents: Mapping[int, RecordDict], kind: str, layout: Layout | Callable[[int], Layout], split: str = "train"
+        self,
+        phase: str,
+        contents: Mapping[int, RecordDict],
+        kind: str,
+        layout: Layout | Callable[[int], Layout],
+        split: str = "train",
+        timeout: float | None = None,
     ) -> list[Reply]:
         """Send each node its content; return the valid replies, decoded against ``layout``
         (or ``layout(node_id)`` where replies differ per client, e.g. by body).
 
         Ends when every node has answered or at the ``round-timeout`` deadline; silent,
         erroring and invalid replies are counted with their reason. ``split`` names the
-        data a reply's count is about (train or test), for its bound. Replies come back in
+        data a reply's count is about (train or test), for its bound; ``timeout`` replaces the
+        deadline (an exchange that is one stage of a longer one). Replies come back in
         partition-id order, whatever order they arrived in, so one config gives one result."""
-        replies = self._send(phase, contents, kind)
+        replies = self._send(phase, contents, kind, timeout)
         accepted = [r for r in (self._accept(phase, m, layout, split) for m in replies) if r is not None]
         return sorted(accepted, key=lambda r: r.partition_id)  # arrival order must not change a result (sums, draws)
 
-    def quorum(self, phase: str, replies: list[Reply]) -> bool:
-        """Whether ``replies`` reach ``min-replies``; a shortfall is counted as a failure."""
+    def quorum(self, phase: str, replies: Sized) -> bool:
+        """Whether ``replies`` (or the clients in a secure sum) reach ``min-replies``; a shortfall is counted as a failure."""
         need = self.cfg["min-replies"]
         if len(replies) >= need:
             return True

@@ -18,6 +18,7 @@ from core.models import common_width, nonnegative_features
 from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
 from strategies.replies import ArraySpec, Layout, Reply
+from strategies.secure_aggregation import SecureSum, SumSpec
 from strategies.services import Services
 
 log = logging.getLogger("headway")
@@ -92,10 +93,16 @@ class FedLog(HeadwayStrategy):
             return arrays, None
         ctx = TrainRound(0, engine)
         content = self.content(0, self.head_record(), **{P.PHASE: P.PHASE_STATS})
-        replies = engine.exchange(P.PHASE_STATS, {n: content for n in engine.nodes()}, MessageType.TRAIN, self.train_layout(ctx))
-        if not engine.quorum(P.PHASE_STATS, replies):
-            return arrays, Step(None, len(replies))
-        step = self.aggregate_train(ctx, replies)
+        contents = {n: content for n in engine.nodes()}
+        if self.cfg["secure-aggregation"] != "off":
+            step = self.secure_step(P.PHASE_STATS, ctx, contents)
+            if step.arrays is None:
+                return arrays, step
+        else:
+            replies = engine.exchange(P.PHASE_STATS, contents, MessageType.TRAIN, self.train_layout(ctx))
+            if not engine.quorum(P.PHASE_STATS, replies):
+                return arrays, Step(None, len(replies))
+            step = self.aggregate_train(ctx, replies)
         assert step.arrays is not None, "FedLog's aggregation always solves a head"
         log.info("fedlog: first head from %d clients' statistics", step.clients)
         return step.arrays, Step(step.arrays, step.clients, {"clients": float(step.clients)})
@@ -138,6 +145,27 @@ class FedLog(HeadwayStrategy):
             n = max(float(np.sum(phi[:, 0])), 0.0)  # the noised count row: post-processing, no privacy cost
         else:
             n = float(sum(r.examples for r in replies))
+        metrics = {} if self.local_dp else {"loss": mean_finite([r.metrics.get(P.LOSS, float("nan")) for r in replies])}
+        return self.head_step(phi, n, len(replies), metrics)
+
+    def sum_spec(self, ctx: TrainRound, nodes: list[int]) -> SumSpec:
+        """T (classes × m) of every client; |a sum| ≤ the examples the clients can hold times max(b, 1)."""
+        most = sum(ctx.engine.most_examples(v) for v in nodes)
+        return SumSpec({P.STATS: (self.classes, self.m)}, float(most) * max(self.cfg["fedlog-clip"], 1.0))
+
+    def aggregate_sum(self, ctx: TrainRound, total: SecureSum) -> Step:
+        """The head from the securely summed T: the count row gives n; the sum must obey the bounds any real sum obeys."""
+        phi = total.arrays[P.STATS]
+        n = float(np.sum(phi[:, 0]))
+        if problem := self.checker.problem(phi, n):
+            ctx.engine.meter.fail(
+                f"secure sum of {len(total)} clients is not a sum of real statistics ({problem}); keeping the previous head"
+            )
+            return Step(None, 0)
+        return self.head_step(phi, n, len(total), {})
+
+    def head_step(self, phi: np.ndarray, n: float, clients: int, metrics: dict[str, float]) -> Step:
+        """Eq. 12's head from the summed statistics ``phi`` of ``n`` examples (noised once here under central DP)."""
         if self.cfg["fedlog-dp"] == "central":
             phi = add_noise(phi, self.sigma, self.services.private)  # once, on the sum, from OS entropy
         t0 = time.perf_counter()
@@ -145,10 +173,7 @@ class FedLog(HeadwayStrategy):
         dt = time.perf_counter() - t0
         self.solve_seconds.append(dt)
         self.phi_sum = phi
-        metrics = {"solve_seconds": dt}
-        if not self.local_dp:
-            metrics["loss"] = mean_finite([r.metrics.get(P.LOSS, float("nan")) for r in replies])
-        return Step(self.head_record(), len(replies), metrics)
+        return Step(self.head_record(), clients, {"solve_seconds": dt, **metrics})
 
     def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         return ArrayRecord({P.ETA: Array(self._wire(self.eta))})

@@ -1,0 +1,142 @@
+"""The client's side of SecAgg+ (core/secagg.py): a TRAIN message carrying a ``secagg``
+ConfigRecord is one stage of the protocol. The collect stage runs the method's own train
+procedure, then sends only its summed arrays, encoded and masked; nothing else of the
+reply (count, loss) leaves the node.
+
+This ports the stages of Flower's legacy ``secaggplus_mod`` rather than wrapping it: the
+mod reads and writes legacy ``FitRes`` records (``parameters`` and ``num_examples``),
+while a headway reply is named arrays of a method (FedLog's T carries its counts inside),
+and the mod masks with a 32-bit seeded generator (core/secagg.py says why not).
+
+The round's secrets live in ``context.state`` under :data:`SESSION`, which the node never
+writes to disk (client/state_store.py), and are dropped after the unmask stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from core import protocol as P
+from core import secagg as S
+
+SESSION = "secagg-session"
+NEXT = {P.STAGE_SHARE: P.STAGE_SETUP, P.STAGE_COLLECT: P.STAGE_SHARE, P.STAGE_UNMASK: P.STAGE_COLLECT}  # stage -> the one before
+
+
+def is_stage(content: RecordDict) -> bool:
+    return P.SECAGG in content.config_records
+
+
+def answer(
+    content: RecordDict, node_id: int, partition_id: int, state: RecordDict, train: Callable[[RecordDict], RecordDict]
+) -> RecordDict:
+    """The reply to one stage message; ``train`` runs the method's procedure on a train content.
+    Raises SecAggError (or KeyError/TypeError on a malformed message) when the stage cannot go on."""
+    fields = content.config_records[P.SECAGG]
+    stage = str(fields[P.SECAGG_STAGE])
+    session = state.config_records.get(SESSION, ConfigRecord())
+    if stage != P.STAGE_SETUP and session.get(P.SECAGG_STAGE) != NEXT.get(stage):
+        raise S.SecAggError(f"stage {stage!r} after {session.get(P.SECAGG_STAGE)!r}: the protocol starts again from setup")
+    reply: dict[str, Any]
+    if stage == P.STAGE_SETUP:
+        keys, seed = S.new_keys(), S.random_seed()
+        session = ConfigRecord(
+            {P.SECAGG_THRESHOLD: P.as_int(fields[P.SECAGG_THRESHOLD]), "sk1": keys.sk1, P.PK1: keys.pk1, "sk2": keys.sk2}
+        )
+        session[P.PK2], session["seed"] = keys.pk2, seed
+        reply = {P.PK1: keys.pk1, P.PK2: keys.pk2, P.SEED_DIGEST: S.seed_digest(seed)}
+    elif stage == P.STAGE_SHARE:
+        ids = _ints(fields[P.IDS])
+        neighbours = dict(zip(ids, zip(_blobs(fields[P.PK1S]), _blobs(fields[P.PK2S]), strict=True), strict=True))
+        own, texts = S.share_secrets(node_id, _keys(session), _blob(session["seed"]), neighbours, P.as_int(session[P.SECAGG_THRESHOLD]))
+        session[P.IDS], session[P.PK1S], session[P.PK2S] = ids, _blobs(fields[P.PK1S]), _blobs(fields[P.PK2S])
+        session["own"] = list(own)
+        reply = {P.IDS: list(texts), P.CIPHERTEXTS: list(texts.values())}
+    elif stage == P.STAGE_COLLECT:
+        reply_content = _collect(fields, content, node_id, session, train)
+        state[SESSION] = session
+        return RecordDict({**reply_content, P.METRICS: MetricRecord({P.PARTITION_ID: partition_id})})
+    elif stage == P.STAGE_UNMASK:
+        held = _held(session, node_id)
+        revealed = S.reveal(held, _ints(fields[P.ALIVE]), _ints(fields[P.DROPPED]), P.as_int(session[P.SECAGG_THRESHOLD]))
+        del state[SESSION]  # the round's secrets are spent
+        return RecordDict(
+            {
+                P.CONFIG: ConfigRecord({P.IDS: list(revealed), P.SHARES: list(revealed.values())}),
+                P.METRICS: MetricRecord({P.PARTITION_ID: partition_id}),
+            }
+        )
+    else:
+        raise S.SecAggError(f"unknown secure-aggregation stage {stage!r}")
+    session[P.SECAGG_STAGE] = stage
+    state[SESSION] = session
+    return RecordDict({P.CONFIG: ConfigRecord(reply), P.METRICS: MetricRecord({P.PARTITION_ID: partition_id})})
+
+
+def _collect(
+    fields: ConfigRecord, content: RecordDict, node_id: int, session: ConfigRecord, train: Callable[[RecordDict], RecordDict]
+) -> dict[str, Any]:
+    """Open the relayed shares, train, and mask the summed arrays of the reply."""
+    keys, threshold = _keys(session), P.as_int(session[P.SECAGG_THRESHOLD])
+    neighbours = _neighbours(session)
+    sources = _ints(fields[P.IDS])
+    held = S.open_shares(node_id, keys, neighbours, dict(zip(sources, _blobs(fields[P.CIPHERTEXTS]), strict=True)), threshold)
+    session["held-ids"] = list(held)
+    session["held-seeds"] = [s for s, _ in held.values()]
+    session["held-keys"] = [k for _, k in held.values()]
+    session[P.SECAGG_STAGE] = P.STAGE_COLLECT
+    train_content = RecordDict({name: record for name, record in content.items() if name != P.SECAGG})
+    out = train(train_content)
+    arrays = out.array_records[P.ARRAYS]
+    values = np.concatenate([arrays[str(name)].numpy().astype(np.float64).ravel() for name in _names(fields[P.SUM_NAMES])])
+    if not np.all(np.isfinite(values)):
+        raise S.SecAggError("the method's reply holds NaN or Inf: nothing to add")
+    rng = np.random.default_rng()  # OS entropy: rounding and noise no one can replay
+    std = float(fields.get(P.NOISE_STD, 0.0))  # type: ignore[arg-type]
+    if std > 0:  # fedlog-dp=distributed: this client's share of the sum's Gaussian noise
+        values = values + rng.normal(0.0, std, values.shape)
+    encoded = S.encode(values, P.as_int(fields[P.FRAC_BITS]), rng)
+    vector = S.masked(node_id, keys, _blob(session["seed"]), encoded, {v: neighbours[v][0] for v in held})
+    return {P.ARRAYS: ArrayRecord({P.MASKED: Array(vector)})}
+
+
+def _keys(session: ConfigRecord) -> S.Keys:
+    return S.Keys(_blob(session["sk1"]), _blob(session[P.PK1]), _blob(session["sk2"]), _blob(session[P.PK2]))
+
+
+def _neighbours(session: ConfigRecord) -> dict[int, tuple[bytes, bytes]]:
+    return dict(zip(_ints(session[P.IDS]), zip(_blobs(session[P.PK1S]), _blobs(session[P.PK2S]), strict=True), strict=True))
+
+
+def _held(session: ConfigRecord, me: int) -> dict[int, tuple[bytes, bytes]]:
+    own = _blobs(session["own"])
+    held = dict(zip(_ints(session["held-ids"]), zip(_blobs(session["held-seeds"]), _blobs(session["held-keys"]), strict=True), strict=True))
+    return {**held, me: (own[0], own[1])}
+
+
+def _blob(value: Any) -> bytes:
+    if not isinstance(value, bytes):
+        raise TypeError("expected bytes")
+    return value
+
+
+def _ints(value: Any) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise TypeError("expected a list of node ids")
+    return [int(v) for v in value]
+
+
+def _blobs(value: Any) -> list[bytes]:
+    if not isinstance(value, list) or not all(isinstance(v, bytes) for v in value):
+        raise TypeError("expected a list of bytes")
+    return list(value)
+
+
+def _names(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TypeError("expected a list of array names")
+    return list(value)

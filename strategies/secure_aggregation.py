@@ -1,0 +1,242 @@
+"""The server's side of SecAgg+ on headway's round engine: one secure exchange is four
+metered exchanges (setup, share keys, collect masked vectors with the round's training,
+unmask), all within one ``round-timeout`` deadline. The maths is core/secagg.py; here only
+who is sent what, and what a reply may be.
+
+Every stage reply is checked like any other (layout, size, partition id); a client that
+fails a stage is out of the rest of the round. What is unmasked is only the sum of the
+clients whose masked vectors arrived: no stage ever holds one client's values.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, MessageType, RecordDict
+from flwr.supercore.primitives.asymmetric import bytes_to_public_key
+
+from core import protocol as P
+from core import secagg as S
+from strategies.engine import Engine
+from strategies.replies import ArraySpec, Layout, Reply
+
+log = logging.getLogger("headway")
+
+MAX_CIPHERTEXT_BYTES = 4096  # one encrypted pair of shares is ~0.6 KB (a PEM private key's Shamir shares, Fernet, base64)
+MAX_SHARE_BYTES = 2048
+
+
+@dataclass(frozen=True)
+class SumSpec:
+    """What a method adds up: its reply's arrays (name -> shape, in this order) and the
+    largest |entry| the sum over this round's clients can reach (the overflow rule)."""
+
+    arrays: Mapping[str, tuple[int, ...]]
+    bound: float
+
+    @property
+    def size(self) -> int:
+        return sum(math.prod(shape) for shape in self.arrays.values())
+
+
+@dataclass(frozen=True)
+class SecureSum:
+    """The unmasked sum (float64 arrays) and the partitions whose vectors are in it."""
+
+    arrays: dict[str, np.ndarray]
+    partitions: list[int]
+
+    def __len__(self) -> int:
+        return len(self.partitions)
+
+
+def _content(stage: str, fields: Mapping[str, Any], base: RecordDict | None = None, server_round: int = 0) -> RecordDict:
+    out = RecordDict(dict(base.items())) if base is not None else RecordDict({P.CONFIG: ConfigRecord({P.ROUND: server_round})})
+    out[P.SECAGG] = ConfigRecord({P.SECAGG_STAGE: stage, **fields})
+    return out
+
+
+def _config_only(names: tuple[str, ...], check: Any, entries: int = 1) -> Layout:
+    return Layout(None, count=False, config=names, check=check, slack_bytes=64 * 1024 + entries * (MAX_CIPHERTEXT_BYTES + 64))
+
+
+def _bytes_list(value: Any, cap: int) -> list[bytes] | None:
+    if not isinstance(value, list) or not all(isinstance(v, bytes) and 0 < len(v) <= cap for v in value):
+        return None
+    return value
+
+
+def _int_list(value: Any) -> list[int] | None:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return None
+    return value
+
+
+def _check_keys(arrays: dict, reply: Reply) -> tuple[Any, str | None]:
+    c = reply.config
+    pk1, pk2, digest = c.get(P.PK1), c.get(P.PK2), c.get(P.SEED_DIGEST)
+    if not (isinstance(pk1, bytes) and isinstance(pk2, bytes) and max(len(pk1), len(pk2)) <= S.MAX_KEY_BYTES):
+        return None, "setup reply without two public keys of at most 1 KB"
+    if not (isinstance(digest, bytes) and len(digest) == 32):
+        return None, "setup reply without a 32-byte seed digest"
+    for key in (pk1, pk2):
+        try:
+            bytes_to_public_key(key)
+        except Exception:
+            return None, "a public key that is not a PEM EC public key"
+    return (pk1, pk2, digest), None
+
+
+def _check_pairs(reply: Reply, values: str, cap: int) -> tuple[dict[int, bytes] | None, str | None]:
+    ids, blobs = _int_list(reply.config.get(P.IDS)), _bytes_list(reply.config.get(values), cap)
+    if ids is None or blobs is None or len(ids) != len(blobs) or len(set(ids)) != len(ids):
+        return None, f"reply without matching lists of distinct node ids and {values} (each at most {cap} bytes)"
+    return dict(zip(ids, blobs, strict=True)), None
+
+
+def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], spec: SumSpec) -> SecureSum | None:
+    """Run SecAgg+ over ``contents`` (each node's training message): the decoded sum of the
+    ``spec`` arrays of the replies, or None when the round cannot finish (the reason is in
+    the round's failures). All stages share one ``round-timeout`` deadline."""
+    cfg = engine.cfg
+    deadline = engine.clock() + cfg["round-timeout"]
+    nodes = sorted(contents)
+    rnd = engine.round
+
+    def left() -> float:
+        return max(deadline - engine.clock(), 0.0)
+
+    def fail(why: str) -> None:
+        engine.meter.fail(f"{phase}: secure aggregation: {why}; keeping the previous model")
+
+    if len(nodes) < 2:
+        fail(f"{len(nodes)} client(s) asked; a secure sum needs at least 2")
+        return None
+    try:
+        frac = S.fraction_bits(spec.bound)
+    except S.SecAggError as exc:
+        fail(str(exc))
+        return None
+    shares = S.share_count(len(nodes), cfg["secagg-shares"])
+    threshold = S.threshold_for(shares, cfg["secagg-threshold"])
+    graph = S.neighbour_graph(nodes, shares)
+
+    # stage 0: fresh keys and a seed digest from every client
+    setup = _content(P.STAGE_SETUP, {P.SECAGG_THRESHOLD: threshold}, server_round=rnd)
+    replies = engine.exchange(
+        P.STAGE_SETUP,
+        {v: setup for v in nodes},
+        MessageType.TRAIN,
+        _config_only((P.PK1, P.PK2, P.SEED_DIGEST), _check_keys),
+        timeout=left(),
+    )
+    got = {r.node_id: r.payload for r in replies}
+    listed = [k for (pk1, pk2, _) in got.values() for k in (pk1, pk2)]
+    twins = {k for k in listed if listed.count(k) > 1}
+    for v in [v for v, (pk1, pk2, _) in got.items() if pk1 in twins or pk2 in twins]:
+        engine.meter.fail(f"{P.STAGE_SETUP}: node {v} sent a public key another client also sent")
+        del got[v]
+    public = {v: (pk1, pk2) for v, (pk1, pk2, _) in got.items()}
+    digests = {v: d for v, (_, _, d) in got.items()}
+
+    # stage 1: each client gets its neighbours' keys and sends each neighbour encrypted shares
+    asked = S.key_requests(graph, public)
+    share_msgs = {
+        v: _content(
+            P.STAGE_SHARE,
+            {
+                P.IDS: list(keys),
+                P.PK1S: [k[0] for k in keys.values()],
+                P.PK2S: [k[1] for k in keys.values()],
+                P.SECAGG_THRESHOLD: threshold,
+            },
+            server_round=rnd,
+        )
+        for v, keys in asked.items()
+        if len(keys) >= threshold
+    }
+
+    def check_shares(arrays: dict, reply: Reply) -> tuple[Any, str | None]:
+        texts, problem = _check_pairs(reply, P.CIPHERTEXTS, MAX_CIPHERTEXT_BYTES)
+        if texts is None:
+            return None, problem
+        return texts, S.share_problem(reply.node_id, asked[reply.node_id], texts)
+
+    replies = engine.exchange(
+        P.STAGE_SHARE, share_msgs, MessageType.TRAIN, _config_only((P.IDS, P.CIPHERTEXTS), check_shares, shares), timeout=left()
+    )
+    relayed = S.relay_shares({r.node_id: r.payload for r in replies})
+
+    # stage 2: the round's training message, with the shares relayed to each; masked vectors back
+    collect = {
+        v: _content(
+            P.STAGE_COLLECT,
+            {P.IDS: list(texts), P.CIPHERTEXTS: list(texts.values()), P.SUM_NAMES: list(spec.arrays), P.FRAC_BITS: frac},
+            base=contents[v],
+        )
+        for v, texts in relayed.items()
+        if len(texts) + 1 >= threshold
+    }
+    masked_layout = Layout({P.MASKED: ArraySpec((spec.size,), "uint64")}, count=False)
+    replies = engine.exchange(phase, collect, MessageType.TRAIN, masked_layout, timeout=left())
+    total = np.zeros(spec.size, dtype=np.uint64)
+    for r in replies:
+        total = total + r.arrays[P.MASKED]
+    arrived = [r.node_id for r in replies]
+    if not arrived:
+        fail("no masked vector arrived")
+        return None
+
+    # stage 3: survivors reveal the seeds of the alive and the keys of the dropped
+    requests = S.unmask_requests({v: relayed[v].keys() for v in relayed}, arrived)
+    unmask = {
+        v: _content(P.STAGE_UNMASK, {P.ALIVE: alive, P.DROPPED: dropped}, server_round=rnd) for v, (alive, dropped) in requests.items()
+    }
+
+    def check_reveal(arrays: dict, reply: Reply) -> tuple[Any, str | None]:
+        revealed, problem = _check_pairs(reply, P.SHARES, MAX_SHARE_BYTES)
+        if revealed is None:
+            return None, problem
+        alive, dropped = requests[reply.node_id]
+        if set(revealed) != set(alive) | set(dropped):
+            return None, "shares of other clients than it was asked for"
+        return revealed, None
+
+    replies = engine.exchange(
+        P.STAGE_UNMASK, unmask, MessageType.TRAIN, _config_only((P.IDS, P.SHARES), check_reveal, shares), timeout=left()
+    )
+    dropped = set(relayed) - set(arrived)
+    try:
+        summed = S.unmask_sum(
+            total,
+            arrived,
+            dropped,
+            S.gather_shares(requests, {r.node_id: r.payload for r in replies}),
+            public,
+            digests,
+            relayed,
+            threshold,
+        )
+    except S.SecAggError as exc:
+        fail(f"{len(replies)} of {len(arrived)} clients revealed shares: {exc}")
+        return None
+    values = S.decode(summed, frac)
+    out, at = {}, 0
+    for name, shape in spec.arrays.items():
+        n = math.prod(shape)
+        out[name] = values[at : at + n].reshape(shape)
+        at += n
+    log.info(
+        "%s: secure sum of %d clients (%d dropped after sharing keys; %d shares each, threshold %d)",
+        phase,
+        len(arrived),
+        len(dropped),
+        shares,
+        threshold,
+    )
+    return SecureSum(out, sorted(engine.partition_of(v) for v in arrived))

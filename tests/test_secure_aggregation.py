@@ -1,0 +1,180 @@
+"""FedLog under secure-aggregation=secagg+ through the round engine and the real client
+stage code (client/secure_aggregation.py), on a fake grid: what the server sees, the head
+it gets, dropouts, hostile clients and refused configs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
+
+from client.secure_aggregation import SESSION, answer, is_stage
+from client.state_store import load_state, save_state
+from core import protocol as P
+from core.config import ConfigError, resolve
+from core.fedlog import solve_head
+from tests.fakes import FakeGrid, engine_for, make_strategy, reply
+
+SECURE = {"secure-aggregation": "secagg+", "fedlog-clip": 2.0, "min-replies": 1}
+CLIENTS = 6
+
+
+def client_stats(pid: int) -> np.ndarray:
+    """A real-looking T: counts on the first column, feature sums within count × clip."""
+    rng = np.random.default_rng(pid)
+    stats = np.zeros((10, 51), np.float32)
+    for c in rng.choice(10, 3, replace=False):
+        n = int(rng.integers(5, 40))
+        stats[c, 0] = n
+        stats[c, 1:] = rng.uniform(0.0, 2.0, 50).astype(np.float32) * n * 0.9  # ReLU features within the clip
+    return stats
+
+
+class Clients:
+    """Nodes 101.. running the real client stages; ``silent_at`` maps a partition to the stage it stops answering at."""
+
+    def __init__(self, silent_at: dict[int, str] | None = None, hostile: dict[int, Callable[[RecordDict], RecordDict]] | None = None):
+        self.states: dict[int, RecordDict] = {}
+        self.silent_at = silent_at or {}
+        self.hostile = hostile or {}
+        self.seen: dict[int, np.ndarray] = {}  # the masked vectors the server received, by partition
+
+    def __call__(self, pid: int, msg: Message):
+        assert is_stage(msg.content), "under secure aggregation every train message is a protocol stage"
+        stage = str(msg.content.config_records[P.SECAGG][P.SECAGG_STAGE])
+        if self.silent_at.get(pid) == stage:
+            return None
+        state = self.states.setdefault(pid, RecordDict())
+        out = answer(msg.content, msg.metadata.dst_node_id, pid, state, lambda c: reply({"stats": client_stats(pid)}, None, pid))
+        if pid in self.hostile and stage == P.STAGE_COLLECT:
+            out = self.hostile[pid](out)
+        if stage == P.STAGE_COLLECT:
+            self.seen[pid] = out.array_records[P.ARRAYS][P.MASKED].numpy()
+        return out
+
+
+def secure_round(clients: Clients, **cfg):
+    s = make_strategy("fedlog", **{"num-clients": CLIENTS, **SECURE, **cfg})
+    engine = engine_for(s, FakeGrid(CLIENTS, clients))
+    return s, engine, s.train_round(1, s.initial_arrays(), engine)
+
+
+def plain_head(strategy, pids) -> np.ndarray:
+    phi = np.sum([client_stats(p).astype(np.float64) for p in pids], axis=0)
+    return solve_head(phi, float(phi[:, 0].sum()), chi=strategy.cfg["fedlog-prior-chi"], nu=strategy.cfg["fedlog-prior-nu"])
+
+
+def test_the_head_equals_the_plain_one_and_the_server_never_holds_a_clients_statistics(task_identity):
+    clients = Clients()
+    s, engine, step = secure_round(clients)
+    assert step.clients == CLIENTS and not engine.meter.failures
+    np.testing.assert_allclose(step.arrays[P.ETA].numpy(), plain_head(s, range(CLIENTS)).astype(np.float32), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(s.phi_sum, np.sum([client_stats(p) for p in range(CLIENTS)], axis=0), atol=1e-6)
+    for pid, vec in clients.seen.items():  # the masked vector: uniform on [0, 2^64), unrelated to the statistics
+        unit = vec.astype(np.float64) / 2.0**64
+        assert vec.dtype == np.uint64 and abs(unit.mean() - 0.5) < 0.05
+        assert abs(np.corrcoef(unit, client_stats(pid).ravel())[0, 1]) < 0.12
+    for phase in (P.STAGE_SETUP, P.STAGE_SHARE, P.PHASE_TRAIN, P.STAGE_UNMASK):  # every stage is metered
+        assert engine.meter.phase(phase)[0] > 0 and engine.meter.phase(phase)[1] > 0
+
+
+def test_a_client_that_drops_after_sharing_its_keys_is_unmasked_through_its_neighbours(task_identity):
+    clients = Clients(silent_at={2: P.STAGE_COLLECT})
+    s, engine, step = secure_round(clients)
+    assert step.clients == CLIENTS - 1
+    survivors = [p for p in range(CLIENTS) if p != 2]
+    np.testing.assert_allclose(step.arrays[P.ETA].numpy(), plain_head(s, survivors).astype(np.float32), rtol=1e-5, atol=1e-6)
+
+
+def test_a_client_that_drops_at_setup_or_after_collect_leaves_the_sum_whole(task_identity):
+    s, _, step = secure_round(Clients(silent_at={0: P.STAGE_SETUP, 4: P.STAGE_UNMASK}))
+    assert step.clients == CLIENTS - 1
+    np.testing.assert_allclose(step.arrays[P.ETA].numpy(), plain_head(s, [1, 2, 3, 4, 5]).astype(np.float32), rtol=1e-5, atol=1e-6)
+
+
+def test_too_few_survivors_end_the_round_cleanly_and_keep_the_head(task_identity):
+    clients = Clients(silent_at={p: P.STAGE_UNMASK for p in range(4)})  # 2 of 6 reveal: below every neighbourhood's threshold
+    s, engine, step = secure_round(clients, **{"secagg-shares": 5})
+    assert step.arrays is None
+    assert any("secure aggregation" in f and "threshold" in f for f in engine.meter.failures)
+
+
+def _replace_masked(out: RecordDict, vec: np.ndarray) -> RecordDict:
+    record = out.array_records[P.ARRAYS]
+    record[P.MASKED] = type(record[P.MASKED])(vec)
+    return out
+
+
+def test_a_garbage_masked_vector_is_caught_by_the_sum_check_and_changes_nothing(task_identity):
+    def garbage(out: RecordDict) -> RecordDict:  # what it likes: random bits instead of its masked statistics
+        return _replace_masked(
+            out, np.random.default_rng(7).integers(0, 2**63, out.array_records[P.ARRAYS][P.MASKED].numpy().size, dtype=np.uint64)
+        )
+
+    s, engine, step = secure_round(Clients(hostile={3: garbage}))
+    assert step.arrays is None and s.phi_sum is None
+    assert any("not a sum of real statistics" in f for f in engine.meter.failures)
+
+
+def test_poison_inside_the_bounds_goes_through_undetected_as_the_trust_model_says(task_identity):
+    """docs/secure-aggregation.md: a client can add any plausible statistics to the sum; only implausible sums are caught."""
+    frac_of: dict[str, int] = {}
+
+    def poison(out: RecordDict) -> RecordDict:
+        fake = np.zeros((10, 51))
+        fake[0, 0], fake[0, 1:] = 100.0, 200.0  # 100 made-up examples of class 0, every feature at the clip
+        extra = (np.round(fake.ravel() * 2.0 ** frac_of["frac"])).astype(np.int64).view(np.uint64)
+        return _replace_masked(out, out.array_records[P.ARRAYS][P.MASKED].numpy() + extra)
+
+    class Spy(Clients):
+        def __call__(self, pid, msg):
+            fields = msg.content.config_records[P.SECAGG]
+            if P.FRAC_BITS in fields:
+                frac_of["frac"] = int(fields[P.FRAC_BITS])
+            return super().__call__(pid, msg)
+
+    s, engine, step = secure_round(Spy(hostile={3: poison}))
+    assert step.clients == CLIENTS and not engine.meter.failures
+    honest = np.sum([client_stats(p).astype(np.float64) for p in range(CLIENTS)], axis=0)
+    assert s.phi_sum[0, 0] == pytest.approx(honest[0, 0] + 100.0)
+
+
+def test_a_client_refuses_stages_out_of_order_and_keeps_no_secret_on_disk(task_identity, tmp_path):
+    s = make_strategy("fedlog", **{"num-clients": 3, **SECURE})
+    state = RecordDict()
+    setup = RecordDict({P.SECAGG: ConfigRecord({P.SECAGG_STAGE: P.STAGE_SETUP, P.SECAGG_THRESHOLD: 2})})
+    out = answer(setup, 101, 0, state, lambda c: c)
+    assert set(out.config_records[P.CONFIG]) == {P.PK1, P.PK2, P.SEED_DIGEST} and SESSION in state
+    unmask = RecordDict({P.SECAGG: ConfigRecord({P.SECAGG_STAGE: P.STAGE_UNMASK, P.ALIVE: [101], P.DROPPED: []})})
+    with pytest.raises(ValueError, match="starts again from setup"):
+        answer(unmask, 101, 0, state, lambda c: c)
+    save_state(state, tmp_path / "state")
+    assert SESSION not in load_state(tmp_path / "state")
+    assert s.cfg["secure-aggregation"] == "secagg+"
+
+
+@pytest.mark.parametrize(
+    ("keys", "match"),
+    [
+        ({"algorithm": "fedprof"}, "only fedlog implement"),
+        ({"algorithm": "fedlog", "fedlog-clip": 0.0}, "fedlog-clip"),
+        ({"algorithm": "fedlog", "fedlog-clip": 2.0, "fedlog-uplink": "sparse"}, "dense"),
+        ({"algorithm": "fedlog", "fedlog-clip": 2.0, "fedlog-dp": "local"}, "cannot be 'local'"),
+        ({"algorithm": "fedlog", "fedlog-clip": 2.0, "client-evaluation": "with-next-train"}, "client-evaluation"),
+    ],
+)
+def test_configs_that_cannot_run_under_secure_aggregation_are_refused(keys, match):
+    with pytest.raises(ConfigError, match=match):
+        resolve({"secure-aggregation": "secagg+", **keys})
+
+
+def test_a_sum_that_could_overflow_fails_the_round_before_any_client_is_asked(task_identity):
+    clients = Clients()
+    s = make_strategy("fedlog", **{"num-clients": CLIENTS, **SECURE, "fedlog-clip": 1e17})
+    grid = FakeGrid(CLIENTS, clients)
+    engine = engine_for(s, grid)
+    step = s.train_round(1, s.initial_arrays(), engine)
+    assert step.arrays is None and not clients.states
+    assert any("overflow" in f for f in engine.meter.failures)
