@@ -129,20 +129,6 @@ def _init_worker(cfg: dict[str, Any]) -> None:
     _CFG.update(cfg)
 
 
-def _features(env: Any, state: dict[str, np.ndarray] | None) -> Any:
-    """The client's body as the procedure builds it for each message (seeded: this also
-    seeds torch's global generator, which the body's dropout draws from), with its state."""
-    import torch
-
-    from client.procedures.fedlog import FeatureMap
-    from core.models import build_body
-
-    body = build_body(env.body, env.data.input_shape, env.cfg["feature-dim"], env.init_seed, env.cfg["body-dropout"])
-    if state is not None:
-        body.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
-    return FeatureMap(body, env.cfg["fedlog-clip"]).to(env.device)
-
-
 @dataclass
 class Task:
     """One message to one client: its partition, kept body state, and what the server sent."""
@@ -170,54 +156,25 @@ def client_work(task: Task) -> Answer:
     import torch
 
     from client.env import client_env
-    from client.procedures.fedlog import fedlog_c_loss
-    from core.fedlog import class_means, sufficient_statistics, uplink_array
-    from core.training import predict, task_metrics, train_epochs
+    from client.procedures.fedlog import feature_map, local_statistics, train_body
+    from core.fedlog import uplink_array
+    from core.training import predict, task_metrics
 
     cfg = _CFG
     env = client_env(cfg, {"partition-id": task.partition_id})
-    fmap = _features(env, task.state)
-    eta = torch.as_tensor(task.eta, dtype=torch.float32, device=env.device)
+    kept = {k: torch.from_numpy(v) for k, v in task.state.items()} if task.state is not None else None
+    fmap = feature_map(env, kept)  # seeded: this also seeds torch's generator, which the body's dropout draws from
     if task.phase == "evaluate":
+        eta = torch.as_tensor(task.eta, dtype=torch.float32, device=env.device)
         fmap.eval()
         out = predict(lambda x: fmap(x) @ eta.T, env.x_test, device=env.device)
         task_metrics(env.data.task, out, env.y_test)  # the reply's loss, as the client computes it
         return Answer(task.partition_id, len(env.y_test), correct=int((out.argmax(1) == env.y_test).sum()) if len(env.y_test) else 0)
     loss, state = float("nan"), task.state
     if task.phase == "train":
-        alpha = cfg["fedlog-alpha"]
-        means = known = None
-        if alpha > 0 and task.phi is not None:
-            means = torch.as_tensor(class_means(task.phi), dtype=torch.float32, device=env.device)
-            known = torch.as_tensor(task.phi[:, 0] > 0, device=env.device)
-
-        def objective(pair: tuple[torch.Tensor, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
-            phi, kept = pair
-            value = torch.nn.functional.cross_entropy(phi @ eta.T, y)
-            if means is not None and known is not None:
-                value = value + alpha * fedlog_c_loss(kept, y, means, known)
-            return value
-
-        loss = train_epochs(
-            fmap.pair,
-            list(fmap.parameters()),
-            env.x_train,
-            env.y_train,
-            epochs=cfg["local-epochs"],
-            batch_size=cfg["batch-size"],
-            lr=env.lr(task.server_round),
-            optimizer=cfg["optimizer"],
-            loss_fn=objective,
-            augment=env.data.augment,
-            seed=env.seed_for(task.server_round),
-            device=env.device,
-            fresh_optimizer_each_epoch=True,
-            modules=[fmap],
-        )
+        loss = train_body(env, fmap, task.eta, task.phi, task.server_round)
         state = {k: v.detach().cpu().numpy().copy() for k, v in fmap.body.state_dict().items()}
-    fmap.eval()
-    phi = predict(fmap, env.x_train, device=env.device).double().numpy()
-    stats = sufficient_statistics(phi, env.y_train.numpy(), env.outputs)
+    stats = local_statistics(env, fmap)
     sent = uplink_array(stats, cfg["fedlog-uplink"] == "sparse", cfg["fedlog-uplink-dtype"])
     return Answer(task.partition_id, len(env.y_train), sent=sent, loss=loss, state=state)
 

@@ -8,6 +8,8 @@ noise comes from OS entropy, never from the run seed."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
@@ -58,23 +60,68 @@ def fedlog_c_loss(phi: torch.Tensor, y: torch.Tensor, means: torch.Tensor, known
     return (diff**2).sum(1).sum() / len(y)
 
 
+def feature_map(env: ClientEnv, body_state: Mapping[str, torch.Tensor] | None) -> FeatureMap:
+    """This client's seeded body, loaded with the state it kept (if any), as φ."""
+    body = build_body(env.body, env.data.input_shape, env.cfg["feature-dim"], env.init_seed, env.cfg["body-dropout"])
+    if body_state is not None:
+        body.load_state_dict(body_state)
+    return FeatureMap(body, env.cfg["fedlog-clip"]).to(env.device)
+
+
+def train_body(env: ClientEnv, fmap: FeatureMap, eta: np.ndarray, phi_sum: np.ndarray | None, server_round: int) -> float:
+    """FedLog's local step: train the body under the fixed head η on Eq. 10's cross-entropy,
+    plus Eq. 13's pull towards the global class means of ``phi_sum`` under FedLog-C
+    (``fedlog-alpha`` > 0). Returns the training loss."""
+    cfg = env.cfg
+    head = torch.as_tensor(eta, dtype=torch.float32, device=env.device)
+    alpha = cfg["fedlog-alpha"]
+    means = known = None
+    if alpha > 0 and phi_sum is not None:
+        means = torch.as_tensor(class_means(phi_sum), dtype=torch.float32, device=env.device)
+        known = torch.as_tensor(phi_sum[:, 0] > 0, device=env.device)
+
+    def objective(pair: tuple[torch.Tensor, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+        phi, kept = pair
+        out = torch.nn.functional.cross_entropy(phi @ head.T, y)  # Eq. 10, on the dropped-out features
+        if means is not None and known is not None:  # Eq. 13 on the features before feature dropout: on dropped-out
+            # ones it would add a hidden (p/(1-p))·‖φ‖² penalty that shrinks the features
+            out = out + alpha * fedlog_c_loss(kept, y, means, known)
+        return out
+
+    return train_epochs(
+        fmap.pair,
+        list(fmap.parameters()),
+        env.x_train,
+        env.y_train,
+        epochs=cfg["local-epochs"],
+        batch_size=cfg["batch-size"],
+        lr=env.lr(server_round),
+        optimizer=cfg["optimizer"],
+        loss_fn=objective,
+        augment=env.data.augment,
+        seed=env.seed_for(server_round),
+        device=env.device,
+        fresh_optimizer_each_epoch=True,
+        modules=[fmap],
+    )
+
+
+def local_statistics(env: ClientEnv, fmap: FeatureMap) -> np.ndarray:
+    """Σ φ⊗e_y over the local training set, in eval mode, noised under local DP."""
+    fmap.eval()
+    phi = predict(fmap, env.x_train, device=env.device).double().numpy()
+    stats = sufficient_statistics(phi, env.y_train.numpy(), env.outputs)
+    if env.cfg["fedlog-dp"] == "local":
+        stats = add_noise(stats, noise_sigma(env.cfg, stats.shape[1]), np.random.default_rng())  # OS entropy
+    return stats
+
+
 class FedLogClient:
     methods = ("fedlog",)
 
     def _features(self, env: ClientEnv, state: RecordDict) -> FeatureMap:
-        body = build_body(env.body, env.data.input_shape, env.cfg["feature-dim"], env.init_seed, env.cfg["body-dropout"])
-        if BODY_STATE in state.array_records:
-            body.load_state_dict(state.array_records[BODY_STATE].to_torch_state_dict())
-        return FeatureMap(body, env.cfg["fedlog-clip"]).to(env.device)
-
-    def _statistics(self, env: ClientEnv, fmap: FeatureMap) -> np.ndarray:
-        """Σ φ⊗e_y over the local training set, in eval mode, noised under local DP."""
-        fmap.eval()
-        phi = predict(fmap, env.x_train, device=env.device).double().numpy()
-        stats = sufficient_statistics(phi, env.y_train.numpy(), env.outputs)
-        if env.cfg["fedlog-dp"] == "local":
-            stats = add_noise(stats, noise_sigma(env.cfg, stats.shape[1]), np.random.default_rng())  # OS entropy
-        return stats
+        kept = state.array_records[BODY_STATE].to_torch_state_dict() if BODY_STATE in state.array_records else None
+        return feature_map(env, kept)
 
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
         cfg, rnd = env.cfg, round_of(content)
@@ -83,40 +130,10 @@ class FedLogClient:
         phase = str(content.config_records[P.CONFIG].get(P.PHASE, P.PHASE_TRAIN))
         loss = float("nan")
         if phase == P.PHASE_TRAIN:
-            eta = torch.as_tensor(arrays[P.ETA].numpy(), dtype=torch.float32, device=env.device)
-            alpha = cfg["fedlog-alpha"]
-            means = known = None
-            if alpha > 0 and P.STATS_SUM in arrays:
-                phi_sum = arrays[P.STATS_SUM].numpy()
-                means = torch.as_tensor(class_means(phi_sum), dtype=torch.float32, device=env.device)
-                known = torch.as_tensor(phi_sum[:, 0] > 0, device=env.device)
-
-            def objective(pair: tuple[torch.Tensor, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
-                phi, kept = pair
-                out = torch.nn.functional.cross_entropy(phi @ eta.T, y)  # Eq. 10, on the dropped-out features
-                if means is not None and known is not None:  # Eq. 13 on the features before feature dropout: on dropped-out
-                    # ones it would add a hidden (p/(1-p))·‖φ‖² penalty that shrinks the features
-                    out = out + alpha * fedlog_c_loss(kept, y, means, known)
-                return out
-
-            loss = train_epochs(
-                fmap.pair,
-                list(fmap.parameters()),
-                env.x_train,
-                env.y_train,
-                epochs=cfg["local-epochs"],
-                batch_size=cfg["batch-size"],
-                lr=env.lr(rnd),
-                optimizer=cfg["optimizer"],
-                loss_fn=objective,
-                augment=env.data.augment,
-                seed=env.seed_for(rnd),
-                device=env.device,
-                fresh_optimizer_each_epoch=True,
-                modules=[fmap],
-            )
+            phi_sum = arrays[P.STATS_SUM].numpy() if P.STATS_SUM in arrays else None
+            loss = train_body(env, fmap, arrays[P.ETA].numpy(), phi_sum, rnd)
             state[BODY_STATE] = ArrayRecord({k: v.detach().cpu() for k, v in fmap.body.state_dict().items()})
-        stats = self._statistics(env, fmap)
+        stats = local_statistics(env, fmap)
         sparse = cfg["fedlog-uplink"] == "sparse"  # only the rows of the classes held (never under local DP)
         sent = uplink_array(stats, sparse, cfg["fedlog-uplink-dtype"])
         reply = ArrayRecord({P.STATS_ROWS if sparse else P.STATS: Array(sent)})
