@@ -18,7 +18,9 @@ one attack or defect seen in practice:
 - ``sign-flip``: a model sent negated (-w: relative update norm 2), for model averaging;
 - ``bad-eval``: an evaluation reply claiming correct = 1e6;
 - ``error``: the procedure raises; ``silent``: the client hangs past any deadline
-  (sleeps ``round-timeout`` + 5 s; for tests with short timeouts).
+  (sleeps ``round-timeout`` + 5 s; for tests with short timeouts);
+- ``drop-after-keys``: under secure-aggregation, the client shares its keys and then fails
+  every later stage (no masked vector, no shares): a client lost mid-protocol.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
 from core import protocol as P
@@ -136,6 +138,11 @@ def fault_mod(overrides: Mapping[str, Any], partition_of: Callable[[Context], in
         if reply.has_error() or partition not in fault_ids({"fault-clients": run_config.get("fault-clients", "")}):
             return reply
         kind = "train" if msg.metadata.message_type == MessageType.TRAIN else "evaluate"
+        if run_config["fault-mode"] == "drop-after-keys":
+            stage = msg.content.config_records.get(P.SECAGG, ConfigRecord()).get(P.SECAGG_STAGE)
+            if stage in (P.STAGE_COLLECT, P.STAGE_UNMASK):
+                return Message(Error(code=P.ERROR_CLIENT, reason="fault injection: gone after sharing its keys"), reply_to=msg)
+            return reply
         try:
             content = damage_reply(reply.content, str(run_config["fault-mode"]), kind, timeout=float(run_config["round-timeout"]) + 5.0)
         except Exception as exc:

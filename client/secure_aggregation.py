@@ -95,11 +95,7 @@ def _collect(
     values = np.concatenate([arrays[str(name)].numpy().astype(np.float64).ravel() for name in _names(fields[P.SUM_NAMES])])
     if not np.all(np.isfinite(values)):
         raise S.SecAggError("the method's reply holds NaN or Inf: nothing to add")
-    rng = np.random.default_rng()  # OS entropy: rounding and noise no one can replay
-    std = float(fields.get(P.NOISE_STD, 0.0))  # type: ignore[arg-type]
-    if std > 0:  # fedlog-dp=distributed: this client's share of the sum's Gaussian noise
-        values = values + rng.normal(0.0, std, values.shape)
-    encoded = S.encode(values, P.as_int(fields[P.FRAC_BITS]), rng)
+    encoded = S.encode(values, P.as_int(fields[P.FRAC_BITS]), np.random.default_rng())  # rounding from OS entropy
     vector = S.masked(node_id, keys, _blob(session["seed"]), encoded, {v: neighbours[v][0] for v in held})
     return {P.ARRAYS: ArrayRecord({P.MASKED: Array(vector)})}
 

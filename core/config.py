@@ -28,6 +28,7 @@ OPTIMIZERS = ("adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
 SAMPLINGS = ("uniform", "data-ratio")
 FAULT_MODES = (
+    "drop-after-keys",
     "nan",
     "wrong-shape",
     "negative-count",

@@ -236,7 +236,17 @@ def releases(cfg: dict) -> int:
 
 
 def noise_sigma(cfg: dict, m: int) -> float:
-    """σ of the Gaussian noise for the run's DP mode (0 when fedlog-dp=off)."""
+    """σ of the Gaussian noise for the run's DP mode (0 when fedlog-dp=off): on each client's
+    statistics (local), or on their sum (central; distributed, where it is the clients' shares together)."""
     if cfg["fedlog-dp"] == "off":
         return 0.0
     return dp_sigma(cfg["fedlog-epsilon"], cfg["fedlog-delta"], m, cfg["fedlog-clip"], releases(cfg))
+
+
+def share_sigma(cfg: dict, m: int) -> float:
+    """fedlog-dp=distributed: the σ each client adds, σ/√min-replies, so that any sum the server
+    accepts (at least min-replies clients' statistics, or the round fails) carries at least the
+    central σ of Theorem 7. 0 in the other modes."""
+    if cfg["fedlog-dp"] != "distributed":
+        return 0.0
+    return noise_sigma(cfg, m) / math.sqrt(cfg["min-replies"])

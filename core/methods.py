@@ -71,6 +71,11 @@ def _fedlog_rules(cfg: Mapping[str, Any]) -> None:
 def _fedlog_secure_rules(cfg: Mapping[str, Any]) -> None:
     """Under secure-aggregation the statistics are summed in fixed point: bounded (fedlog-clip > 0), dense float32, not locally noised."""
     if cfg["secure-aggregation"] == "off":
+        if cfg["fedlog-dp"] == "distributed":
+            raise ConfigError(
+                "run-config key 'fedlog-dp' is 'distributed', which needs secure-aggregation='secagg+': each client's share of the "
+                "noise is too small to protect its statistics alone, so the server must see only their sum"
+            )
         return
     if cfg["fedlog-clip"] <= 0:
         raise ConfigError(
@@ -127,7 +132,12 @@ METHODS: dict[str, Method] = {
                 "fedlog-prior-chi": Key(0.0, "prior chi (every entry)"),
                 "fedlog-init": Key("stats", "first head: one statistics round on untrained bodies, or random", choices=("stats", "random")),
                 "fedlog-alpha": non_negative("FedLog-C auxiliary loss weight; 0: plain FedLog", 0.0),
-                "fedlog-dp": Key("off", "differential privacy of the statistics", choices=("off", "local", "central")),
+                "fedlog-dp": Key(
+                    "off",
+                    "differential privacy of the statistics: local (each client noises its own), central (the server noises the sum), "
+                    "distributed (each client adds its share of the central noise under secure-aggregation; docs/trust-and-dp.md)",
+                    choices=("off", "local", "central", "distributed"),
+                ),
                 "fedlog-epsilon": positive("DP epsilon", 1.0),
                 "fedlog-delta": Key(0.01, "DP delta", check=lambda v: 0 < v < 1, rule="in (0, 1)"),
                 "fedlog-clip": non_negative("clip body features to [-b, b]; 0: no clip (required > 0 with DP)", 0.0),

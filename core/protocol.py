@@ -89,5 +89,4 @@ ALIVE = "alive"
 DROPPED = "dropped"
 SUM_NAMES = "sum-names"  # the arrays of the method's reply that are summed, in this order
 FRAC_BITS = "frac-bits"
-NOISE_STD = "noise-std"  # fedlog-dp=distributed: each client's share of the Gaussian noise (0: none)
 MASKED = "masked"  # uint64 (D,): the masked fixed-point vector

@@ -245,11 +245,14 @@ def reveal(held: Mapping[int, tuple[bytes, bytes]], alive: Iterable[int], droppe
 
 
 def rebuild(shares: Sequence[bytes], threshold: int, valid: Callable[[bytes], bool]) -> bytes:
-    """A secret from its shares, checked by ``valid``; if all of them together do not give a
-    valid secret (a bad share), each set without one share is tried. Raises SecAggError."""
+    """A secret from its shares, checked by ``valid``: from the first ``threshold`` of them
+    (interpolation costs grow with the square of the shares used), and if that is not valid
+    (a bad share), from every set that leaves one share out. Raises SecAggError."""
     if len(shares) < threshold:
         raise SecAggError(f"{len(shares)} shares, fewer than the threshold {threshold}")
-    trials = [list(shares)] + ([[s for j, s in enumerate(shares) if j != i] for i in range(len(shares))] if len(shares) > threshold else [])
+    trials = [list(shares[:threshold])]
+    if len(shares) > threshold:
+        trials += [[s for j, s in enumerate(shares) if j != i] for i in range(len(shares))]
     for trial in trials:
         try:
             secret = combine_shares(trial)

@@ -438,7 +438,7 @@ class HeadwayStrategy:
         for phase in sorted(meter.bytes):
             if phase == P.PHASE_TRAIN:
                 continue
-            prefix = "eval" if phase == P.PHASE_EVALUATE else phase.replace("-model", "")
+            prefix = "eval" if phase == P.PHASE_EVALUATE else phase.replace("-model", "").replace("-", "_")  # secagg-setup: secagg_setup
             record[f"{prefix}_bytes_down"], record[f"{prefix}_bytes_up"] = meter.phase(phase)
         if meter.rejected_bytes_up:
             record["rejected_bytes_up"] = meter.rejected_bytes_up

@@ -4,7 +4,9 @@ statistics and set the global head to the exact MAP of Eq. 12."""
 from __future__ import annotations
 
 import logging
+import math
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -13,7 +15,7 @@ from flwr.app import Array, ArrayRecord, MessageType, RecordDict
 from core import protocol as P
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
-from core.fedlog import StatsCheck, add_noise, class_means, dense_statistics, noise_sigma, releases, solve_head, sum_rows
+from core.fedlog import StatsCheck, add_noise, class_means, dense_statistics, noise_sigma, releases, share_sigma, solve_head, sum_rows
 from core.models import common_width, nonnegative_features
 from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
@@ -149,20 +151,28 @@ class FedLog(HeadwayStrategy):
         return self.head_step(phi, n, len(replies), metrics)
 
     def sum_spec(self, ctx: TrainRound, nodes: list[int]) -> SumSpec:
-        """T (classes × m) of every client; |a sum| ≤ the examples the clients can hold times max(b, 1)."""
+        """T (classes × m) of every client; |a sum| ≤ the examples the clients can hold times max(b, 1)
+        (plus 16 std of the clients' noise under fedlog-dp=distributed)."""
         most = sum(ctx.engine.most_examples(v) for v in nodes)
-        return SumSpec({P.STATS: (self.classes, self.m)}, float(most) * max(self.cfg["fedlog-clip"], 1.0))
+        noise = 16.0 * share_sigma(self.cfg, self.m) * math.sqrt(len(nodes))
+        return SumSpec({P.STATS: (self.classes, self.m)}, float(most) * max(self.cfg["fedlog-clip"], 1.0) + noise)
 
     def aggregate_sum(self, ctx: TrainRound, total: SecureSum) -> Step:
-        """The head from the securely summed T: the count row gives n; the sum must obey the bounds any real sum obeys."""
+        """The head from the securely summed T: the count row gives n (noised under fedlog-dp=distributed:
+        post-processing); the sum must obey the bounds any real sum of that many clients obeys."""
         phi = total.arrays[P.STATS]
         n = float(np.sum(phi[:, 0]))
-        if problem := self.checker.problem(phi, n):
+        checker, most = self.checker, math.inf
+        if self.cfg["fedlog-dp"] == "distributed":  # the sum carries every client's noise share: σ_share·√clients on each entry
+            checker = replace(self.checker, noise_sigma=share_sigma(self.cfg, self.m) * math.sqrt(len(total)), count_known=False)
+            most = float(sum(ctx.engine.most_examples(v) for v in total.nodes))
+            n = max(n, 0.0)
+        if problem := checker.problem(phi, n, most):
             ctx.engine.meter.fail(
                 f"secure sum of {len(total)} clients is not a sum of real statistics ({problem}); keeping the previous head"
             )
             return Step(None, 0)
-        return self.head_step(phi, n, len(total), {})
+        return self.head_step(phi, n, len(total), {f"secagg_server_cpu_{stage}": sec for stage, sec in total.cpu.items()})
 
     def head_step(self, phi: np.ndarray, n: float, clients: int, metrics: dict[str, float]) -> Step:
         """Eq. 12's head from the summed statistics ``phi`` of ``n`` examples (noised once here under central DP)."""

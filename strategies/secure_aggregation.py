@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,10 +47,12 @@ class SumSpec:
 
 @dataclass(frozen=True)
 class SecureSum:
-    """The unmasked sum (float64 arrays) and the partitions whose vectors are in it."""
+    """The unmasked sum (float64 arrays) and the partitions (and node ids) whose vectors are in it."""
 
     arrays: dict[str, np.ndarray]
     partitions: list[int]
+    nodes: list[int]
+    cpu: dict[str, float]  # the server's CPU seconds in each stage (this thread: building, metering and checking messages, crypto)
 
     def __len__(self) -> int:
         return len(self.partitions)
@@ -125,6 +128,13 @@ def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], s
     shares = S.share_count(len(nodes), cfg["secagg-shares"])
     threshold = S.threshold_for(shares, cfg["secagg-threshold"])
     graph = S.neighbour_graph(nodes, shares)
+    cpu: dict[str, float] = {}
+    mark = time.thread_time()
+
+    def lap(stage: str) -> None:
+        nonlocal mark
+        now = time.thread_time()
+        cpu[stage], mark = now - mark, now
 
     # stage 0: fresh keys and a seed digest from every client
     setup = _content(P.STAGE_SETUP, {P.SECAGG_THRESHOLD: threshold}, server_round=rnd)
@@ -143,6 +153,7 @@ def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], s
         del got[v]
     public = {v: (pk1, pk2) for v, (pk1, pk2, _) in got.items()}
     digests = {v: d for v, (_, _, d) in got.items()}
+    lap("setup")
 
     # stage 1: each client gets its neighbours' keys and sends each neighbour encrypted shares
     asked = S.key_requests(graph, public)
@@ -171,6 +182,7 @@ def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], s
         P.STAGE_SHARE, share_msgs, MessageType.TRAIN, _config_only((P.IDS, P.CIPHERTEXTS), check_shares, shares), timeout=left()
     )
     relayed = S.relay_shares({r.node_id: r.payload for r in replies})
+    lap("share")
 
     # stage 2: the round's training message, with the shares relayed to each; masked vectors back
     collect = {
@@ -188,6 +200,7 @@ def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], s
     for r in replies:
         total = total + r.arrays[P.MASKED]
     arrived = [r.node_id for r in replies]
+    lap("collect")
     if not arrived:
         fail("no masked vector arrived")
         return None
@@ -226,6 +239,7 @@ def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], s
         fail(f"{len(replies)} of {len(arrived)} clients revealed shares: {exc}")
         return None
     values = S.decode(summed, frac)
+    lap("unmask")
     out, at = {}, 0
     for name, shape in spec.arrays.items():
         n = math.prod(shape)
@@ -239,4 +253,4 @@ def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], s
         shares,
         threshold,
     )
-    return SecureSum(out, sorted(engine.partition_of(v) for v in arrived))
+    return SecureSum(out, sorted(engine.partition_of(v) for v in arrived), sorted(arrived), cpu)

@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 
+from client.env import client_env
+from client.procedures.fedlog import feature_map, local_statistics
 from client.secure_aggregation import SESSION, answer, is_stage
 from client.state_store import load_state, save_state
 from core import protocol as P
 from core.config import ConfigError, resolve
-from core.fedlog import solve_head
+from core.fedlog import noise_sigma, share_sigma, solve_head
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 SECURE = {"secure-aggregation": "secagg+", "fedlog-clip": 2.0, "min-replies": 1}
@@ -178,3 +180,52 @@ def test_a_sum_that_could_overflow_fails_the_round_before_any_client_is_asked(ta
     step = s.train_round(1, s.initial_arrays(), engine)
     assert step.arrays is None and not clients.states
     assert any("overflow" in f for f in engine.meter.failures)
+
+
+def test_distributed_dp_needs_secure_aggregation():
+    with pytest.raises(ConfigError, match="needs secure-aggregation"):
+        resolve({"algorithm": "fedlog", "fedlog-dp": "distributed", "fedlog-clip": 2.0})
+    cfg = resolve(
+        {"algorithm": "fedlog", "fedlog-dp": "distributed", "fedlog-clip": 2.0, "secure-aggregation": "secagg+", "min-replies": 4}
+    )
+    assert share_sigma(cfg, 51) == pytest.approx(noise_sigma(cfg, 51) / 2.0)
+    assert share_sigma({**cfg, "fedlog-dp": "central"}, 51) == 0.0
+
+
+def test_distributed_dp_each_client_adds_its_share_from_os_entropy(data_dir):
+    cfg = resolve(
+        {"algorithm": "fedlog", "num-clients": 3, "train-fraction": 0.01, "local-epochs": 0, "data-dir": data_dir}
+        | {"fedlog-dp": "distributed", "fedlog-clip": 2.0, "secure-aggregation": "secagg+", "min-replies": 2}
+    )
+    env = client_env(cfg, {"partition-id": 0})
+    fmap = feature_map(env, None)
+    clean = local_statistics(client_env({**cfg, "fedlog-dp": "off"}, {"partition-id": 0}), fmap)
+    noise = [local_statistics(env, fmap) - clean for _ in range(2)]
+    assert np.std(noise[0]) == pytest.approx(share_sigma(cfg, clean.shape[1]), rel=0.15)
+    assert not np.allclose(noise[0], noise[1])  # fresh each time: not derived from the run config
+
+
+def test_distributed_dp_the_sum_carries_the_central_noise_and_the_server_accepts_it(task_identity):
+    cfg = {"fedlog-dp": "distributed", "min-replies": 3, "fedlog-epsilon": 50.0}
+    strategy = make_strategy("fedlog", **{"num-clients": CLIENTS, **SECURE, **cfg})
+    share = share_sigma(strategy.cfg, 51)
+    drawn: dict[int, np.ndarray] = {}
+
+    class Noisy(Clients):
+        def __call__(self, pid, msg):
+            fields = msg.content.config_records[P.SECAGG]
+            if fields[P.SECAGG_STAGE] != P.STAGE_COLLECT:
+                return super().__call__(pid, msg)
+            drawn[pid] = np.random.default_rng().normal(0.0, share, (10, 51))
+            state = self.states[pid]
+            return answer(
+                msg.content, msg.metadata.dst_node_id, pid, state, lambda c: reply({"stats": client_stats(pid) + drawn[pid]}, None, pid)
+            )
+
+    engine = engine_for(strategy, FakeGrid(CLIENTS, Noisy()))
+    step = strategy.train_round(1, strategy.initial_arrays(), engine)
+    assert step.clients == CLIENTS and not engine.meter.failures
+    honest = np.sum([client_stats(p).astype(np.float64) for p in range(CLIENTS)], axis=0)
+    noise = strategy.phi_sum - honest
+    np.testing.assert_allclose(noise, np.sum(list(drawn.values()), axis=0), atol=1e-3)  # the sum is exact up to rounding
+    assert np.std(noise) == pytest.approx(share * np.sqrt(CLIENTS), rel=0.15)  # ≥ the central σ: share·√6 vs σ = share·√3

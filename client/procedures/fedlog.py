@@ -17,7 +17,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 from client.env import ClientEnv
 from client.procedures.base import round_of, test_metrics, train_metrics
 from core import protocol as P
-from core.fedlog import add_noise, class_means, noise_sigma, sufficient_statistics, uplink_array
+from core.fedlog import add_noise, class_means, noise_sigma, share_sigma, sufficient_statistics, uplink_array
 from core.models import build_body, feature_pair
 from core.training import predict, train_epochs
 
@@ -107,12 +107,14 @@ def train_body(env: ClientEnv, fmap: FeatureMap, eta: np.ndarray, phi_sum: np.nd
 
 
 def local_statistics(env: ClientEnv, fmap: FeatureMap) -> np.ndarray:
-    """Σ φ⊗e_y over the local training set, in eval mode, noised under local DP."""
+    """Σ φ⊗e_y over the local training set, in eval mode, noised under local or distributed DP."""
     fmap.eval()
     phi = predict(fmap, env.x_train, device=env.device).double().numpy()
     stats = sufficient_statistics(phi, env.y_train.numpy(), env.outputs)
     if env.cfg["fedlog-dp"] == "local":
         stats = add_noise(stats, noise_sigma(env.cfg, stats.shape[1]), np.random.default_rng())  # OS entropy
+    elif env.cfg["fedlog-dp"] == "distributed":  # this client's share of the sum's noise; sent only masked (secure-aggregation)
+        stats = add_noise(stats, share_sigma(env.cfg, stats.shape[1]), np.random.default_rng())
     return stats
 
 
