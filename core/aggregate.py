@@ -48,3 +48,26 @@ def relative_update_norm(reference: Mapping[str, np.ndarray], candidate: Mapping
         if np.issubdtype(np.asarray(v).dtype, np.floating)
     }
     return float_norm(delta) / max(float_norm(reference), 1.0)
+
+
+# Robust aggregation rules (run-config ``aggregation``; Flower's implementations, called from strategies/robust.py)
+AGGREGATIONS = ("mean", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")
+SELECTING = ("krum", "multi-krum", "bulyan")  # the rules that pick replies by Krum's score, sized by malicious-clients f
+
+
+def replies_needed(rule: str, f: int) -> int:
+    """The fewest replies ``rule`` aggregates when ``f`` of them may be poisoned: Krum and
+    Multi-Krum score each update by its n − f − 2 nearest, so n > 2f + 2 (Blanchard et al.
+    2017); Bulyan keeps n − 2f by Krum and then n − 4f per coordinate, so n ≥ 4f + 3 (El Mhamdi
+    et al. 2018, Flower's check); mean, median and trimmed mean need one."""
+    if rule in ("krum", "multi-krum"):
+        return 2 * f + 3
+    if rule == "bulyan":
+        return 4 * f + 3
+    return 1
+
+
+def multi_krum_count(m: int, n: int, f: int) -> int:
+    """How many of ``n`` replies Multi-Krum averages: ``m`` (0: n − f, El Mhamdi et al.'s
+    choice), never more than the n − f that can all be honest."""
+    return min(m, n - f) if m else n - f

@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from core.aggregate import AGGREGATIONS, SELECTING, replies_needed
 from core.methods import ALGORITHMS, METHODS, method_keys
 from core.schema import ConfigError, Key, fraction, non_negative, positive  # ConfigError: here for callers; the method rules raise it too
 
@@ -130,6 +131,29 @@ SCHEMA: dict[str, Key] = {
         "fedavg/fedprox: how the round's K clients are drawn. uniform: without replacement, updates weighted by n_k (McMahan et al.); "
         "data-ratio: K draws with replacement with probability n_k/n, each draw weighted equally (scheme I of Li et al. 2020, FedProx's sampling)",
         choices=SAMPLINGS,
+    ),
+    "aggregation": Key(
+        "mean",
+        "fedavg, fedprox, lg-fedavg, fedper, fedrep: how the round's accepted model updates are combined, by Flower's own rules. "
+        "mean: weighted by n_k; median: coordinate-wise (Yin et al. 2018); trimmed-mean: coordinate-wise, trimmed-mean-beta cut "
+        "at each end; krum: the one update nearest its n-f-2 closest (Blanchard et al. 2017); multi-krum: the n_k-weighted mean "
+        "of the multi-krum-select best by that score; bulyan: multi-krum keeps n-2f, then each coordinate is the mean of the "
+        "n-4f nearest their median (El Mhamdi et al. 2018). f is malicious-clients; docs/trust-and-dp.md says what each tolerates",
+        choices=AGGREGATIONS,
+    ),
+    "trimmed-mean-beta": Key(
+        0.2,
+        "aggregation=trimmed-mean: fraction of a round's replies cut at each end of every coordinate (floor(beta x n) each side)",
+        check=lambda v: 0 <= v < 0.5,
+        rule="in [0, 0.5)",
+    ),
+    "malicious-clients": non_negative(
+        "aggregation=krum, multi-krum, bulyan: f, the poisoned replies a round is built to withstand; "
+        "a round needs n >= 2f+3 valid replies (krum, multi-krum) or n >= 4f+3 (bulyan), else it keeps the previous model",
+        1,
+    ),
+    "multi-krum-select": non_negative(
+        "aggregation=multi-krum: m, how many of the best-scored replies are averaged (at most n-f of a round's n); 0: n-f", 0
     ),
     "min-available-clients": non_negative("clients to wait for before sampling; 0: num-clients", 0),
     "sample-timeout": non_negative("seconds to wait, once before round 1, for min-available-clients to connect", 120.0),
@@ -341,6 +365,8 @@ def _check_combinations(cfg: Mapping[str, Any], import_bodies: bool = True) -> N
             f"run-config key 'client-sampling' is {cfg['client-sampling']!r}, which only {honour} implement; "
             f"{cfg['algorithm']} draws its clients its own way: leave it 'uniform'"
         )
+    if cfg["aggregation"] != "mean":
+        _check_aggregation(cfg, method, most)
     if cfg["client-size-std"] > 0 and cfg["client-size-mean"] <= 0:
         raise ConfigError("run-config key 'client-size-std' needs 'client-size-mean' > 0: the sizes are drawn from N(mean, std²)")
     if cfg["client-size-mean"] > 0 and cfg["partition"] not in ("iid", "dominant"):
@@ -378,6 +404,32 @@ def _check_secure_aggregation(cfg: Mapping[str, Any], method: Any) -> None:
     if cfg["client-evaluation"] != "exchange":
         raise ConfigError(
             "run-config key 'client-evaluation' must be 'exchange' with secure-aggregation: a train reply then holds only the masked sum share"
+        )
+
+
+def _check_aggregation(cfg: Mapping[str, Any], method: Any, most: int) -> None:
+    """A robust aggregation rule only where the server averages the round's model updates, and
+    only when a full round (``most`` replies) is enough for it against malicious-clients."""
+    rule, f = cfg["aggregation"], cfg["malicious-clients"]
+    if not method.robust_aggregation:
+        able = ", ".join(m.name for m in METHODS.values() if m.robust_aggregation)
+        raise ConfigError(
+            f"run-config key 'aggregation' is {rule!r}, which only {able} implement (it replaces their average of the round's "
+            f"model updates); {cfg['algorithm']} {method.server_combines}: leave it 'mean'"
+        )
+    if rule not in SELECTING:
+        return
+    need = replies_needed(rule, f)
+    if most < need:
+        formula = "4f + 3" if rule == "bulyan" else "2f + 3"
+        raise ConfigError(
+            f"run-config key 'malicious-clients' is {f}, but aggregation={rule} needs at least {formula} = {need} valid replies "
+            f"a round and a round of {cfg['algorithm']} asks {most} client(s): lower malicious-clients or ask more clients"
+        )
+    if rule == "multi-krum" and cfg["multi-krum-select"] > most - f:
+        raise ConfigError(
+            f"run-config key 'multi-krum-select' is {cfg['multi-krum-select']}, but a round asks {most} client(s), of which "
+            f"malicious-clients={f} may be poisoned: multi-krum averages at most {most - f} (0: n - f)"
         )
 
 

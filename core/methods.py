@@ -39,6 +39,9 @@ class Method:
     # client-evaluation=with-next-train gives the same scores as the evaluation exchange: a client's evaluation of the model a
     # train message brings, before it trains, is the one it would have made in the exchange after the previous round
     scores_with_train: bool = False
+    # honours the aggregation key: its server averages the round's model updates, the step a robust rule replaces
+    robust_aggregation: bool = False
+    server_combines: str = ""  # what its server does instead (the aggregation key's refusal says it)
     # secure-aggregation=secagg+: the server needs only the sum of the training replies (core/secagg.py)
     secure_sum: bool = False
 
@@ -116,6 +119,7 @@ METHODS: dict[str, Method] = {
             "whole-model averaging weighted by n_k (McMahan et al. 2017)",
             client_sampling=True,
             scores_with_train=True,
+            robust_aggregation=True,
         ),
         Method(
             "fedprox",
@@ -123,6 +127,7 @@ METHODS: dict[str, Method] = {
             {"fedprox-mu": non_negative("FedProx: proximal term weight mu", 0.01)},
             client_sampling=True,
             scores_with_train=True,
+            robust_aggregation=True,
         ),
         Method(
             "fedlog",
@@ -159,6 +164,7 @@ METHODS: dict[str, Method] = {
             },
             validate=_fedlog_rules,
             scores_with_train=True,
+            server_combines="adds per-class feature statistics and solves for the head, with no model update to average",
             secure_sum=True,
         ),
         Method(
@@ -172,11 +178,13 @@ METHODS: dict[str, Method] = {
                     "LG-FedAvg: after the last round clients upload their models once and the server scores their logit ensemble on the whole test set",
                 ),
             },
+            robust_aggregation=True,
         ),
         Method(
             "fedper",
             "averaged bodies, local top layers (Arivazhagan et al. 2019)",
             {"fedper-local-layers": positive("FedPer: top layers kept local; the rest are averaged", 2)},
+            robust_aggregation=True,
         ),
         Method(
             "fedrep",
@@ -185,6 +193,7 @@ METHODS: dict[str, Method] = {
                 "fedrep-local-layers": positive("FedRep: top layers kept local (the head); the rest are averaged", 1),
                 "fedrep-head-epochs": non_negative("FedRep: epochs training the local head (body fixed) before the body epochs", 10),
             },
+            robust_aggregation=True,
         ),
         Method(
             "fedproto",
@@ -197,6 +206,7 @@ METHODS: dict[str, Method] = {
                     choices=("head", "prototype"),
                 ),
             },
+            server_combines="averages per-class prototypes by class counts while models stay local",
         ),
         Method(
             "fedprof",
@@ -220,6 +230,7 @@ METHODS: dict[str, Method] = {
             },
             validate=_fedprof_rules,
             holdout_key="fedprof-val-size",
+            server_combines="averages every client's model, sampled this round or not (fedprof-aggregation), not the round's replies alone",
         ),
         Method(
             "fedpft",
@@ -276,6 +287,7 @@ METHODS: dict[str, Method] = {
             },
             validate=_fedpft_rules,
             every_client=True,
+            server_combines="trains a head once on samples of the clients' Gaussian mixtures, with no average to replace",
             builds_body=False,
         ),
     )

@@ -97,6 +97,8 @@ def method_notes(method: Method) -> list[str]:
         notes.append("- Builds no body from `body`/`bodies`: it brings its own feature map.")
     if method.client_sampling:
         notes.append("- Honours `client-sampling` (the other methods draw their clients their own way).")
+    if method.robust_aggregation:
+        notes.append("- Honours `aggregation`: a robust rule may replace its average of the round's model updates.")
     return notes
 
 

@@ -68,6 +68,7 @@ class Step:
     metrics: dict[str, float] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)  # non-scalar figures, e.g. FedProf's scores by partition id
     scores: list[Reply] = field(default_factory=list)  # the previous round's model's test scores the train replies carried
+    kept: bool = False  # a quorum came but the step kept the previous state (too few replies for the aggregation rule)
 
 
 @dataclass(frozen=True)
@@ -381,7 +382,7 @@ class HeadwayStrategy:
                 # replies; round 1 also counts a first model built before it (FedLog's statistics round)
                 aggregated = bool(
                     step.arrays is not None
-                    or step.clients >= self.cfg["min-replies"]
+                    or (step.clients >= self.cfg["min-replies"] and not step.kept)
                     or (rnd == 1 and prep is not None and prep.arrays is not None)
                 )
                 done = _Pending(

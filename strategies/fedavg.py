@@ -3,10 +3,14 @@ sample-weighted average of the valid replies.
 
 With ``client-sampling=data-ratio`` the round's K clients are instead K draws with
 replacement with probability n_k/n, and the server averages the draws with equal weight (a
-client drawn twice counts twice): scheme I of Li et al. 2020, FedProx's own sampling."""
+client drawn twice counts twice): scheme I of Li et al. 2020, FedProx's own sampling.
+
+``aggregation`` other than ``mean`` replaces the average by a robust rule (strategies/robust.py)
+for FedAvg, FedProx and the layer-sharing methods, which all aggregate here."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -15,13 +19,14 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from core import protocol as P
-from core.aggregate import relative_update_norm, weighted_average
+from core.aggregate import SELECTING, relative_update_norm, weighted_average
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.models import build_model
 from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
 from strategies.replies import ArraySpec, Layout, Rejection, Reply
+from strategies.robust import Rule, robust_aggregate
 from strategies.services import Services
 
 
@@ -139,6 +144,20 @@ class FedAvg(HeadwayStrategy):
             weights = [ctx.draws.get(r.node_id, 0) for r in replies]
         else:
             weights = [r.examples for r in replies]
-        avg = weighted_average([r.payload for r in replies], weights, like=ctx.sent)
         losses = [r.metrics.get(P.LOSS, float("nan")) for r in replies]
-        return Step(to_record(avg), len(replies), {"loss": mean_finite(losses), **self.update_norms(ctx.sent, replies)})
+        metrics = {"loss": mean_finite(losses), **self.update_norms(ctx.sent, replies)}
+        if self.cfg["aggregation"] == "mean":
+            avg = weighted_average([r.payload for r in replies], weights, like=ctx.sent)
+            return Step(to_record(avg), len(replies), metrics)
+        return self.robust_step(ctx, replies, weights, metrics)
+
+    def robust_step(self, ctx: TrainRound, replies: list[Reply], weights: Sequence[float], metrics: dict[str, float]) -> Step:
+        """The round's step under a robust ``aggregation`` rule (strategies/robust.py); too few
+        replies for the rule keep the previous model, the reason counted as a failure."""
+        rule = Rule.from_config(self.cfg)
+        if problem := rule.shortfall(len(replies)):
+            ctx.engine.meter.fail(f"train: {problem}; keeping the previous model")
+            return Step(None, len(replies), metrics, kept=True)
+        avg, kept = robust_aggregate([r.payload for r in replies], weights, rule, ctx.sent)
+        details = {"aggregation_kept": sorted(replies[i].partition_id for i in kept)} if rule.name in SELECTING else {}
+        return Step(to_record(avg), len(replies), metrics, details)
