@@ -1,7 +1,9 @@
 """Server and clients on separate hosts: network namespaces that the test builds, each with
 an address of its own on one private switch, a SuperLink with TLS and SuperNode
 authentication (the launcher's defaults), two registered SuperNodes with different bodies,
-one whose key was never registered and one with no key. Skipped where `ip netns` is not permitted."""
+one whose key was never registered and one with no key; FedLog runs under secure-aggregation
+(SecAgg+: the server sees only the sum of the two clients' statistics). Skipped where `ip netns`
+is not permitted."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 
 from tests.cluster import Cluster, Netns, read_rounds, run_folder
 
-pytestmark = pytest.mark.deployment
+pytestmark = [pytest.mark.deployment, pytest.mark.system]  # network namespaces, TLS and SecAgg+: minutes; make test-system
 
 
 @pytest.fixture
@@ -98,7 +100,8 @@ def test_fedlog_over_tls_with_supernode_authentication_across_hosts(tmp_path, da
         )
         run_config = (
             "algorithm='fedlog' dataset='mnist' num-clients=2 num-server-rounds=2 train-fraction=0.01 local-epochs=1 "
-            "batch-size=10 partition='pathological' feature-dim=50 sample-timeout=60.0 round-timeout=120.0"
+            "batch-size=10 partition='pathological' feature-dim=50 sample-timeout=60.0 round-timeout=120.0 "
+            "secure-aggregation='secagg+' fedlog-clip=4.0"
         )
         out = c.submit("lab", run_config, results, host="server")
         folder = run_folder(results, out, c.log("superlink"), c.log("node0"), c.log("node1"))
@@ -106,6 +109,7 @@ def test_fedlog_over_tls_with_supernode_authentication_across_hosts(tmp_path, da
         rounds = read_rounds(folder)
         assert summary["status"] == "complete" and summary["rounds"] == 2 and summary["failures"] == 0, summary
         assert all(r["clients"] == 2 for r in rounds)
+        assert all(r["secagg_setup_bytes_up"] > 0 and r["secagg_unmask_bytes_up"] > 0 for r in rounds)  # every SecAgg+ stage ran
         assert summary["participants"] == {"0": "mnist-cnn", "1": "mlp"}
         assert rounds[-1]["accuracy"] > 0.3
         # an unregistered key and no key at all were refused at the door: those SuperNodes gave up
