@@ -15,10 +15,11 @@ from flwr.app import Array, ArrayRecord, MessageType, RecordDict
 from core import protocol as P
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
-from core.fedlog import StatsCheck, add_noise, class_means, dense_statistics, noise_sigma, releases, share_sigma, solve_head, sum_rows
+from core.fedlog import StatsCheck, add_noise, class_means, dense_statistics, noise_sigma, share_sigma, solve_head, sum_rows
 from core.models import common_width, nonnegative_features
 from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
+from strategies.privacy import fedlog_dp_report
 from strategies.replies import ArraySpec, Layout, Reply
 from strategies.secure_aggregation import SecureSum, SumSpec
 from strategies.services import Services
@@ -42,6 +43,7 @@ class FedLog(HeadwayStrategy):
         self.classes = spec.num_classes
         self.local_dp = cfg["fedlog-dp"] == "local"
         self.sigma = noise_sigma(cfg, self.m)
+        self.dp_report = fedlog_dp_report(cfg, self.m)  # at the start: a missing accountant stops the run before it trains
         bound = cfg["fedlog-clip"] if cfg["fedlog-clip"] > 0 else cfg["max-feature-value"]
         self.half_up = cfg["fedlog-uplink-dtype"] == "float16"  # statistics come up as [count, means] rows
         precision = 2.0**-11 if self.half_up else 0.0  # float16's relative rounding of a mean
@@ -199,14 +201,6 @@ class FedLog(HeadwayStrategy):
             "clip": cfg["fedlog-clip"],
             "solve_seconds_mean": float(np.mean(self.solve_seconds)) if self.solve_seconds else None,
         }
-        if cfg["fedlog-dp"] != "off":
-            extra["dp"] = {
-                "mode": cfg["fedlog-dp"],
-                "epsilon": cfg["fedlog-epsilon"],
-                "delta": cfg["fedlog-delta"],
-                "clip": cfg["fedlog-clip"],
-                "k": releases(cfg),
-                "sigma": self.sigma,
-                "noise": "OS entropy",
-            }
+        if self.dp_report is not None:
+            extra["dp"] = {**self.dp_report, "noise": "OS entropy"}
         return extra

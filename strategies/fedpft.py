@@ -23,8 +23,6 @@ from core.extractors import feature_dim, feature_range
 from core.fedpft import (
     PayloadCheck,
     capped_counts,
-    dp_delta,
-    dp_sigma,
     features,
     head_logits,
     synthesize,
@@ -34,6 +32,7 @@ from core.models import resolve_device
 from core.training import task_metrics
 from strategies.base import HeadwayStrategy, Step, TrainRound
 from strategies.engine import Engine
+from strategies.privacy import fedpft_dp_report
 from strategies.replies import ArraySpec, Layout, Reply
 from strategies.services import Services
 
@@ -227,14 +226,8 @@ class FedPFT(HeadwayStrategy):
             "head_seconds": self.head_seconds,
         }
         if cfg["fedpft-dp"] == "on":
-            counts = np.array([n for _, n in self.received]) if self.received else np.zeros(0)
-            sigmas = [dp_sigma(int(n), cfg["fedpft-epsilon"], dp_delta(int(n), cfg["fedpft-delta"])) for n in counts]
             extra["dp"] = {
-                "epsilon": cfg["fedpft-epsilon"],
-                "delta": cfg["fedpft-delta"] or "1/n per class",
-                "sigma_min": float(np.min(sigmas)) if sigmas else None,
-                "sigma_median": float(np.median(sigmas)) if sigmas else None,
-                "sigma_max": float(np.max(sigmas)) if sigmas else None,
+                **fedpft_dp_report(cfg["fedpft-epsilon"], cfg["fedpft-delta"], [int(n) for _, n in self.received]),
                 "noise": "OS entropy, added by each client before sending",
                 "features": "L2-normalized to the unit sphere",
             }

@@ -1,0 +1,91 @@
+"""The Gaussian releases of the DP modes, as an accountant needs them: noise σ, the L2
+sensitivity Δ₂ of the released statistic to one training example, the noise multiplier
+z = σ/Δ₂, how many times it is released, and the (ε, δ) the noise was calibrated for.
+
+Neighbouring datasets differ by adding or removing one training example of one client
+(the relation of FedLog's Theorem 7 proof and of FedPFT's Theorem 4.1 proof). The ε an
+accountant computes from z and the number of releases is per example; the accountant
+itself is Flower's (strategies/privacy.py), since core does not import Flower.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from core.fedlog import noise_sigma, releases
+from core.fedpft import dp_delta
+from core.fedpft import dp_sigma as fedpft_sigma
+
+# what one release is, per FedLog DP mode ("distributed": noise shares added by the clients
+# before secure aggregation, with the total σ of central DP, so it is accounted as central)
+FEDLOG_RELEASED = {
+    "central": "the sum of the sampled clients' statistics T plus N(0, σ²I), drawn once by the server",
+    "distributed": "the securely aggregated sum of the clients' statistics T, each noised by N(0, σ²/min-replies · I) before "
+    "masking: a sum of at least min-replies clients carries at least N(0, σ²I)",
+    "local": "each client's own statistics T plus N(0, σ²I), drawn by the client",
+}
+NEIGHBOURING = "add or remove one training example of one client"
+
+
+@dataclass(frozen=True)
+class GaussianRelease:
+    """``releases`` Gaussian mechanisms of std ``sigma`` on a statistic of L2 sensitivity
+    ``sensitivity``, meant to be (``epsilon``, ``delta``)-DP by the paper's calibration."""
+
+    sigma: float
+    sensitivity: float
+    releases: int
+    epsilon: float
+    delta: float
+
+    @property
+    def noise_multiplier(self) -> float:
+        """z = σ/Δ₂: what the privacy loss of a Gaussian mechanism depends on."""
+        return self.sigma / self.sensitivity
+
+
+def fedlog_sensitivity(m: int, clip: float) -> float:
+    """Δ₂ of T = Σ φ ⊗ e_y to one example: adding or removing it changes one row of T by
+    [1, φ] with |φ_j| ≤ b (the clip), so Δ₂ = sqrt(1 + (m−1)·b²) (fedlog-extended App. C, Eq. 15–18)."""
+    return math.sqrt(1.0 + (m - 1) * clip**2)
+
+
+def fedlog_release(cfg: dict[str, Any], m: int) -> GaussianRelease | None:
+    """The Gaussian release of DP-FedLog under the run config (None when fedlog-dp=off):
+    σ of Theorem 7 for k = every release of the run, m statistics per class (the constant 1
+    included). central, local and distributed share σ, Δ₂ and k; they differ in who adds
+    the noise and what one release is (:data:`FEDLOG_RELEASED`)."""
+    mode = cfg["fedlog-dp"]
+    if mode == "off":
+        return None
+    if mode not in FEDLOG_RELEASED:
+        raise ValueError(f"fedlog-dp={mode!r} has no privacy accounting here (known: off, {', '.join(FEDLOG_RELEASED)})")
+    return GaussianRelease(
+        sigma=noise_sigma(cfg, m),
+        sensitivity=fedlog_sensitivity(m, cfg["fedlog-clip"]),
+        releases=releases(cfg),
+        epsilon=cfg["fedlog-epsilon"],
+        delta=cfg["fedlog-delta"],
+    )
+
+
+def fedpft_sensitivity(n: int) -> float:
+    """Δ₂ of a class's (mean, covariance) to one example when every feature has ‖f‖₂ ≤ 1:
+    sqrt((2/n)² + (6/n)²) = 2·sqrt(10)/n (fedpft, proof of Theorem 4.1, App. B)."""
+    return 2.0 * math.sqrt(10.0) / n
+
+
+def fedpft_release(epsilon: float, delta: float, n: int) -> GaussianRelease:
+    """One class's DP-FedPFT release (one shot: released once) for a class of n examples;
+    ``delta`` 0 means 1/n, as in :func:`core.fedpft.dp_delta`. Each example is in one class,
+    so a client's release costs each of its examples only its class's release."""
+    class_delta = dp_delta(n, delta)
+    return GaussianRelease(
+        sigma=fedpft_sigma(n, epsilon, class_delta),
+        sensitivity=fedpft_sensitivity(n),
+        releases=1,
+        epsilon=epsilon,
+        delta=class_delta,
+    )
