@@ -1,5 +1,6 @@
 """FedLog plain, under secure-aggregation=secagg+, and under secagg+ with distributed DP
-(ε = 1 and 10), on the MNIST Table 1 setup with 60 training images a client.
+(ε = 1 and 10, next to central DP at the same ε), on the MNIST Table 1 setup with 60
+training images a client.
 
     .venv/bin/headway bench secagg --clients 50 200 --rounds 20
 
@@ -34,6 +35,8 @@ VARIANTS: dict[str, list[str]] = {
     "secagg+": ["secure-aggregation=secagg+"],
     "secagg+ ddp eps=10": ["secure-aggregation=secagg+", "fedlog-dp=distributed", "fedlog-epsilon=10"],
     "secagg+ ddp eps=1": ["secure-aggregation=secagg+", "fedlog-dp=distributed", "fedlog-epsilon=1"],
+    "central dp eps=10": ["fedlog-dp=central", "fedlog-epsilon=10"],  # what distributed DP must match: the same σ on the sum
+    "central dp eps=1": ["fedlog-dp=central", "fedlog-epsilon=1"],
 }
 COMMON = ["fedlog-clip=4"]  # secagg+ needs a bound; the plain run uses the same clip so only the protocol differs
 STAGES = ("setup", "share", "collect", "unmask")
@@ -79,7 +82,7 @@ def run_variant(clients: int, rounds: int, variant: str) -> dict[str, Any]:
         "secagg_stage_bytes_per_round": {k: round(v) for k, v in stage_bytes.items()},
         "seconds_per_round": round(sum(r["seconds"] for r in later) / len(later), 2),
         "server_cpu_per_stage": {k: round(v, 4) for k, v in cpu.items()},
-        "messages_per_round": clients * (4 if variant != "plain" else 1) + clients,  # + the evaluation exchange
+        "messages_per_round": clients * (4 if variant.startswith("secagg") else 1) + clients,  # + the evaluation exchange
         "failures": sum(r["failures"] for r in rows),
         "wall_seconds": round(wall, 1),
         "status": summary.get("status"),

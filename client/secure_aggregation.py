@@ -92,7 +92,15 @@ def _collect(
     train_content = RecordDict({name: record for name, record in content.items() if name != P.SECAGG})
     out = train(train_content)
     arrays = out.array_records[P.ARRAYS]
-    values = np.concatenate([arrays[str(name)].numpy().astype(np.float64).ravel() for name in _names(fields[P.SUM_NAMES])])
+    names = _names(fields[P.SUM_NAMES])
+    values = np.concatenate([arrays[name].numpy().astype(np.float64).ravel() for name in names])
+    clip = float(fields.get(P.SUM_UPDATE_NORM, 0.0))  # type: ignore[arg-type]
+    if clip > 0:  # model averaging: the n-weighted update from the model sent, clipped in L2 as the server bounds updates, and n
+        sent = train_content.array_records[P.ARRAYS]
+        update = values - np.concatenate([sent[name].numpy().astype(np.float64).ravel() for name in names])
+        norm = float(np.linalg.norm(update))
+        n = float(P.as_int(out.metric_records[P.METRICS][P.NUM_EXAMPLES]))
+        values = np.concatenate([n * update * min(1.0, clip / norm) if norm > 0 else update, [n]])
     if not np.all(np.isfinite(values)):
         raise S.SecAggError("the method's reply holds NaN or Inf: nothing to add")
     encoded = S.encode(values, P.as_int(fields[P.FRAC_BITS]), np.random.default_rng())  # rounding from OS entropy

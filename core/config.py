@@ -405,6 +405,16 @@ def _check_secure_aggregation(cfg: Mapping[str, Any], method: Any) -> None:
         raise ConfigError(
             "run-config key 'client-evaluation' must be 'exchange' with secure-aggregation: a train reply then holds only the masked sum share"
         )
+    if cfg["aggregation"] != "mean":
+        raise ConfigError(
+            f"run-config key 'aggregation' is {cfg['aggregation']!r}, which needs each client's update; secure-aggregation gives the "
+            "server only their sum: use aggregation='mean', or secure-aggregation='off'"
+        )
+    if cfg["client-sampling"] != "uniform":
+        raise ConfigError(
+            "run-config key 'client-sampling' must be 'uniform' with secure-aggregation: data-ratio weighs each client by how often "
+            "it was drawn, which its masked update cannot carry"
+        )
 
 
 def _check_aggregation(cfg: Mapping[str, Any], method: Any, most: int) -> None:

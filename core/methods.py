@@ -119,6 +119,7 @@ METHODS: dict[str, Method] = {
             "whole-model averaging weighted by n_k (McMahan et al. 2017)",
             client_sampling=True,
             scores_with_train=True,
+            secure_sum=True,
             robust_aggregation=True,
         ),
         Method(
@@ -127,6 +128,7 @@ METHODS: dict[str, Method] = {
             {"fedprox-mu": non_negative("FedProx: proximal term weight mu", 0.01)},
             client_sampling=True,
             scores_with_train=True,
+            secure_sum=True,
             robust_aggregation=True,
         ),
         Method(

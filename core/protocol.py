@@ -88,5 +88,6 @@ SHARES = "shares"
 ALIVE = "alive"
 DROPPED = "dropped"
 SUM_NAMES = "sum-names"  # the arrays of the method's reply that are summed, in this order
+SUM_UPDATE_NORM = "sum-update-norm"  # > 0: the summed arrays are n·(w − w_sent), L2-clipped to this norm, then n (model averaging)
 FRAC_BITS = "frac-bits"
 MASKED = "masked"  # uint64 (D,): the masked fixed-point vector

@@ -10,6 +10,7 @@ for FedAvg, FedProx and the layer-sharing methods, which all aggregate here."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -19,7 +20,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from core import protocol as P
-from core.aggregate import SELECTING, relative_update_norm, weighted_average
+from core.aggregate import SELECTING, float_norm, relative_update_norm, weighted_average
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.models import build_model
@@ -27,6 +28,7 @@ from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
 from strategies.replies import ArraySpec, Layout, Rejection, Reply
 from strategies.robust import Rule, robust_aggregate
+from strategies.secure_aggregation import SecureSum, SumSpec
 from strategies.services import Services
 
 
@@ -150,6 +152,31 @@ class FedAvg(HeadwayStrategy):
             avg = weighted_average([r.payload for r in replies], weights, like=ctx.sent)
             return Step(to_record(avg), len(replies), metrics)
         return self.robust_step(ctx, replies, weights, metrics)
+
+    def sum_spec(self, ctx: TrainRound, nodes: list[int]) -> SumSpec:
+        """Under secure-aggregation: n_k·(w_k − w) of the float arrays, each update L2-clipped to
+        the round's update bound (what the reply check would enforce), and n_k."""
+        names = [k for k, v in ctx.sent.items() if np.issubdtype(v.dtype, np.floating)]
+        _, limit = self.update_bound(ctx.server_round)
+        clip = limit * max(float_norm(ctx.sent), 1.0)
+        most = float(sum(ctx.engine.most_examples(v) for v in nodes))
+        return SumSpec({k: tuple(ctx.sent[k].shape) for k in names}, most * clip, update_norm=clip)
+
+    def aggregate_sum(self, ctx: TrainRound, total: SecureSum) -> Step:
+        """w + Σ n_k Δ_k / Σ n_k from the secure sum (integer arrays, e.g. BatchNorm's counters,
+        stay as sent); a sum whose count or mean update no set of bounded updates gives keeps the model."""
+        n = float(total.arrays[P.NUM_EXAMPLES][0])
+        mean = {k: v / n for k, v in total.arrays.items() if k != P.NUM_EXAMPLES} if n >= 0.5 else {}
+        new = {k: (v.astype(np.float64) + mean[k]).astype(v.dtype) if k in mean else v for k, v in ctx.sent.items()}
+        key, limit = self.update_bound(ctx.server_round)
+        norm = relative_update_norm(ctx.sent, new) if mean else math.inf
+        if not norm <= limit * (1 + 1e-6):
+            ctx.engine.meter.fail(
+                f"secure sum of {len(total)} clients is not an average of bounded updates (count {n:g}, update norm {norm:.4g} > {key}={limit:g}); keeping the model"
+            )
+            return Step(None, 0)
+        cpu = {f"secagg_server_cpu_{stage}": sec for stage, sec in total.cpu.items()}
+        return Step(to_record(new), len(total), {"update_norm_of_mean": norm, **cpu})
 
     def robust_step(self, ctx: TrainRound, replies: list[Reply], weights: Sequence[float], metrics: dict[str, float]) -> Step:
         """The round's step under a robust ``aggregation`` rule (strategies/robust.py); too few

@@ -177,9 +177,12 @@ class FedLog(HeadwayStrategy):
         return self.head_step(phi, n, len(total), {f"secagg_server_cpu_{stage}": sec for stage, sec in total.cpu.items()})
 
     def head_step(self, phi: np.ndarray, n: float, clients: int, metrics: dict[str, float]) -> Step:
-        """Eq. 12's head from the summed statistics ``phi`` of ``n`` examples (noised once here under central DP)."""
+        """Eq. 12's head from the summed statistics ``phi`` of ``n`` examples. Under central DP the
+        sum is noised once here, and n is read from its noised count row (the head is then
+        post-processing of the release; the clean n would release the round's total count)."""
         if self.cfg["fedlog-dp"] == "central":
             phi = add_noise(phi, self.sigma, self.services.private)  # once, on the sum, from OS entropy
+            n = max(float(np.sum(phi[:, 0])), 0.0)
         t0 = time.perf_counter()
         self.eta = solve_head(phi, n, chi=self.cfg["fedlog-prior-chi"], nu=self.cfg["fedlog-prior-nu"])  # Eq. 12
         dt = time.perf_counter() - t0

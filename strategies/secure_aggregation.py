@@ -39,10 +39,11 @@ class SumSpec:
 
     arrays: Mapping[str, tuple[int, ...]]
     bound: float
+    update_norm: float = 0.0  # > 0: clients send n·(w − w_sent) with ‖w − w_sent‖ clipped to this, and n (the model-averaging methods)
 
     @property
     def size(self) -> int:
-        return sum(math.prod(shape) for shape in self.arrays.values())
+        return sum(math.prod(shape) for shape in self.arrays.values()) + (1 if self.update_norm > 0 else 0)
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,13 @@ def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], s
     collect = {
         v: _content(
             P.STAGE_COLLECT,
-            {P.IDS: list(texts), P.CIPHERTEXTS: list(texts.values()), P.SUM_NAMES: list(spec.arrays), P.FRAC_BITS: frac},
+            {
+                P.IDS: list(texts),
+                P.CIPHERTEXTS: list(texts.values()),
+                P.SUM_NAMES: list(spec.arrays),
+                P.FRAC_BITS: frac,
+                P.SUM_UPDATE_NORM: spec.update_norm,
+            },
             base=contents[v],
         )
         for v, texts in relayed.items()
@@ -245,6 +252,8 @@ def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], s
         n = math.prod(shape)
         out[name] = values[at : at + n].reshape(shape)
         at += n
+    if spec.update_norm > 0:
+        out[P.NUM_EXAMPLES] = values[at:]
     log.info(
         "%s: secure sum of %d clients (%d dropped after sharing keys; %d shares each, threshold %d)",
         phase,

@@ -15,6 +15,7 @@ from client.procedures.fedlog import feature_map, local_statistics
 from client.secure_aggregation import SESSION, answer, is_stage
 from client.state_store import load_state, save_state
 from core import protocol as P
+from core.aggregate import float_norm
 from core.config import ConfigError, resolve
 from core.fedlog import noise_sigma, share_sigma, solve_head
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
@@ -160,7 +161,9 @@ def test_a_client_refuses_stages_out_of_order_and_keeps_no_secret_on_disk(task_i
 @pytest.mark.parametrize(
     ("keys", "match"),
     [
-        ({"algorithm": "fedprof"}, "only fedlog implement"),
+        ({"algorithm": "fedprof"}, "which only fedavg, fedprox, fedlog implement"),
+        ({"algorithm": "fedavg", "aggregation": "median"}, "needs each client's update"),
+        ({"algorithm": "fedavg", "client-sampling": "data-ratio"}, "client-sampling"),
         ({"algorithm": "fedlog", "fedlog-clip": 0.0}, "fedlog-clip"),
         ({"algorithm": "fedlog", "fedlog-clip": 2.0, "fedlog-uplink": "sparse"}, "dense"),
         ({"algorithm": "fedlog", "fedlog-clip": 2.0, "fedlog-dp": "local"}, "cannot be 'local'"),
@@ -229,3 +232,43 @@ def test_distributed_dp_the_sum_carries_the_central_noise_and_the_server_accepts
     noise = strategy.phi_sum - honest
     np.testing.assert_allclose(noise, np.sum(list(drawn.values()), axis=0), atol=1e-3)  # the sum is exact up to rounding
     assert np.std(noise) == pytest.approx(share * np.sqrt(CLIENTS), rel=0.15)  # ≥ the central σ: share·√6 vs σ = share·√3
+
+
+def test_fedavg_gets_the_weighted_mean_of_the_updates_and_a_huge_update_is_clipped_to_the_bound(task_identity):
+    strategy = make_strategy("fedavg", **{"num-clients": CLIENTS, "secure-aggregation": "secagg+", "min-replies": 1})
+    sent = {k: v.numpy() for k, v in strategy.initial_arrays().items()}
+    counts = {p: 10 + 5 * p for p in range(CLIENTS)}
+    rng = np.random.default_rng(0)
+    deltas = {
+        p: {k: (0.01 * rng.normal(size=v.shape)).astype(v.dtype) for k, v in sent.items() if v.dtype.kind == "f"} for p in range(CLIENTS)
+    }
+
+    def model(pid: int, scale: float = 1.0) -> RecordDict:
+        return reply({k: v + scale * deltas[pid][k] if k in deltas[pid] else v for k, v in sent.items()}, counts[pid], pid, loss=0.3)
+
+    class Avg(Clients):
+        def __init__(self, scale: dict[int, float]):
+            super().__init__()
+            self.scale = scale
+
+        def __call__(self, pid, msg):
+            fields = msg.content.config_records[P.SECAGG]
+            if fields[P.SECAGG_STAGE] != P.STAGE_COLLECT:
+                return super().__call__(pid, msg)
+            return answer(msg.content, msg.metadata.dst_node_id, pid, self.states[pid], lambda c: model(pid, self.scale.get(pid, 1.0)))
+
+    def run(scale: dict[int, float]):
+        engine = engine_for(strategy, FakeGrid(CLIENTS, Avg(scale)))
+        return strategy.train_round(2, strategy.initial_arrays(), engine), engine
+
+    step, engine = run({})
+    assert step.clients == CLIENTS and not engine.meter.failures
+    total = sum(counts.values())
+    for k, v in sent.items():
+        want = v + sum(counts[p] * deltas[p][k].astype(np.float64) for p in range(CLIENTS)) / total if k in deltas[0] else v
+        np.testing.assert_allclose(step.arrays[k].numpy(), want.astype(v.dtype), rtol=1e-5, atol=1e-7)
+    # one client sends a sign-flipped, 1000x update: clipped to the update bound on its own side, its pull is bounded
+    step, _ = run({3: -1000.0})
+    bound = strategy.cfg["max-update-norm"] * max(float_norm(sent), 1.0)
+    moved = float_norm({k: step.arrays[k].numpy().astype(np.float64) - v for k, v in sent.items() if k in deltas[0]})
+    assert moved <= bound * counts[3] / total + 0.1 * bound

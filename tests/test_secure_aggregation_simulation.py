@@ -52,3 +52,14 @@ def test_secagg_gives_the_plain_accuracy_and_survives_a_client_lost_after_sharin
     assert summary["status"] == "complete"
     assert all(r["clients"] == 4 and r["aggregated"] for r in lost)
     assert lost[-1]["accuracy"] > 0.5
+
+
+def test_fedavg_under_secagg_gives_the_plain_model_accuracy(tmp_path, data_dir):
+    keys = {"algorithm": "fedavg", "num-server-rounds": 2, "local-epochs": 1}
+    _, plain = run(tmp_path, data_dir, "fedavg-plain", **keys)
+    summary, secure = run(tmp_path, data_dir, "fedavg-secagg", **keys, **{"secure-aggregation": "secagg+"})
+    assert summary["status"] == "complete"
+    for p, s in zip(plain, secure, strict=True):
+        assert s["clients"] == 5 and s["failures"] == 0
+        assert s["accuracy"] == pytest.approx(p["accuracy"], abs=2e-3)  # the same average up to fixed-point rounding
+        assert s["secagg_setup_bytes_up"] > 0
