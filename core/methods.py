@@ -96,6 +96,15 @@ def _fedlog_secure_rules(cfg: Mapping[str, Any]) -> None:
         )
 
 
+def _lg_fedavg_rules(cfg: Mapping[str, Any]) -> None:
+    """Under secure-aggregation no client may send its whole model: lg-new-test must be off."""
+    if cfg["secure-aggregation"] != "off" and cfg["lg-new-test"]:
+        raise ConfigError(
+            "run-config key 'lg-new-test' must be false with secure-aggregation: the new test has every client upload its "
+            "whole model, which the server would then hold one by one"
+        )
+
+
 def _fedprof_rules(cfg: Mapping[str, Any]) -> None:
     """dataset=local needs server-data: the server's training rows are the validation set D^V."""
     if cfg["dataset"] == "local" and not cfg["server-data"]:
@@ -180,13 +189,16 @@ METHODS: dict[str, Method] = {
                     "LG-FedAvg: after the last round clients upload their models once and the server scores their logit ensemble on the whole test set",
                 ),
             },
+            validate=_lg_fedavg_rules,
             robust_aggregation=True,
+            secure_sum=True,
         ),
         Method(
             "fedper",
             "averaged bodies, local top layers (Arivazhagan et al. 2019)",
             {"fedper-local-layers": positive("FedPer: top layers kept local; the rest are averaged", 2)},
             robust_aggregation=True,
+            secure_sum=True,
         ),
         Method(
             "fedrep",
@@ -196,6 +208,7 @@ METHODS: dict[str, Method] = {
                 "fedrep-head-epochs": non_negative("FedRep: epochs training the local head (body fixed) before the body epochs", 10),
             },
             robust_aggregation=True,
+            secure_sum=True,
         ),
         Method(
             "fedproto",

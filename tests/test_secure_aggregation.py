@@ -161,7 +161,8 @@ def test_a_client_refuses_stages_out_of_order_and_keeps_no_secret_on_disk(task_i
 @pytest.mark.parametrize(
     ("keys", "match"),
     [
-        ({"algorithm": "fedprof"}, "which only fedavg, fedprox, fedlog implement"),
+        ({"algorithm": "fedprof"}, "which only fedavg, fedprox, fedlog, lg-fedavg, fedper, fedrep implement"),
+        ({"algorithm": "lg-fedavg"}, "lg-new-test"),
         ({"algorithm": "fedavg", "aggregation": "median"}, "needs each client's update"),
         ({"algorithm": "fedavg", "client-sampling": "data-ratio"}, "client-sampling"),
         ({"algorithm": "fedlog", "fedlog-clip": 0.0}, "fedlog-clip"),
@@ -234,9 +235,13 @@ def test_distributed_dp_the_sum_carries_the_central_noise_and_the_server_accepts
     assert np.std(noise) == pytest.approx(share * np.sqrt(CLIENTS), rel=0.15)  # ≥ the central σ: share·√6 vs σ = share·√3
 
 
-def test_fedavg_gets_the_weighted_mean_of_the_updates_and_a_huge_update_is_clipped_to_the_bound(task_identity):
-    strategy = make_strategy("fedavg", **{"num-clients": CLIENTS, "secure-aggregation": "secagg+", "min-replies": 1})
-    sent = {k: v.numpy() for k, v in strategy.initial_arrays().items()}
+@pytest.mark.parametrize(
+    "keys", [{"algorithm": "fedavg"}, {"algorithm": "fedprox"}, {"algorithm": "lg-fedavg", "lg-new-test": False}, {"algorithm": "fedper"}]
+)
+def test_model_averaging_gets_the_weighted_mean_of_the_updates_and_a_huge_update_is_clipped_to_the_bound(task_identity, keys):
+    rest = {k: v for k, v in keys.items() if k != "algorithm"}
+    strategy = make_strategy(keys["algorithm"], **{"num-clients": CLIENTS, "secure-aggregation": "secagg+", "min-replies": 1, **rest})
+    sent = {k: v.numpy() for k, v in strategy.shared(2, strategy.initial_arrays()).items()}
     counts = {p: 10 + 5 * p for p in range(CLIENTS)}
     rng = np.random.default_rng(0)
     deltas = {
