@@ -99,6 +99,8 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
             scores = None
             if kind == "train" and scores_with_train(env.cfg, round_of(msg.content)):  # the model received, scored before training
                 scores = procedure.evaluate(env, msg.content, context.state).metric_records[P.METRICS]
+            if kind == "train" and env.cfg["secure-aggregation"] != "off" and not is_stage(msg.content):
+                raise ValueError("this run is under secure-aggregation: a training message outside its protocol is refused")
             if kind == "train" and is_stage(msg.content):  # one stage of secure aggregation (client/secure_aggregation.py)
                 content = answer(
                     msg.content, msg.metadata.dst_node_id, env.partition_id, context.state, lambda c: handler(env, c, context.state)

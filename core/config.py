@@ -220,8 +220,8 @@ SCHEMA: dict[str, Key] = {
         0.5,
         "SecAgg+: a secret is rebuilt from more than this fraction of its shares; a round with fewer survivors among a client's "
         "neighbours fails and keeps the previous model",
-        check=lambda v: 0 < v < 1,
-        rule="in (0, 1)",
+        check=lambda v: 0.5 <= v < 1,
+        rule="in [0.5, 1): a majority of a client's shares, so no two disjoint groups of its neighbours can each rebuild its secrets",
     ),
     "global-eval": Key(True, "also evaluate a single global model on the whole test set, where one exists"),
     "results-dir": Key("results", "where `flwr run` writes its results folder"),

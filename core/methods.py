@@ -94,6 +94,13 @@ def _fedlog_secure_rules(cfg: Mapping[str, Any]) -> None:
             "run-config key 'fedlog-dp' cannot be 'local' with secure-aggregation: the server already sees only the sum; "
             "use 'central' (the server noises the sum) or 'distributed' (the clients do)"
         )
+    from core.secagg import SecAggError, fraction_bits  # local import: the cryptography libraries only when asked for
+
+    most = cfg["num-clients"] * (cfg["max-client-examples"] or 1_000_000)  # every client at the reply cap (the round checks its real bound)
+    try:
+        fraction_bits(most * max(cfg["fedlog-clip"], 1.0))
+    except SecAggError as exc:
+        raise ConfigError(f"run-config key 'fedlog-clip' is {cfg['fedlog-clip']:g} with secure-aggregation: {exc}") from None
 
 
 def _lg_fedavg_rules(cfg: Mapping[str, Any]) -> None:

@@ -54,6 +54,7 @@ HEADROOM_BITS = 62  # the largest |sum| a config may reach is below 2^62: one bi
 MAX_FRAC_BITS = 32
 MIN_FRAC_BITS = 8  # coarser than 2^-8 per value is refused, not silently used
 SEED_BYTES = 32
+CURVE = "secp384r1"  # Flower's generate_key_pairs
 MAX_KEY_BYTES = 1024  # a PEM public key of SECP384R1 is ~215 bytes; anything far larger is not a key
 
 
@@ -174,6 +175,8 @@ def share_secrets(
         raise SecAggError("the neighbour list does not carry this client's own public keys")
     if len(neighbours) < threshold:
         raise SecAggError(f"{len(neighbours)} neighbours, fewer than the threshold {threshold}")
+    if not len(neighbours) / 2 < threshold:  # a majority: two disjoint sets of share holders could each rebuild a secret
+        raise SecAggError(f"threshold {threshold} is not more than half of {len(neighbours)} neighbours")
     listed = [k for pair in neighbours.values() for k in pair]
     if len(set(listed)) != len(listed):
         raise SecAggError("two neighbours share a public key")
@@ -260,7 +263,7 @@ def rebuild(shares: Sequence[bytes], threshold: int, valid: Callable[[bytes], bo
             continue
         if valid(secret):
             return secret
-    raise SecAggError("the shares do not rebuild a secret that matches what its owner committed to (more than one bad share)")
+    raise SecAggError("the shares do not rebuild a secret that matches what its owner committed to (a bad share among too few, or several)")
 
 
 def unmask_sum(
@@ -285,7 +288,8 @@ def unmask_sum(
             return len(secret) == SEED_BYTES and seed_digest(secret) == digest
 
         out = out - mask(rebuild(shares.get(v, []), threshold, is_seed), out.size)
-    for d in sorted(set(dropped)):
+    needed = {d for d in set(dropped) if any(d in set(peers[v]) for v in set(alive))}  # only dropped clients someone masked with
+    for d in sorted(needed):
         pk1 = public_keys[d][0]
 
         def is_key(secret: bytes, pk1: bytes = pk1) -> bool:

@@ -167,7 +167,7 @@ class FedLog(HeadwayStrategy):
         checker, most = self.checker, math.inf
         if self.cfg["fedlog-dp"] == "distributed":  # the sum carries every client's noise share: σ_share·√clients on each entry
             checker = replace(self.checker, noise_sigma=share_sigma(self.cfg, self.m) * math.sqrt(len(total)), count_known=False)
-            most = float(sum(ctx.engine.most_examples(v) for v in total.nodes))
+            most = total.max_examples
             n = max(n, 0.0)
         if problem := checker.problem(phi, n, most):
             ctx.engine.meter.fail(

@@ -13,11 +13,13 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import ConfigRecord, MessageType, RecordDict
 from flwr.supercore.primitives.asymmetric import bytes_to_public_key
 
@@ -30,6 +32,7 @@ log = logging.getLogger("headway")
 
 MAX_CIPHERTEXT_BYTES = 4096  # one encrypted pair of shares is ~0.6 KB (a PEM private key's Shamir shares, Fernet, base64)
 MAX_SHARE_BYTES = 2048
+STAGE_SHARE_OF_DEADLINE = 8  # each key stage (setup, share, unmask) may take round-timeout / 8
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class SecureSum:
     partitions: list[int]
     nodes: list[int]
     cpu: dict[str, float]  # the server's CPU seconds in each stage (this thread: building, metering and checking messages, crypto)
+    max_examples: float = math.inf  # the most examples the clients in the sum can hold together
 
     def __len__(self) -> int:
         return len(self.partitions)
@@ -90,9 +94,11 @@ def _check_keys(arrays: dict, reply: Reply) -> tuple[Any, str | None]:
         return None, "setup reply without a 32-byte seed digest"
     for key in (pk1, pk2):
         try:
-            bytes_to_public_key(key)
+            parsed = bytes_to_public_key(key)
         except Exception:
-            return None, "a public key that is not a PEM EC public key"
+            return None, "a public key that is not a PEM public key"
+        if not isinstance(parsed, ec.EllipticCurvePublicKey) or parsed.curve.name != S.CURVE:
+            return None, f"a public key that is not an EC key on {S.CURVE}, the curve the protocol's key agreement uses"
     return (pk1, pk2, digest), None
 
 
@@ -106,14 +112,26 @@ def _check_pairs(reply: Reply, values: str, cap: int) -> tuple[dict[int, bytes] 
 def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], spec: SumSpec) -> SecureSum | None:
     """Run SecAgg+ over ``contents`` (each node's training message): the decoded sum of the
     ``spec`` arrays of the replies, or None when the round cannot finish (the reason is in
-    the round's failures). All stages share one ``round-timeout`` deadline."""
+    the round's failures). All stages share one ``round-timeout`` deadline; the key stages
+    (setup, share, unmask) get at most an eighth of it each, and training leaves unmask its
+    eighth, so a client silent in one stage cannot use up the time of the others."""
+    try:
+        return _secure_sum(engine, phase, contents, spec)
+    except Exception as exc:  # anything a client's reply could trip: the round fails, never the run
+        log.exception("%s: secure aggregation failed", phase)
+        engine.meter.fail(f"{phase}: secure aggregation: {type(exc).__name__}: {exc}; keeping the previous model")
+        return None
+
+
+def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], spec: SumSpec) -> SecureSum | None:
     cfg = engine.cfg
     deadline = engine.clock() + cfg["round-timeout"]
+    budget = cfg["round-timeout"] / STAGE_SHARE_OF_DEADLINE
     nodes = sorted(contents)
     rnd = engine.round
 
-    def left() -> float:
-        return max(deadline - engine.clock(), 0.0)
+    def left(cap: float = math.inf, keep: float = 0.0) -> float:
+        return max(min(deadline - keep - engine.clock(), cap), 0.0)
 
     def fail(why: str) -> None:
         engine.meter.fail(f"{phase}: secure aggregation: {why}; keeping the previous model")
@@ -144,11 +162,11 @@ def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], s
         {v: setup for v in nodes},
         MessageType.TRAIN,
         _config_only((P.PK1, P.PK2, P.SEED_DIGEST), _check_keys),
-        timeout=left(),
+        timeout=left(budget),
     )
     got = {r.node_id: r.payload for r in replies}
-    listed = [k for (pk1, pk2, _) in got.values() for k in (pk1, pk2)]
-    twins = {k for k in listed if listed.count(k) > 1}
+    seen = Counter(k for (pk1, pk2, _) in got.values() for k in (pk1, pk2))
+    twins = {k for k, times in seen.items() if times > 1}
     for v in [v for v, (pk1, pk2, _) in got.items() if pk1 in twins or pk2 in twins]:
         engine.meter.fail(f"{P.STAGE_SETUP}: node {v} sent a public key another client also sent")
         del got[v]
@@ -180,7 +198,7 @@ def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], s
         return texts, S.share_problem(reply.node_id, asked[reply.node_id], texts)
 
     replies = engine.exchange(
-        P.STAGE_SHARE, share_msgs, MessageType.TRAIN, _config_only((P.IDS, P.CIPHERTEXTS), check_shares, shares), timeout=left()
+        P.STAGE_SHARE, share_msgs, MessageType.TRAIN, _config_only((P.IDS, P.CIPHERTEXTS), check_shares, shares), timeout=left(budget)
     )
     relayed = S.relay_shares({r.node_id: r.payload for r in replies})
     lap("share")
@@ -202,14 +220,16 @@ def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], s
         if len(texts) + 1 >= threshold
     }
     masked_layout = Layout({P.MASKED: ArraySpec((spec.size,), "uint64")}, count=False)
-    replies = engine.exchange(phase, collect, MessageType.TRAIN, masked_layout, timeout=left())
+    replies = engine.exchange(phase, collect, MessageType.TRAIN, masked_layout, timeout=left(keep=budget))
     total = np.zeros(spec.size, dtype=np.uint64)
     for r in replies:
         total = total + r.arrays[P.MASKED]
     arrived = [r.node_id for r in replies]
+    partitions = sorted(r.partition_id for r in replies)
+    most = float(sum(r.max_count for r in replies))  # the examples the clients in the sum can hold (their bounds at collect)
     lap("collect")
-    if not arrived:
-        fail("no masked vector arrived")
+    if len(arrived) < max(cfg["min-replies"], 1):  # never unmask a sum of fewer: distributed DP's noise needs min-replies shares
+        fail(f"{len(arrived)} masked vectors arrived, fewer than min-replies={cfg['min-replies']}; nothing is unmasked")
         return None
 
     # stage 3: survivors reveal the seeds of the alive and the keys of the dropped
@@ -228,7 +248,7 @@ def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], s
         return revealed, None
 
     replies = engine.exchange(
-        P.STAGE_UNMASK, unmask, MessageType.TRAIN, _config_only((P.IDS, P.SHARES), check_reveal, shares), timeout=left()
+        P.STAGE_UNMASK, unmask, MessageType.TRAIN, _config_only((P.IDS, P.SHARES), check_reveal, shares), timeout=left(budget)
     )
     dropped = set(relayed) - set(arrived)
     try:
@@ -242,8 +262,8 @@ def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], s
             relayed,
             threshold,
         )
-    except S.SecAggError as exc:
-        fail(f"{len(replies)} of {len(arrived)} clients revealed shares: {exc}")
+    except Exception as exc:  # too few or bad shares, a key that cannot agree: the round fails
+        fail(f"{len(replies)} of {len(arrived)} clients revealed shares: {type(exc).__name__}: {exc}")
         return None
     values = S.decode(summed, frac)
     lap("unmask")
@@ -262,4 +282,4 @@ def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], s
         shares,
         threshold,
     )
-    return SecureSum(out, sorted(engine.partition_of(v) for v in arrived), sorted(arrived), cpu)
+    return SecureSum(out, partitions, sorted(arrived), cpu, most)

@@ -97,9 +97,9 @@ def test_one_bad_share_is_found_and_left_out():
     nodes = sorted(vectors)
     victim, liar = nodes[2], None
     # any survivor holding a share of the victim lies about it; the others' shares still rebuild its seed
-    _, seen = run_protocol(vectors, shares=7, threshold=3)
+    _, seen = run_protocol(vectors, shares=7, threshold=4)
     liar = next(v for v in seen if v != victim)
-    out, seen = run_protocol(vectors, shares=7, threshold=3, corrupt={victim: liar})
+    out, seen = run_protocol(vectors, shares=7, threshold=4, corrupt={victim: liar})
     np.testing.assert_array_equal(out, plain_sum(vectors, seen))
 
 

@@ -43,10 +43,12 @@ class Clients:
         self.silent_at = silent_at or {}
         self.hostile = hostile or {}
         self.seen: dict[int, np.ndarray] = {}  # the masked vectors the server received, by partition
+        self.stages: list[str] = []  # every stage message a client got
 
     def __call__(self, pid: int, msg: Message):
         assert is_stage(msg.content), "under secure aggregation every train message is a protocol stage"
         stage = str(msg.content.config_records[P.SECAGG][P.SECAGG_STAGE])
+        self.stages.append(stage)
         if self.silent_at.get(pid) == stage:
             return None
         state = self.states.setdefault(pid, RecordDict())
@@ -163,6 +165,8 @@ def test_a_client_refuses_stages_out_of_order_and_keeps_no_secret_on_disk(task_i
     [
         ({"algorithm": "fedprof"}, "which only fedavg, fedprox, fedlog, lg-fedavg, fedper, fedrep implement"),
         ({"algorithm": "lg-fedavg"}, "lg-new-test"),
+        ({"algorithm": "fedlog", "fedlog-clip": 1e12}, "could overflow"),
+        ({"algorithm": "fedlog", "fedlog-clip": 2.0, "secagg-threshold": 0.4}, "majority"),
         ({"algorithm": "fedavg", "aggregation": "median"}, "needs each client's update"),
         ({"algorithm": "fedavg", "client-sampling": "data-ratio"}, "client-sampling"),
         ({"algorithm": "fedlog", "fedlog-clip": 0.0}, "fedlog-clip"),
@@ -177,13 +181,78 @@ def test_configs_that_cannot_run_under_secure_aggregation_are_refused(keys, matc
 
 
 def test_a_sum_that_could_overflow_fails_the_round_before_any_client_is_asked(task_identity):
+    """FedLog's bound is checked with the config (above); a model's update bound only in the round."""
     clients = Clients()
-    s = make_strategy("fedlog", **{"num-clients": CLIENTS, **SECURE, "fedlog-clip": 1e17})
-    grid = FakeGrid(CLIENTS, clients)
-    engine = engine_for(s, grid)
-    step = s.train_round(1, s.initial_arrays(), engine)
+    s = make_strategy("fedavg", **{"num-clients": CLIENTS, **SECURE, "max-update-norm": 1e20})
+    engine = engine_for(s, FakeGrid(CLIENTS, clients))
+    step = s.train_round(2, s.initial_arrays(), engine)
     assert step.arrays is None and not clients.states
     assert any("overflow" in f for f in engine.meter.failures)
+
+
+def test_each_key_stage_gets_an_eighth_of_the_deadline_and_training_leaves_unmask_its_share(task_identity):
+    s = make_strategy("fedlog", **{"num-clients": CLIENTS, **SECURE, "round-timeout": 80.0})
+    grid = FakeGrid(CLIENTS, Clients())
+    s.train_round(1, s.initial_arrays(), engine_for(s, grid))
+    setup, share, collect, unmask = grid.timeouts[-4:]
+    assert setup <= 10.0 and share <= 10.0 and unmask <= 10.0  # a silent client costs a key stage 10 s, not the round
+    assert 55.0 <= collect <= 70.0
+
+
+def test_a_key_on_another_curve_is_refused_at_setup_and_the_round_goes_on(task_identity):
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    def p256(out: RecordDict) -> RecordDict:
+        out.config_records[P.CONFIG][P.PK2] = public_key_to_bytes(ec.generate_private_key(ec.SECP256R1()).public_key())
+        return out
+
+    class Foreign(Clients):
+        def __call__(self, pid, msg):
+            out = super().__call__(pid, msg)
+            if pid == 1 and msg.content.config_records[P.SECAGG][P.SECAGG_STAGE] == P.STAGE_SETUP:
+                out = p256(out)
+            return out
+
+    s, engine, step = secure_round(Foreign())
+    assert step.clients == CLIENTS - 1
+    assert any("secp384r1" in f for f in engine.meter.failures)
+
+
+def test_a_client_that_claims_to_have_forgotten_its_registration_at_unmask_does_not_stop_the_run(task_identity):
+    from flwr.app import Error
+
+    class Forgetful(Clients):
+        def __call__(self, pid, msg):
+            if pid == 2 and msg.content.config_records[P.SECAGG][P.SECAGG_STAGE] == P.STAGE_UNMASK:
+                return Error(code=P.ERROR_UNREGISTERED, reason="forgot")
+            return super().__call__(pid, msg)
+
+    s, engine, step = secure_round(Forgetful())
+    assert step.clients == CLIENTS  # its vector arrived, its seed came from its neighbours' shares
+    np.testing.assert_allclose(step.arrays[P.ETA].numpy(), plain_head(s, range(CLIENTS)).astype(np.float32), rtol=1e-5, atol=1e-6)
+
+
+def test_fewer_vectors_than_min_replies_are_never_unmasked(task_identity):
+    clients = Clients(silent_at={p: P.STAGE_COLLECT for p in range(3)})
+    s, engine, step = secure_round(clients, **{"min-replies": 4})
+    assert step.arrays is None
+    assert any("fewer than min-replies=4; nothing is unmasked" in f for f in engine.meter.failures)
+    assert P.STAGE_UNMASK not in clients.stages
+
+
+def test_a_client_refuses_a_plain_training_message_in_a_secure_run(task_identity, data_dir):
+    from flwr.app import ArrayRecord, Context, Message, MessageType
+
+    from client.app import build_client_app
+
+    cfg = {"algorithm": "fedlog", "num-clients": 2, "train-fraction": 0.01, "local-epochs": 0, "data-dir": data_dir, **SECURE}
+    app = build_client_app(resolve(cfg))
+    content = RecordDict({P.ARRAYS: ArrayRecord(), P.CONFIG: ConfigRecord({P.ROUND: 1, P.PHASE: P.PHASE_TRAIN})})
+    msg = Message(content=content, dst_node_id=101, message_type=MessageType.TRAIN, group_id="1")
+    ctx = Context(run_id=1, node_id=101, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+    reply = app(msg, ctx)
+    assert reply.has_error() and "outside its protocol" in str(reply.error.reason)
 
 
 def test_distributed_dp_needs_secure_aggregation():
