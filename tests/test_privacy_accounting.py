@@ -166,6 +166,7 @@ def test_strategies_put_the_report_in_their_summary(task_identity):
 
 
 @pytest.mark.integration
+@pytest.mark.system  # a Flower simulation: make test-system, to keep make test under 15 minutes
 def test_a_central_dp_run_reports_its_rdp_epsilon_in_summary_json(tmp_path, data_dir):
     cfg = resolve(
         {

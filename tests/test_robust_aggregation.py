@@ -373,6 +373,7 @@ def hostile_client_app(cfg: dict) -> ClientApp:
 
 
 @pytest.mark.integration
+@pytest.mark.system  # a Flower simulation: make test-system, to keep make test under 15 minutes
 @needs_data("uci-adult")
 def test_in_a_simulation_two_attackers_of_eleven_drag_the_mean_but_not_the_median(tmp_path, data_dir, monkeypatch):
     """FedAvg on UCI Adult, 11 simulated clients of which 2 are ClientApps sending −10× their honest update (inside the
