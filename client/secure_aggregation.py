@@ -93,7 +93,15 @@ def _collect(
     out = train(train_content)
     arrays = out.array_records[P.ARRAYS]
     names = _names(fields[P.SUM_NAMES])
-    values = np.concatenate([arrays[name].numpy().astype(np.float64).ravel() for name in names])
+    weights_name = str(fields.get(P.SUM_ROW_WEIGHTS, ""))
+    weights = arrays[weights_name].numpy().astype(np.float64) if weights_name else None
+    parts = []
+    for name in names:  # FedProto: counts × prototypes, and the counts
+        part = arrays[name].numpy().astype(np.float64)
+        if weights is not None and name != weights_name:
+            part = part * weights.reshape((-1,) + (1,) * (part.ndim - 1))
+        parts.append(part.ravel())
+    values = np.concatenate(parts)
     clip = float(fields.get(P.SUM_UPDATE_NORM, 0.0))  # type: ignore[arg-type]
     if clip > 0:  # model averaging: the n-weighted update from the model sent, clipped in L2 as the server bounds updates, and n
         sent = train_content.array_records[P.ARRAYS]

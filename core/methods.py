@@ -229,6 +229,7 @@ METHODS: dict[str, Method] = {
                 ),
             },
             server_combines="averages per-class prototypes by class counts while models stay local",
+            secure_sum=True,
         ),
         Method(
             "fedprof",

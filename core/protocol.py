@@ -88,6 +88,7 @@ SHARES = "shares"
 ALIVE = "alive"
 DROPPED = "dropped"
 SUM_NAMES = "sum-names"  # the arrays of the method's reply that are summed, in this order
+SUM_ROW_WEIGHTS = "sum-row-weights"  # non-empty: the summed array of that name weighs the rows of the others (FedProto's counts)
 SUM_UPDATE_NORM = "sum-update-norm"  # > 0: the summed arrays are n·(w − w_sent), L2-clipped to this norm, then n (model averaging)
 FRAC_BITS = "frac-bits"
 MASKED = "masked"  # uint64 (D,): the masked fixed-point vector

@@ -18,6 +18,7 @@ from core.prototypes import average_prototypes, prototype_problem
 from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
 from strategies.replies import ArraySpec, Layout, Reply
+from strategies.secure_aggregation import SecureSum, SumSpec
 from strategies.services import Services
 
 log = logging.getLogger("headway")
@@ -66,6 +67,28 @@ class FedProto(HeadwayStrategy):
     def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
         self.protos, self.counts = average_prototypes([r.payload[0] for r in replies], [r.payload[1] for r in replies])
         return Step(self.global_record(), len(replies), {"loss": mean_finite([r.metrics.get(P.LOSS, float("nan")) for r in replies])})
+
+    def sum_spec(self, ctx: TrainRound, nodes: list[int]) -> SumSpec:
+        """Under secure-aggregation: Σ n_kc·P_kc and Σ n_kc; an entry of a sum is at most the
+        examples the clients hold times max-feature-value."""
+        most = float(sum(ctx.engine.most_examples(v) for v in nodes))
+        arrays = {P.PROTOTYPES: (self.classes, self.m), P.CLASS_COUNTS: (self.classes,)}
+        return SumSpec(arrays, most * max(self.cfg["max-feature-value"], 1.0), row_weights=P.CLASS_COUNTS)
+
+    def aggregate_sum(self, ctx: TrainRound, total: SecureSum) -> Step:
+        """The count-weighted prototypes from the secure sums; sums no honest clients could send keep the previous ones."""
+        weighted, counts = total.arrays[P.PROTOTYPES], total.arrays[P.CLASS_COUNTS]
+        protos = np.divide(weighted, counts[:, None], out=np.zeros_like(weighted), where=counts[:, None] > 0)
+        problem = prototype_problem(protos, counts, float(np.sum(counts)), (self.classes, self.m))
+        if problem is None and np.max(np.abs(protos), initial=0.0) > self.cfg["max-feature-value"] * (1 + 1e-6):
+            problem = f"a prototype entry exceeds max-feature-value={self.cfg['max-feature-value']:g}"
+        if problem is None and float(np.sum(counts)) > total.max_examples:
+            problem = f"the counts add up to {float(np.sum(counts)):g}, more than the {total.max_examples:g} examples these clients hold"
+        if problem is not None:
+            ctx.engine.meter.fail(f"secure sum of {len(total)} clients is not a sum of prototypes ({problem}); keeping the previous ones")
+            return Step(None, 0)
+        self.protos, self.counts = protos, counts
+        return Step(self.global_record(), len(total), {f"secagg_server_cpu_{stage}": sec for stage, sec in total.cpu.items()})
 
     def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         return self.global_record()

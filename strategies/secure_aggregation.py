@@ -43,6 +43,7 @@ class SumSpec:
     arrays: Mapping[str, tuple[int, ...]]
     bound: float
     update_norm: float = 0.0  # > 0: clients send n·(w − w_sent) with ‖w − w_sent‖ clipped to this, and n (the model-averaging methods)
+    row_weights: str = ""  # an array of ``arrays`` whose entries weigh the rows of the others before summing (FedProto's class counts)
 
     @property
     def size(self) -> int:
@@ -213,6 +214,7 @@ def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], 
                 P.SUM_NAMES: list(spec.arrays),
                 P.FRAC_BITS: frac,
                 P.SUM_UPDATE_NORM: spec.update_norm,
+                P.SUM_ROW_WEIGHTS: spec.row_weights,
             },
             base=contents[v],
         )

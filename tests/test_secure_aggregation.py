@@ -18,6 +18,7 @@ from core import protocol as P
 from core.aggregate import float_norm
 from core.config import ConfigError, resolve
 from core.fedlog import noise_sigma, share_sigma, solve_head
+from core.prototypes import average_prototypes
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 SECURE = {"secure-aggregation": "secagg+", "fedlog-clip": 2.0, "min-replies": 1}
@@ -163,7 +164,7 @@ def test_a_client_refuses_stages_out_of_order_and_keeps_no_secret_on_disk(task_i
 @pytest.mark.parametrize(
     ("keys", "match"),
     [
-        ({"algorithm": "fedprof"}, "which only fedavg, fedprox, fedlog, lg-fedavg, fedper, fedrep implement"),
+        ({"algorithm": "fedprof"}, "which only fedavg, fedprox, fedlog, lg-fedavg, fedper, fedrep, fedproto implement"),
         ({"algorithm": "lg-fedavg"}, "lg-new-test"),
         ({"algorithm": "fedlog", "fedlog-clip": 1e12}, "could overflow"),
         ({"algorithm": "fedlog", "fedlog-clip": 2.0, "secagg-threshold": 0.4}, "majority"),
@@ -346,3 +347,31 @@ def test_model_averaging_gets_the_weighted_mean_of_the_updates_and_a_huge_update
     bound = strategy.cfg["max-update-norm"] * max(float_norm(sent), 1.0)
     moved = float_norm({k: step.arrays[k].numpy().astype(np.float64) - v for k, v in sent.items() if k in deltas[0]})
     assert moved <= bound * counts[3] / total + 0.1 * bound
+
+
+def test_fedproto_gets_the_count_weighted_prototypes(task_identity):
+    strategy = make_strategy("fedproto", **{"num-clients": CLIENTS, "secure-aggregation": "secagg+", "min-replies": 1})
+    rng = np.random.default_rng(3)
+    made = {}
+    for p in range(CLIENTS):
+        counts = np.zeros(10, np.float32)
+        held = rng.choice(10, 4, replace=False)
+        counts[held] = rng.integers(1, 30, 4)
+        protos = np.zeros((10, strategy.m), np.float32)
+        protos[held] = rng.uniform(0, 3, (4, strategy.m))
+        made[p] = (protos, counts)
+
+    class Proto(Clients):
+        def __call__(self, pid, msg):
+            if msg.content.config_records[P.SECAGG][P.SECAGG_STAGE] != P.STAGE_COLLECT:
+                return super().__call__(pid, msg)
+            protos, counts = made[pid]
+            train = lambda c: reply({P.PROTOTYPES: protos, P.CLASS_COUNTS: counts}, int(counts.sum()), pid, loss=0.1)  # noqa: E731
+            return answer(msg.content, msg.metadata.dst_node_id, pid, self.states[pid], train)
+
+    engine = engine_for(strategy, FakeGrid(CLIENTS, Proto()))
+    step = strategy.train_round(1, strategy.initial_arrays(), engine)
+    assert step.clients == CLIENTS and not engine.meter.failures
+    want_protos, want_counts = average_prototypes([m[0] for m in made.values()], [m[1] for m in made.values()])
+    np.testing.assert_array_equal(strategy.counts, want_counts)
+    np.testing.assert_allclose(strategy.protos, want_protos, atol=1e-6)
