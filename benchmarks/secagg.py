@@ -182,11 +182,12 @@ def main(argv: list[str] | None = None) -> int:
             with TABLE.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
-    stages = [stage_costs(n) for n in args.clients] if args.stages else []
-    if stages:
+    stages = json.loads((OUT / "stages.json").read_text()) if (OUT / "stages.json").exists() else []
+    if args.stages:  # this run's client counts replace their old rows; the others stay
+        stages = sorted(
+            [s for s in stages if s["clients"] not in args.clients] + [stage_costs(n) for n in args.clients], key=lambda s: s["clients"]
+        )
         (OUT / "stages.json").write_text(json.dumps(stages, indent=1) + "\n")
-    elif (OUT / "stages.json").exists():
-        stages = json.loads((OUT / "stages.json").read_text())
     text = markdown(sorted(rows, key=lambda r: (r["clients"], list(VARIANTS).index(r["variant"]))), stages)
     (OUT / "secagg.md").write_text(text)
     print(text)

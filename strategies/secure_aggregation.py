@@ -57,7 +57,7 @@ class SecureSum:
     arrays: dict[str, np.ndarray]
     partitions: list[int]
     nodes: list[int]
-    cpu: dict[str, float]  # the server's CPU seconds in each stage (this thread: building, metering and checking messages, crypto)
+    cpu: dict[str, float]  # the server's CPU seconds in each stage, this thread only (Flower's Shamir recombines in a thread pool)
     max_examples: float = math.inf  # the most examples the clients in the sum can hold together
 
     def __len__(self) -> int:
