@@ -174,7 +174,7 @@ def test_the_reference_documents_every_key_once_in_its_section():
         section = generate.doc_text().split(f"\n### {method.name}\n\n")[1].split("\n### ")[0]
         assert section.startswith(f"{method.summary[0].upper()}{method.summary[1:]}."), method.name
         assert ("Checked at start: " in section) == (method.validate is not no_rules), method.name
-    assert [m.name for m in METHODS.values() if m.validate is not no_rules] == ["fedlog", "fedprof", "fedpft"]
+    assert [m.name for m in METHODS.values() if m.validate is not no_rules] == ["fedlog", "lg-fedavg", "fedprof", "fedpft"]
 
 
 def test_check_mode_names_a_hand_edited_file_and_a_run_repairs_it(tmp_path, capsys):
