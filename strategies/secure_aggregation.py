@@ -52,11 +52,10 @@ class SumSpec:
 
 @dataclass(frozen=True)
 class SecureSum:
-    """The unmasked sum (float64 arrays) and the partitions (and node ids) whose vectors are in it."""
+    """The unmasked sum (float64 arrays) and the partitions whose vectors are in it."""
 
     arrays: dict[str, np.ndarray]
     partitions: list[int]
-    nodes: list[int]
     cpu: dict[str, float]  # the server's CPU seconds in each stage, this thread only (Flower's Shamir recombines in a thread pool)
     max_examples: float = math.inf  # the most examples the clients in the sum can hold together
 
@@ -284,4 +283,4 @@ def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], 
         shares,
         threshold,
     )
-    return SecureSum(out, partitions, sorted(arrived), cpu, most)
+    return SecureSum(out, partitions, cpu, most)
