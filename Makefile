@@ -10,10 +10,11 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION = 1
 
 setup: $(STAMP)
 
+# --no-cache-dir: torch and its CUDA wheels are ~4 GB; no second copy in a pip cache, so the install needs only the venv's ~6.6 GB of disk.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,fedpft,data,lint]"
+	$(PY) -m pip install --quiet --no-cache-dir --upgrade pip
+	$(PY) -m pip install --quiet --no-cache-dir -e ".[test,fedpft,data,lint]"
 	touch $(STAMP)
 
 # The main job: FedLog on FedLog's Table 1 MNIST setup (50 clients, 100 rounds).
