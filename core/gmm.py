@@ -5,13 +5,15 @@ A batch is ``B`` groups of up to ``N`` points in ``d`` dimensions, padded, with 
 which points are real; each group may use fewer than ``K`` components (``k_per_group``).
 Covariance families follow scikit-learn's names: ``full`` (K·d·d), ``diag`` (K·d) and
 ``spherical`` (K). EM runs in the features' dtype (``dtype``; float32 features fit in
-float32, as scikit-learn fits them): points are centred per group (the centre accumulated in
-float64), the E-step's expansion (x−μ)²/σ² = x²/σ² − 2xμ/σ² + μ²/σ² is one batched product
-(two for diag, fused into one over [x², x]), and what rounding would spoil is float64: the
-log-determinants, each group's mean log-likelihood, full covariances and their Cholesky
-factors (float32 ones stop being factorizable with fewer points than dimensions). float32
-rounding moves the mean log-likelihood by about 1e-4–1e-3 nats, the size of the default
-tolerance, so there a change below ``tol`` or negative ends the fit (:func:`_converged`).
+float32, as scikit-learn fits them), on points centred per group (the centre accumulated in
+float64). Each iteration is one pass over the points in chunks small enough to stay in the
+CPU's cache (:func:`_em_pass`): a chunk's E-step, (x−μ)²/σ² expanded as x²/σ² − 2xμ/σ² +
+μ²/σ² in batched products, and its share of the next M-step's sums, so the points are read
+from memory once an iteration, not once a product. What rounding would spoil is float64:
+the M-step's sums and moments, the log-determinants, each group's mean log-likelihood, and
+full covariances (float32 ones stop being factorizable with fewer points than dimensions).
+float32 rounding moves the mean log-likelihood by about 1e-4–1e-3 nats, the size of the
+default tolerance, so there a change below ``tol`` or negative ends the fit (:func:`_converged`).
 The start is scikit-learn's: greedy k-means++ seeds and Lloyd's steps to convergence, with
 no centre left holding a single point.
 
@@ -114,6 +116,20 @@ def _kmeans_pp(x: torch.Tensor, mask: torch.Tensor, k: int, gen: torch.Generator
     return torch.stack(seeds, 1)
 
 
+CHUNK_BYTES = 1 << 21  # rows per CPU pass: about 2 MiB of points (and as much of their squares) at a time
+
+
+def _row_chunks(x: torch.Tensor) -> list[slice]:
+    """The row ranges of one pass over x (B,N,d): on the CPU about CHUNK_BYTES each, so a
+    chunk read for one product is still in cache for the next (one read of x from memory
+    a pass, not one a product); on an accelerator all rows at once (fewer, larger kernels)."""
+    b, n, d = x.shape
+    if x.device.type != "cpu":
+        return [slice(0, n)]
+    rows = max(64, CHUNK_BYTES // max(1, b * d * x.element_size()))
+    return [slice(i, min(i + rows, n)) for i in range(0, n, rows)]
+
+
 def _assign(x: torch.Tensor, centres: torch.Tensor, cmask: torch.Tensor, x_sq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each point's nearest centre (B,N) and its squared distance (B,N)."""
     dist = _sqdist(x, centres, x_sq).masked_fill(~cmask[:, None, :], float("inf"))  # (B,N,K)
@@ -121,36 +137,54 @@ def _assign(x: torch.Tensor, centres: torch.Tensor, cmask: torch.Tensor, x_sq: t
     return label, d2
 
 
+def _lloyd_pass(
+    x: torch.Tensor, centres: torch.Tensor, cmask: torch.Tensor, x_sq: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One pass of Lloyd's algorithm, chunk by chunk: each point's nearest centre (B,N) and
+    squared distance (B,N), and by those labels the weighted sums of points (B,K,d) and
+    their weights (B,K) that the next centres are made of."""
+    k = centres.shape[1]
+    label = torch.empty(x.shape[:2], dtype=torch.long, device=x.device)
+    d2 = torch.empty(x.shape[:2], dtype=x.dtype, device=x.device)
+    sums = torch.zeros_like(centres)
+    for rows in _row_chunks(x):
+        lab, dist = _assign(x[:, rows], centres, cmask, x_sq[:, rows])
+        label[:, rows], d2[:, rows] = lab, dist
+        onehot = torch.nn.functional.one_hot(lab, k).to(x.dtype) * weight[:, rows, None]  # (B,r,K)
+        sums.baddbmm_(onehot.transpose(1, 2), x[:, rows])
+    size = torch.zeros(centres.shape[:2], dtype=x.dtype, device=x.device).scatter_add_(1, label, weight)
+    return label, d2, sums, size
+
+
 def _kmeans(x: torch.Tensor, mask: torch.Tensor, cmask: torch.Tensor, gen: torch.Generator, lloyd: bool) -> torch.Tensor:
     """k-means labels (B,N): greedy k-means++ seeds, then (``lloyd``) Lloyd's steps until no
-    label changes or the centres stop moving (scikit-learn's tolerance). A centre left holding a single point (k-means++ likes outliers) is
-    moved to a point drawn uniformly from the cluster of largest squared error, which
-    splits what it had merged, its points stop pulling any centre (they keep a label), and
-    Lloyd's steps resume; at most K such moves a group."""
+    label changes or the centres stop moving (scikit-learn's tolerance); each step is one
+    pass over the points (:func:`_lloyd_pass`). A centre left holding a single point
+    (k-means++ likes outliers) is moved to a point drawn uniformly from the cluster of
+    largest squared error, which splits what it had merged, its points stop pulling any
+    centre (they keep a label), and Lloyd's steps resume; at most K such moves a group."""
     k = cmask.shape[1]
     b, n, _ = x.shape
     rows = torch.arange(b, device=x.device)
     fmask = mask.to(x.dtype)
     x_sq = (x * x).sum(-1)
     centres = _kmeans_pp(x, mask, k, gen, x_sq)
-    label, d2 = _assign(x, centres, cmask, x_sq)
     if not lloyd:
-        return label
+        return _assign(x, centres, cmask, x_sq)[0]
     ks = cmask.sum(1)
     can_move = mask.sum(1) >= 2 * ks  # only where every component can hold two points
     moves = torch.zeros(b, dtype=torch.long, device=x.device)
     outlier = torch.zeros_like(mask)
     # scikit-learn's stop: the centres moved less (summed squares) than 1e-4 × the mean variance
     tol = LLOYD_TOL * (x_sq.double() * fmask).sum(1) / (mask.sum(1) * x.shape[-1])  # x is centred
+    label, d2, sums, size = _lloyd_pass(x, centres, cmask, x_sq, fmask)
     for _ in range(LLOYD_MAX_ITER):
-        onehot = torch.nn.functional.one_hot(label, k).to(x.dtype) * (fmask * ~outlier)[..., None]
-        size = onehot.sum(1)  # (B,K)
-        moved = torch.where((size > 0)[..., None], onehot.transpose(1, 2) @ x / size.clamp_min(1)[..., None], centres)
+        moved = torch.where((size > 0)[..., None], sums / size.clamp_min(1)[..., None], centres)
         shift = ((moved - centres) ** 2).double().sum((1, 2))  # (B,)
         centres = moved
         lone = (size < 2) & cmask & (can_move & (moves < k))[:, None]
         if bool(lone.any()):
-            sse = (onehot * d2[..., None]).sum(1).masked_fill(~cmask, -1.0)  # (B,K)
+            sse = torch.zeros_like(size).scatter_add_(1, label, d2 * fmask * ~outlier).masked_fill(~cmask, -1.0)  # (B,K)
             widest = sse.argmax(1)
             pick = torch.multinomial(((label == widest[:, None]).to(x.dtype) * ~outlier + 1e-30) * fmask, 1, generator=gen).squeeze(1)
             first = lone.to(torch.int8).argmax(1)  # one move per group per step
@@ -158,7 +192,7 @@ def _kmeans(x: torch.Tensor, mask: torch.Tensor, cmask: torch.Tensor, gen: torch
             outlier |= moving[:, None] & (label == first[:, None])  # its points no longer pull a centre
             centres[rows[moving], first[moving]] = x[rows[moving], pick[moving]]
             moves = moves + moving.long()
-        new, d2 = _assign(x, centres, cmask, x_sq)
+        new, d2, sums, size = _lloyd_pass(x, centres, cmask, x_sq, fmask * ~outlier)
         settled = ((new == label) | ~mask).all(1) | (shift <= tol)  # padding rows' labels do not count
         label = new
         if not bool(lone.any()) and bool(settled.all()):
@@ -180,85 +214,140 @@ def _initial_resp(x: torch.Tensor, mask: torch.Tensor, cmask: torch.Tensor, init
     return resp * mask[..., None].to(x.dtype)
 
 
-def _m_step(
-    x: torch.Tensor,
-    resp: torch.Tensor,
-    n_points: torch.Tensor,
-    cmask: torch.Tensor,
-    covariance: str,
-    reg: float,
-    x2: torch.Tensor | None,
-) -> Mixture:
-    """Weights, means and covariances from responsibilities. Diagonal and spherical use
-    E[x²] − μ² (one product for diag, none beyond the means' for spherical, whose
-    ``x2`` is ‖x‖² (B,N)); full covariances accumulate in float64, so that they stay
-    factorizable when points are fewer than dimensions."""
-    nk = resp.double().sum(1) + 10 * torch.finfo(resp.dtype).eps  # (B,K)
-    nk_x = nk.to(x.dtype)
-    d = x.shape[-1]
-    if covariance == "diag":  # x2 is [x², x] (B,N,2d): one product gives E[x²] and the means
-        assert x2 is not None
-        sums = resp.transpose(1, 2) @ x2 / nk_x[..., None]
-        means = sums[..., d:]
-        cov = (sums[..., :d] - means**2).clamp_min(0) + reg  # (B,K,d)
-    else:
-        means = resp.transpose(1, 2) @ x / nk_x[..., None]  # (B,K,d)
-    if covariance == "full":
-        covs = []
-        eye = torch.eye(x.shape[-1], device=x.device, dtype=torch.float64)
-        for j in range(resp.shape[-1]):  # one component at a time: (B,N,d) at most in memory
-            diff = (x - means[:, j, None, :]).double()
-            covs.append((diff * resp[..., j, None].double()).transpose(1, 2) @ diff / nk[:, j, None, None] + reg * eye)
-        cov = torch.stack(covs, 1)
+@dataclass
+class _Sums:
+    """What an M-step needs, summed over points in float64: the responsibilities (B,K),
+    Σ r·x (B,K,d) and the second moments Σ r·x² (B,K,d) diag, Σ r·‖x‖² (B,K) spherical,
+    Σ r·x xᵀ (B,K,d,d) full."""
+
+    mass: torch.Tensor
+    first: torch.Tensor
+    second: torch.Tensor
+
+    def __iadd__(self, other: _Sums) -> _Sums:
+        self.mass += other.mass
+        self.first += other.first
+        self.second += other.second
+        return self
+
+
+def _square(x: torch.Tensor, covariance: str) -> torch.Tensor | None:
+    """What the E- and M-steps reuse of a chunk: x² (B,r,d) diag, ‖x‖² (B,r) spherical."""
+    if covariance == "diag":
+        return x * x
+    if covariance == "spherical":
+        return (x.double() ** 2).sum(-1).to(x.dtype)
+    return None
+
+
+def _sums(x: torch.Tensor, resp: torch.Tensor, sq: torch.Tensor | None, covariance: str) -> _Sums:
+    """The M-step's sums over one chunk of points x (B,r,d) with responsibilities (B,r,K)."""
+    rt = resp.transpose(1, 2)
+    first = (rt @ x).double()
+    if covariance == "diag":
+        assert sq is not None
+        second = (rt @ sq).double()
     elif covariance == "spherical":
-        assert x2 is not None
-        avg_sq = (resp.double().transpose(1, 2) @ x2.double()[..., None])[..., 0] / nk  # (B,K): E‖x‖²
-        cov = ((avg_sq - (means.double() ** 2).sum(-1)) / d).clamp_min(0).to(x.dtype) + reg
+        assert sq is not None
+        second = (rt.double() @ sq.double()[..., None])[..., 0]
+    else:  # one component at a time: (B,r,d) at most in memory, products in float64
+        xd = x.double()
+        second = torch.stack([(xd * resp[..., j, None].double()).transpose(1, 2) @ xd for j in range(resp.shape[-1])], 1)
+    return _Sums(resp.sum(1, dtype=torch.float64), first, second)
+
+
+def _m_step(sums: _Sums, n_points: torch.Tensor, cmask: torch.Tensor, covariance: str, reg: float, dtype: torch.dtype) -> Mixture:
+    """Weights, means and covariances from the sums, in float64: covariances as E[x²] − μ²
+    (E[x xᵀ] − μμᵀ full, kept float64 so that they stay factorizable when points are fewer
+    than dimensions); the rest in the fit's dtype."""
+    nk = sums.mass + 10 * torch.finfo(dtype).eps  # (B,K)
+    means = sums.first / nk[..., None]  # (B,K,d)
+    d = means.shape[-1]
+    if covariance == "diag":
+        cov = (sums.second / nk[..., None] - means**2).clamp_min(0).to(dtype) + reg
+    elif covariance == "spherical":
+        cov = ((sums.second / nk - (means**2).sum(-1)) / d).clamp_min(0).to(dtype) + reg
+    else:
+        cov = sums.second / nk[..., None, None] - means[..., :, None] * means[..., None, :]
+        cov = (cov + cov.transpose(-1, -2)) / 2 + reg * torch.eye(d, device=cov.device, dtype=torch.float64)
     weights = nk / n_points[:, None]
     weights = weights * cmask.to(weights.dtype)
-    weights = (weights / weights.sum(1, keepdim=True)).to(x.dtype)
-    return Mixture(weights, means, cov, covariance)
+    weights = (weights / weights.sum(1, keepdim=True)).to(dtype)
+    return Mixture(weights, means.to(dtype), cov, covariance)
 
 
-def _log_gauss(x: torch.Tensor, m: Mixture, x2: torch.Tensor | None) -> torch.Tensor:
-    """log N(x_n | μ_k, Σ_k) for every point and component: (B,N,K), in x's dtype with the
-    log-determinants in float64. Diagonal: Σ x²/σ² − 2 Σ xμ/σ² + Σ μ²/σ², two batched
-    products; spherical: (‖x‖² − 2 x·μ + ‖μ‖²)/σ², one; full: ‖L⁻¹(x − μ)‖² per component."""
-    d = x.shape[-1]
+@dataclass
+class _Precisions:
+    """A mixture prepared for scoring points: log w − ½(d log 2π + log|Σ|) (B,K), the
+    Mahalanobis distance's constant term (μ²/σ² diag, ‖μ‖² spherical; B,K) and what
+    multiplies the points: 1/σ² and −2μ/σ² (B,K,d) diag, 1/σ² (B,K) and μ spherical,
+    (L⁻¹)ᵀ (B,K,d,d) and μ full."""
+
+    const: torch.Tensor
+    quad: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+def _precisions(m: Mixture) -> _Precisions:
+    """Once per E-step: log weights, log-determinants (float64) and the Mahalanobis
+    factors of :func:`_log_density`."""
+    d = m.dim
+    logw = torch.log(m.weights.double().clamp_min(0))  # -inf for unused components
+    dtype = m.means.dtype
     if m.covariance == "full":
         chol = torch.linalg.cholesky(m.covariances.double())  # (B,K,d,d)
-        eye = torch.eye(d, device=x.device, dtype=torch.float64).expand_as(chol)
-        prec_chol_t = torch.linalg.solve_triangular(chol, eye, upper=False).transpose(-1, -2).to(x.dtype)  # (L⁻¹)ᵀ
-        maha = torch.stack(
-            [((x - m.means[:, j, None, :]) @ prec_chol_t[:, j]).square().sum(-1) for j in range(chol.shape[1])], -1
-        )  # (B,N,K), one component at a time: (B,N,d) at most in memory
-        logdet = 2.0 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)  # (B,K)
-    elif m.covariance == "diag":
-        assert x2 is not None
+        eye = torch.eye(d, device=chol.device, dtype=torch.float64).expand_as(chol)
+        prec_chol_t = torch.linalg.solve_triangular(chol, eye, upper=False).transpose(-1, -2).to(dtype)  # (L⁻¹)ᵀ
+        logdet = 2.0 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)
+        const = (logw - 0.5 * (d * LOG_2PI + logdet)).to(dtype)
+        return _Precisions(const, torch.zeros_like(const), prec_chol_t, m.means)
+    if m.covariance == "diag":
         prec = 1.0 / m.covariances  # (B,K,d)
-        const = (m.means**2 * prec).sum(-1)  # (B,K)
-        w = torch.cat([prec, -2.0 * m.means * prec], -1)  # (B,K,2d) against x2 = [x², x]
-        maha = torch.baddbmm(const[:, None, :], x2, w.transpose(1, 2))
-        logdet = torch.log(m.covariances.double()).sum(-1)
+        const = (logw - 0.5 * (d * LOG_2PI + torch.log(m.covariances.double()).sum(-1))).to(dtype)
+        return _Precisions(const, (m.means**2 * prec).sum(-1), prec, -2.0 * m.means * prec)
+    var = m.covariances  # (B,K)
+    const = (logw - 0.5 * (d * LOG_2PI + d * torch.log(var.double()))).to(dtype)
+    return _Precisions(const, (m.means**2).sum(-1), 1.0 / var, m.means)
+
+
+def _log_density(x: torch.Tensor, sq: torch.Tensor | None, p: _Precisions, covariance: str) -> torch.Tensor:
+    """log w_k + log N(x_n | μ_k, Σ_k) for every point of a chunk and component: (B,r,K).
+    Diagonal: x²·(1/σ²) − 2x·(μ/σ²) + μ²/σ², two batched products; spherical:
+    (‖x‖² − 2 x·μ + ‖μ‖²)/σ², one; full: ‖(x − μ)ᵀ(L⁻¹)ᵀ‖² per component."""
+    if covariance == "diag":
+        assert sq is not None
+        maha = torch.baddbmm(p.quad[:, None, :], sq, p.a.transpose(1, 2)).baddbmm_(x, p.b.transpose(1, 2))
+    elif covariance == "spherical":
+        assert sq is not None
+        maha = torch.baddbmm(sq[..., None] + p.quad[:, None, :], x, p.b.transpose(1, 2), alpha=-2.0) * p.a[:, None, :]
     else:
-        assert x2 is not None
-        var = m.covariances  # (B,K)
-        mu_sq = (m.means**2).sum(-1)  # (B,K)
-        maha = torch.baddbmm((x2[..., None] + mu_sq[:, None, :]), x, m.means.transpose(1, 2), alpha=-2.0) / var[:, None, :]
-        logdet = d * torch.log(var.double())
-    return -0.5 * ((d * LOG_2PI + logdet).to(x.dtype)[:, None, :] + maha.clamp_min(0))
+        maha = torch.stack([((x - p.b[:, j, None, :]) @ p.a[:, j]).square().sum(-1) for j in range(p.a.shape[1])], -1)
+    return p.const[:, None, :] - 0.5 * maha.clamp_min(0)
 
 
-def _e_step(x: torch.Tensor, mask: torch.Tensor, m: Mixture, x2: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Responsibilities (B,N,K) and each group's mean log-likelihood (B,), log-sum-exp per
-    point in x's dtype, the mean over points accumulated in float64."""
-    logw = torch.log(m.weights.clamp_min(0))  # -inf for unused components
-    joint = _log_gauss(x, m, x2) + logw[:, None, :]
-    norm = torch.logsumexp(joint, dim=-1)  # (B,N)
-    fmask = mask.double()
-    ll = (norm.double() * fmask).sum(1) / fmask.sum(1)
-    resp = torch.exp(joint - norm[..., None]) * mask[..., None].to(x.dtype)
-    return resp, ll
+def _em_pass(x: torch.Tensor, mask: torch.Tensor, m: Mixture, sums: bool) -> tuple[torch.Tensor, _Sums | None]:
+    """One EM iteration as one pass over the points, chunk by chunk: the E-step under
+    mixture m (responsibilities, log-sum-exp per point) and, with ``sums``, the next
+    M-step's sums from those responsibilities while the chunk is still in cache. Returns
+    each group's mean log-likelihood (B,), accumulated in float64, and the sums."""
+    p = _precisions(m)
+    ll = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
+    total: _Sums | None = None
+    for rows in _row_chunks(x):
+        xc, mc = x[:, rows], mask[:, rows]
+        sq = _square(xc, m.covariance)
+        joint = _log_density(xc, sq, p, m.covariance)
+        norm = torch.logsumexp(joint, dim=-1)  # (B,r)
+        ll += (norm.double() * mc).sum(1)
+        if sums:
+            resp = torch.exp(joint - norm[..., None]) * mc[..., None].to(x.dtype)
+            part = _sums(xc, resp, sq, m.covariance)
+            if total is None:
+                total = part
+            else:
+                total += part
+    return ll / mask.sum(1), total
 
 
 def fit_gmm(
@@ -280,7 +369,8 @@ def fit_gmm(
     iterations (scikit-learn's criterion); ``reg_covar`` is added to every variance.
     ``dtype``: the arithmetic, by default the features' own (float32 stays float32, as in
     scikit-learn). Groups stop updating once converged; the loop ends when all have, or at
-    ``max_iter``.
+    ``max_iter``. A one-component group is its sample mean and covariance, EM's fixed
+    point from any start: it converges at its first E-step.
     """
     if covariance not in COVARIANCES:
         raise ValueError(f"covariance {covariance!r} is not one of {COVARIANCES}")
@@ -305,24 +395,29 @@ def fit_gmm(
     cmask = _component_mask(ks, k)
     gen = torch.Generator(device=device).manual_seed(int(seed))
     resp = _initial_resp(x, mask, cmask, init, gen)
-    x2 = None  # what the E- and M-steps reuse: [x², x] (B,N,2d) for diag, ‖x‖² (B,N) for spherical
-    if covariance == "diag":
-        x2 = torch.cat([x * x, x], -1)
-        x = x2[..., x.shape[-1] :]
-    elif covariance == "spherical":
-        x2 = (x.double() ** 2).sum(-1).to(dtype)
-    mix = _m_step(x, resp, n_points, cmask, covariance, reg_covar, x2)
+    first: _Sums | None = None
+    for rows in _row_chunks(x):  # the first M-step's sums, from the start's responsibilities
+        part = _sums(x[:, rows], resp[:, rows], _square(x[:, rows], covariance), covariance)
+        if first is None:
+            first = part
+        else:
+            first += part
+    assert first is not None
+    del resp
+    mix = _m_step(first, n_points, cmask, covariance, reg_covar, dtype)
     prev = torch.full((len(tensors),), -math.inf, dtype=torch.float64, device=device)
     done = torch.zeros(len(tensors), dtype=torch.bool, device=device)
+    single = ks == 1  # already at their fixed point
     it = 0
     ll = prev
     for it in range(1, max_iter + 1):  # noqa: B007 (the count of iterations run is returned)
-        resp, ll = _e_step(x, mask, mix, x2)
-        done = done | _converged(ll, prev, tol, x.dtype)
+        ll, sums = _em_pass(x, mask, mix, sums=not bool((done | single).all()))
+        done = done | _converged(ll, prev, tol, x.dtype) | single
         prev = torch.where(done, prev, ll)
         if bool(done.all()):
             break
-        new = _m_step(x, resp, n_points, cmask, covariance, reg_covar, x2)
+        assert sums is not None
+        new = _m_step(sums, n_points, cmask, covariance, reg_covar, dtype)
         keep = done.view(-1, *([1] * (new.means.dim() - 1)))
         mix = Mixture(
             torch.where(done[:, None], mix.weights, new.weights),
@@ -331,7 +426,7 @@ def fit_gmm(
             covariance,
         )
     if not bool(done.all()):  # max_iter ran out after an M-step: score the last mixture
-        _, ll = _e_step(x, mask, mix, x2)  # (else the last E-step scored every group's final, frozen mixture)
+        ll, _ = _em_pass(x, mask, mix, sums=False)  # (else the last pass scored every group's final, frozen mixture)
     # full covariances stay float64: rounded to float32 a nearly singular one stops being factorizable
     out = Mixture(mix.weights, mix.means + centre[:, None, :].to(dtype), mix.covariances, covariance)
     return FitResult(out, ll.cpu().numpy(), it, done.cpu().numpy())
@@ -353,9 +448,7 @@ def predict(mixture: Mixture, groups: list[torch.Tensor]) -> list[torch.Tensor]:
         c = (w[..., None] * mixture.means[b : b + 1]).sum(1, keepdim=True)  # centre both, as the fit does
         x = (torch.as_tensor(g).to(mixture.means) - c[0])[None]
         m = Mixture(w, mixture.means[b : b + 1] - c, mixture.covariances[b : b + 1], mixture.covariance)
-        x2 = torch.cat([x * x, x], -1) if m.covariance == "diag" else (x * x).sum(-1) if m.covariance == "spherical" else None
-        joint = _log_gauss(x, m, x2) + torch.log(w.clamp_min(0))[:, None, :]  # diag reads only x2 = [x², x]
-        out.append(joint[0].argmax(-1))
+        out.append(_log_density(x, _square(x, m.covariance), _precisions(m), m.covariance)[0].argmax(-1))
     return out
 
 

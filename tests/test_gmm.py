@@ -72,3 +72,42 @@ def test_same_seed_same_fit():
     a = fit_gmm([torch.from_numpy(x)], 5, "diag", seed=7)
     b = fit_gmm([torch.from_numpy(x)], 5, "diag", seed=7)
     assert torch.equal(a.mixture.means, b.mixture.means) and a.iterations == b.iterations
+
+
+@pytest.mark.parametrize("covariance", ["diag", "spherical", "full"])
+def test_chunked_passes_fit_what_one_pass_over_all_rows_fits(monkeypatch, covariance):
+    """EM and Lloyd's steps read the points in cache-sized chunks: with chunks of 64 rows
+    (a ragged last one, two padded groups) the fit equals the one-chunk fit up to float64
+    rounding, so no row is skipped, counted twice or mixed with padding."""
+    import core.gmm as gmm
+
+    a, _ = clusters(d=24, n=1000, seed=4)
+    b, _ = clusters(d=24, n=333, seed=5)
+    groups = [torch.from_numpy(a).double(), torch.from_numpy(b).double()]
+    monkeypatch.setattr(gmm, "CHUNK_BYTES", 1 << 40)
+    whole = fit_gmm(groups, 4, covariance, tol=1e-9, max_iter=30, seed=1)
+    monkeypatch.setattr(gmm, "CHUNK_BYTES", 1)
+    assert len(gmm._row_chunks(torch.zeros(2, 1000, 24))) == 16  # 64 rows each, 40 in the last
+    chunked = fit_gmm(groups, 4, covariance, tol=1e-9, max_iter=30, seed=1)
+    assert chunked.iterations == whole.iterations
+    np.testing.assert_allclose(chunked.log_likelihood, whole.log_likelihood, rtol=1e-12)
+    for name in ("weights", "means", "covariances"):
+        np.testing.assert_allclose(getattr(chunked.mixture, name).numpy(), getattr(whole.mixture, name).numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_one_component_is_the_sample_moments_after_one_pass():
+    """K = 1 is EM's fixed point from any start: one E-step, no second M-step, and the
+    mixture is the sample mean and (biased) covariance plus reg_covar."""
+    x, _ = clusters(d=16, n=500, seed=6)
+    xd = x.astype(np.float64)
+    for covariance, want in (
+        ("full", np.cov(xd, rowvar=False, bias=True) + 1e-6 * np.eye(16)),
+        ("diag", xd.var(0) + 1e-6),
+        ("spherical", xd.var(0).mean() + 1e-6),
+    ):
+        fit = fit_gmm([torch.from_numpy(x)], 1, covariance)
+        assert fit.iterations == 1 and fit.converged.all()
+        np.testing.assert_allclose(fit.mixture.means[0, 0].numpy(), xd.mean(0), atol=1e-5)
+        np.testing.assert_allclose(fit.mixture.covariances[0, 0].numpy(), want, rtol=1e-4, atol=1e-6)
+        ref = sklearn_mixture.GaussianMixture(1, covariance_type=covariance, reg_covar=1e-6).fit(x)
+        assert float(fit.log_likelihood[0]) == pytest.approx(float(ref.score(x)), abs=1e-3)
