@@ -326,17 +326,18 @@ def _log_density(x: torch.Tensor, sq: torch.Tensor | None, p: _Precisions, covar
     return p.const[:, None, :] - 0.5 * maha.clamp_min(0)
 
 
-def _em_pass(x: torch.Tensor, mask: torch.Tensor, m: Mixture, sums: bool) -> tuple[torch.Tensor, _Sums | None]:
+def _em_pass(x: torch.Tensor, mask: torch.Tensor, m: Mixture, sums: bool, norms: torch.Tensor | None) -> tuple[torch.Tensor, _Sums | None]:
     """One EM iteration as one pass over the points, chunk by chunk: the E-step under
     mixture m (responsibilities, log-sum-exp per point) and, with ``sums``, the next
-    M-step's sums from those responsibilities while the chunk is still in cache. Returns
-    each group's mean log-likelihood (B,), accumulated in float64, and the sums."""
+    M-step's sums from those responsibilities while the chunk is still in cache. ``norms``:
+    the points' ‖x‖² (B,N) for spherical, computed once a fit. Returns each group's mean
+    log-likelihood (B,), accumulated in float64, and the sums."""
     p = _precisions(m)
     ll = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
     total: _Sums | None = None
     for rows in _row_chunks(x):
         xc, mc = x[:, rows], mask[:, rows]
-        sq = _square(xc, m.covariance)
+        sq = norms[:, rows] if norms is not None else _square(xc, m.covariance)
         joint = _log_density(xc, sq, p, m.covariance)
         norm = torch.logsumexp(joint, dim=-1)  # (B,r)
         ll += (norm.double() * mc).sum(1)
@@ -395,9 +396,11 @@ def fit_gmm(
     cmask = _component_mask(ks, k)
     gen = torch.Generator(device=device).manual_seed(int(seed))
     resp = _initial_resp(x, mask, cmask, init, gen)
+    norms = _square(x, covariance) if covariance == "spherical" else None
     first: _Sums | None = None
     for rows in _row_chunks(x):  # the first M-step's sums, from the start's responsibilities
-        part = _sums(x[:, rows], resp[:, rows], _square(x[:, rows], covariance), covariance)
+        sq = norms[:, rows] if norms is not None else _square(x[:, rows], covariance)
+        part = _sums(x[:, rows], resp[:, rows], sq, covariance)
         if first is None:
             first = part
         else:
@@ -411,7 +414,7 @@ def fit_gmm(
     it = 0
     ll = prev
     for it in range(1, max_iter + 1):  # noqa: B007 (the count of iterations run is returned)
-        ll, sums = _em_pass(x, mask, mix, sums=not bool((done | single).all()))
+        ll, sums = _em_pass(x, mask, mix, not bool((done | single).all()), norms)
         done = done | _converged(ll, prev, tol, x.dtype) | single
         prev = torch.where(done, prev, ll)
         if bool(done.all()):
@@ -426,7 +429,7 @@ def fit_gmm(
             covariance,
         )
     if not bool(done.all()):  # max_iter ran out after an M-step: score the last mixture
-        ll, _ = _em_pass(x, mask, mix, sums=False)  # (else the last pass scored every group's final, frozen mixture)
+        ll, _ = _em_pass(x, mask, mix, False, norms)  # (else the last pass scored every group's final, frozen mixture)
     # full covariances stay float64: rounded to float32 a nearly singular one stops being factorizable
     out = Mixture(mix.weights, mix.means + centre[:, None, :].to(dtype), mix.covariances, covariance)
     return FitResult(out, ll.cpu().numpy(), it, done.cpu().numpy())
