@@ -88,7 +88,7 @@ def _sqdist(a: torch.Tensor, b: torch.Tensor, a_sq: torch.Tensor | None = None, 
     a_sq = (a * a).sum(-1) if a_sq is None else a_sq
     b_sq = (b * b).sum(-1) if b_sq is None else b_sq
     # the factor 2 scales the product, never the (B,n,d) operand (that was a copy of x per call)
-    return torch.baddbmm(a_sq[..., :, None] + b_sq[..., None, :], a, b.transpose(-1, -2), alpha=-2.0).clamp_min(0)
+    return (a_sq[..., :, None] + b_sq[..., None, :]).sub_(torch.matmul(a, b.transpose(-1, -2)), alpha=2.0).clamp_min(0)
 
 
 def _kmeans_pp(x: torch.Tensor, mask: torch.Tensor, k: int, gen: torch.Generator, x_sq: torch.Tensor) -> torch.Tensor:
@@ -116,7 +116,7 @@ def _kmeans_pp(x: torch.Tensor, mask: torch.Tensor, k: int, gen: torch.Generator
     return torch.stack(seeds, 1)
 
 
-CHUNK_BYTES = 1 << 21  # rows per CPU pass: about 2 MiB of points (and as much of their squares) at a time
+CHUNK_BYTES = 8 << 20  # rows per CPU pass: about 8 MiB of points (2, 8, 16 MiB: 21, 18.6, 20 ms an iteration, d = 1 280)
 
 
 def _row_chunks(x: torch.Tensor) -> list[slice]:
@@ -151,7 +151,7 @@ def _lloyd_pass(
         lab, dist = _assign(x[:, rows], centres, cmask, x_sq[:, rows])
         label[:, rows], d2[:, rows] = lab, dist
         onehot = torch.nn.functional.one_hot(lab, k).to(x.dtype) * weight[:, rows, None]  # (B,r,K)
-        sums.baddbmm_(onehot.transpose(1, 2), x[:, rows])
+        sums += torch.matmul(onehot.transpose(1, 2), x[:, rows])
     size = torch.zeros(centres.shape[:2], dtype=x.dtype, device=x.device).scatter_add_(1, label, weight)
     return label, d2, sums, size
 
@@ -243,16 +243,16 @@ def _square(x: torch.Tensor, covariance: str) -> torch.Tensor | None:
 def _sums(x: torch.Tensor, resp: torch.Tensor, sq: torch.Tensor | None, covariance: str) -> _Sums:
     """The M-step's sums over one chunk of points x (B,r,d) with responsibilities (B,r,K)."""
     rt = resp.transpose(1, 2)
-    first = (rt @ x).double()
+    first = torch.matmul(rt, x).double()
     if covariance == "diag":
         assert sq is not None
-        second = (rt @ sq).double()
+        second = torch.matmul(rt, sq).double()
     elif covariance == "spherical":
         assert sq is not None
-        second = (rt.double() @ sq.double()[..., None])[..., 0]
+        second = torch.matmul(rt.double(), sq.double()[..., None])[..., 0]
     else:  # one component at a time: (B,r,d) at most in memory, products in float64
         xd = x.double()
-        second = torch.stack([(xd * resp[..., j, None].double()).transpose(1, 2) @ xd for j in range(resp.shape[-1])], 1)
+        second = torch.stack([torch.matmul((xd * resp[..., j, None].double()).transpose(1, 2), xd) for j in range(resp.shape[-1])], 1)
     return _Sums(resp.sum(1, dtype=torch.float64), first, second)
 
 
@@ -317,12 +317,15 @@ def _log_density(x: torch.Tensor, sq: torch.Tensor | None, p: _Precisions, covar
     (‖x‖² − 2 x·μ + ‖μ‖²)/σ², one; full: ‖(x − μ)ᵀ(L⁻¹)ᵀ‖² per component."""
     if covariance == "diag":
         assert sq is not None
-        maha = torch.baddbmm(p.quad[:, None, :], sq, p.a.transpose(1, 2)).baddbmm_(x, p.b.transpose(1, 2))
+        # products as (K,d)·(d,r): MKL runs this orientation 2-4× faster than (r,d)·(d,K) on the CPU
+        maha = torch.matmul(p.a, sq.transpose(1, 2)).add_(torch.matmul(p.b, x.transpose(1, 2))).add_(p.quad[..., None]).transpose(1, 2)
     elif covariance == "spherical":
         assert sq is not None
-        maha = torch.baddbmm(sq[..., None] + p.quad[:, None, :], x, p.b.transpose(1, 2), alpha=-2.0) * p.a[:, None, :]
+        maha = (
+            (sq[:, None, :] + p.quad[..., None]).sub_(torch.matmul(p.b, x.transpose(1, 2)), alpha=2.0).mul_(p.a[..., None]).transpose(1, 2)
+        )
     else:
-        maha = torch.stack([((x - p.b[:, j, None, :]) @ p.a[:, j]).square().sum(-1) for j in range(p.a.shape[1])], -1)
+        maha = torch.stack([torch.matmul(x - p.b[:, j, None, :], p.a[:, j]).square().sum(-1) for j in range(p.a.shape[1])], -1)
     return p.const[:, None, :] - 0.5 * maha.clamp_min(0)
 
 
