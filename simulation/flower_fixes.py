@@ -41,7 +41,19 @@ log = logging.getLogger("headway")
 
 FLOWER_VERSION = "1.39.0"
 POLL_INTERVAL = 0.1  # Flower's own poll, kept as the fallback when no store event comes
-SWEEP_INTERVAL = 1.0  # seconds between the extractor's walks of the whole store (expiry of messages it no longer visits)
+SWEEP_INTERVAL = 1.0  # seconds at least between two walks of the whole store or of every missing reply
+SWEEP_SHARE = 0.02  # and at most this share of the driver's time in them: a sweep of 10 000 messages takes 0.1-0.2 s
+
+
+def next_sweep(started: float, now: float) -> float:
+    """When the next whole-store sweep may start, the last one having run from ``started``
+    to ``now`` (monotonic seconds): SWEEP_INTERVAL later, or later still when a sweep is so
+    long (a store of 10 000 messages) that one a second would take more than SWEEP_SHARE of
+    the driver. Sweeps find only what no event signals (expiry, Flower's own error replies),
+    so they may be rare; a sweep a second made the driver's cost a message grow with the clients."""
+    return started + max(SWEEP_INTERVAL, (now - started) / SWEEP_SHARE)
+
+
 TASKS_PER_ACTOR = 2  # messages in flight per Ray actor: the one it runs and the next, already queued there
 MAX_WORKER_THREADS = 100_000  # a bound run_api's worker loops never reach (threads start one per loop)
 
@@ -128,19 +140,19 @@ def hand_out(state: Any, node_ids: Mapping[int, Any] | set[int], ids: Iterable[s
 
 def add_messages_to_queue(state: Any, queue: Queue[Any], nodes_mapping: Mapping[int, int], f_stop: threading.Event) -> None:
     """Drop-in for ``vce_api.add_messages_to_queue``. Each pass visits the messages still waiting
-    from the last pass and those stored since (every :data:`SWEEP_INTERVAL` s: the whole store, so
-    messages nobody reads still expire); then it waits until a message is stored or 0.1 s passes
+    from the last pass and those stored since (now and then, as :func:`next_sweep` says, the whole
+    store, so messages nobody reads still expire); then it waits until a message is stored or 0.1 s passes
     (Flower's poll), until ``f_stop`` is set."""
     sig = _signals(state)
     waiting: list[str] = []
-    last_sweep = -float("inf")
+    sweep_at = -float("inf")
     while not f_stop.is_set():
         sig.ins_stored.clear()  # before the pass: a message stored during it wakes the next wait
         with state.lock:
             fresh, sig.fresh = sig.fresh, {}
-            if time.monotonic() - last_sweep >= SWEEP_INTERVAL:
-                last_sweep = time.monotonic()
+            if (started := time.monotonic()) >= sweep_at:
                 picked, waiting = hand_out(state, nodes_mapping)
+                sweep_at = next_sweep(started, time.monotonic())
             else:
                 picked, waiting = hand_out(state, nodes_mapping, dict.fromkeys([*waiting, *fresh]))
         for msg in picked:
@@ -154,21 +166,21 @@ def send_and_receive(self: Any, messages: Iterable[Any], *, timeout: float | Non
     ``pull_interval`` passes), instead of always sleeping ``pull_interval``, and that it pulls
     only the ids whose reply was stored since (Flower's pull costs O(ids asked), ten times a
     second: a third of the driver at 10 000 clients), asking for every missing id only once per
-    :data:`SWEEP_INTERVAL` (the replies Flower makes itself: expired or undeliverable messages)."""
+    sweep (:func:`next_sweep`; the replies Flower makes itself: expired or undeliverable messages)."""
     sig = _signals(self.state)
     msg_ids = set(self.push_messages(messages))
     del messages
     end_time = time.time() + (timeout if timeout is not None else 0.0)
     ret: list[Any] = []
-    last_sweep = -float("inf")
+    sweep_at = -float("inf")
     while timeout is None or time.time() < end_time:
         with sig.res_stored:
             before = sig.replies
             ready = {i for i in sig.answered if i in msg_ids}
-        if time.monotonic() - last_sweep >= SWEEP_INTERVAL:
-            last_sweep = time.monotonic()
-            ready = msg_ids
-        res_msgs = self.pull_messages(ready) if ready else []
+        sweep = (started := time.monotonic()) >= sweep_at
+        res_msgs = self.pull_messages(msg_ids if sweep else ready) if sweep or ready else []
+        if sweep:
+            sweep_at = next_sweep(started, time.monotonic())
         ret.extend(res_msgs)
         pulled = {msg.metadata.reply_to_message_id for msg in res_msgs}
         msg_ids.difference_update(pulled)

@@ -241,6 +241,44 @@ def test_grid_pulls_only_the_ids_whose_reply_was_stored(monkeypatch):
     assert not flower_fixes._signals(state).answered  # nothing left waiting to be pulled
 
 
+def test_a_slow_sweep_defers_the_next_one():
+    """The next whole-store sweep waits SWEEP_INTERVAL, or 1/SWEEP_SHARE times as long as the
+    last sweep took, whichever is longer (a sweep a second of 10 000 messages grew the driver's
+    cost a message with the clients)."""
+    assert flower_fixes.next_sweep(100.0, 100.001) == 100.0 + flower_fixes.SWEEP_INTERVAL
+    assert flower_fixes.next_sweep(100.0, 100.2) == pytest.approx(100.0 + 0.2 / flower_fixes.SWEEP_SHARE)
+
+
+def test_grid_sweeps_take_a_bounded_share_of_the_driver(monkeypatch):
+    """With every missing id asked for as often as allowed (SWEEP_INTERVAL 0) and each such
+    sweep taking 0.05 s, sweeps stay within SWEEP_SHARE of the time: about one in 0.5 s at a
+    share of 0.1, where without the bound every pull of a 1.2 s exchange would be one."""
+    monkeypatch.setattr(flower_fixes, "SWEEP_INTERVAL", 0.0)
+    monkeypatch.setattr(flower_fixes, "SWEEP_SHARE", 0.1)
+    with faster_simulation_engine():
+        state, run_id, nodes = link_state(20)
+        grid = grid_on(state, run_id, pull_interval=0.01)
+        sweeps: list[float] = []
+        pull = grid.pull_messages
+
+        def slow_sweep(ids):
+            if len(ids) > 1 and set(ids) >= {m.metadata.message_id for m in msgs if m.metadata.message_id in state.message_ins_store}:
+                sweeps.append(time.monotonic())
+                time.sleep(0.05)
+            return pull(ids)
+
+        monkeypatch.setattr(grid, "pull_messages", slow_sweep)
+        msgs = [instruction(run_id, node) for node in nodes]
+        th = answering(state, msgs, delay=0.06)
+        t0 = time.monotonic()
+        replies = list(grid.send_and_receive(msgs, timeout=60))
+        took = time.monotonic() - t0
+        th.join()
+    assert len(replies) == 20 and took > 1.0
+    assert 1 <= len(sweeps) <= 1 + took / 0.5
+    assert all(b - a >= 0.45 for a, b in zip(sweeps, sweeps[1:], strict=False))
+
+
 def test_the_clientapp_loader_is_pickled_once_and_unpickled_once_per_process(monkeypatch):
     import pickle
 
