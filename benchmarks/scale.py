@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.floor import CONFIG, PeakSampler, setup_sets
+from benchmarks.floor import CONFIG, PeakSampler, cache_dir, setup_sets
 from benchmarks.runner import ROOT, load_run
 
 OUT = ROOT / "benchmarks" / "results" / "scale"
@@ -63,6 +63,16 @@ def run_floor(clients: int, rounds: int, processes: int, sets: list[str]) -> dic
     return memory({"kind": f"floor-{processes}p", **row, "wall_seconds": round(wall, 1)}, rss, pss)
 
 
+def portable(out: Path) -> None:
+    """Name the generated data set in a run's committed config.json and summary.json by
+    $HEADWAY_BENCH_CACHE, not by this machine's cache path."""
+    prefix = str(cache_dir())
+    for name in ("config.json", "summary.json"):
+        path = out / name
+        if path.exists():
+            path.write_text(path.read_text().replace(prefix, "$HEADWAY_BENCH_CACHE"))
+
+
 def run_simulation(clients: int, rounds: int, sets: list[str], sim_sets: list[str]) -> dict[str, Any]:
     """``headway run`` with the floor's settings plus ``sim_sets`` (settings of the simulation
     alone, such as client-evaluation, that leave the client work unchanged)."""
@@ -71,6 +81,7 @@ def run_simulation(clients: int, rounds: int, sets: list[str], sim_sets: list[st
     args = [sys.executable, "-m", "simulation", str(CONFIG), "--out", str(out), "--overwrite"]
     args += [x for s in [*setup, *sets, *sim_sets] for x in ("--set", s)]
     wall, rss, pss = measured(args)
+    portable(out)
     summary, rows = load_run(out)
     if summary.get("status", "complete") != "complete" or summary.get("failures"):
         raise SystemExit(f"the {clients}-client simulation did not complete cleanly: {summary.get('reason')}")

@@ -66,3 +66,15 @@ def test_repeated_mnist_source_for_more_clients_than_mnist_feeds(tmp_path, data_
     part = make_partition(load_run_dataset(cfg), cfg)
     sizes = [len(t) for t in part.train]  # the pathological split's shards: 60 a client on average, as in Table 1
     assert len(sizes) == 2000 and sum(sizes) == 120_000 and 50 <= min(sizes) <= max(sizes) <= 70
+
+
+def test_committed_scale_results_name_the_bench_cache_not_this_machines_path(tmp_path, monkeypatch):
+    """A scale run's config.json and summary.json name generated data by $HEADWAY_BENCH_CACHE."""
+    from benchmarks.scale import portable
+
+    monkeypatch.setenv("HEADWAY_BENCH_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"dataset": str(tmp_path / "cache" / "mnist-x10.npz"), "seed": 0}))
+    portable(out)
+    assert json.loads((out / "config.json").read_text()) == {"dataset": "$HEADWAY_BENCH_CACHE/mnist-x10.npz", "seed": 0}

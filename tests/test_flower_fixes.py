@@ -200,17 +200,24 @@ def answering(state: InMemoryLinkState, msgs: list[Message], delay: float) -> th
     return th
 
 
+def timed_exchange(state, grid, msgs: list[Message], delay: float, timeout: float) -> tuple[list[Message], float]:
+    """The grid's send_and_receive of ``msgs``, each answered ``delay`` s after its push: the
+    replies and the seconds it took."""
+    th = answering(state, msgs, delay=delay)
+    t0 = time.monotonic()
+    replies = list(grid.send_and_receive(msgs, timeout=timeout))
+    took = time.monotonic() - t0
+    th.join()
+    return replies, took
+
+
 def test_grid_wakes_when_the_replies_are_stored():
     """With a 60 s pull interval the grid still returns as soon as the last reply is stored."""
     with faster_simulation_engine():
         state, run_id, nodes = link_state(3)
         grid = grid_on(state, run_id, pull_interval=60.0)
         msgs = [instruction(run_id, node) for node in nodes]
-        th = answering(state, msgs, delay=0.05)
-        t0 = time.monotonic()
-        replies = list(grid.send_and_receive(msgs, timeout=120))
-        took = time.monotonic() - t0
-        th.join()
+        replies, took = timed_exchange(state, grid, msgs, delay=0.05, timeout=120)
     assert sorted(r.metadata.reply_to_message_id for r in replies) == sorted(m.metadata.message_id for m in msgs)
     assert took < 30  # Flower's loop sleeps the full 60 s after its first pull
 
@@ -269,11 +276,7 @@ def test_grid_sweeps_take_a_bounded_share_of_the_driver(monkeypatch):
 
         monkeypatch.setattr(grid, "pull_messages", slow_sweep)
         msgs = [instruction(run_id, node) for node in nodes]
-        th = answering(state, msgs, delay=0.06)
-        t0 = time.monotonic()
-        replies = list(grid.send_and_receive(msgs, timeout=60))
-        took = time.monotonic() - t0
-        th.join()
+        replies, took = timed_exchange(state, grid, msgs, delay=0.06, timeout=60)
     assert len(replies) == 20 and took > 1.0
     assert 1 <= len(sweeps) <= 1 + took / 0.5
     assert all(b - a >= 0.45 for a, b in zip(sweeps, sweeps[1:], strict=False))
