@@ -278,7 +278,8 @@ def _distill(
     return train_head(x, y, 10, seed=seed, extra_loss=kd, **hs)
 
 
-EM_SEEDS = (0, 1, 2, 3, 4)  # every case is fitted from these seeds by both; the table gives means
+EM_SEEDS = tuple(range(20))  # every case is fitted from these seeds by both; the table gives means (with 5, which start
+# k-means happens to draw moved the mean iterations by a quarter)
 
 
 def em_clusters(seed: int, k: int = 10, d: int = 512, n: int = 5000) -> tuple[np.ndarray, np.ndarray]:
@@ -393,9 +394,11 @@ def _em_classes_case(name: str, groups: list[np.ndarray], cov: str, k: int) -> l
 def em_table(rows: list[dict[str, Any]]) -> list[str]:
     """Markdown: per case and device, mean seconds of ours and scikit-learn's, the speed-up,
     mean iterations and milliseconds an iteration (the start included), mean
-    log-likelihoods, their relative gap and the adjusted Rand indices."""
+    log-likelihoods, their relative gap with the standard error of its mean over seeds
+    (paired by seed: how much of the gap is which start k-means drew) and the adjusted
+    Rand indices."""
     out = [
-        "| case | covariance | n × d, K | device | ours s | scikit-learn s | speed-up | iterations ours / sklearn | ms an iteration ours / sklearn | ours log-lik. | scikit-learn log-lik. | gap | ARI ours/truth | ARI sklearn/truth | ARI ours/sklearn |",
+        "| case | covariance | n × d, K | device | ours s | scikit-learn s | speed-up | iterations ours / sklearn | ms an iteration ours / sklearn | ours log-lik. | scikit-learn log-lik. | gap ± s.e. | ARI ours/truth | ARI sklearn/truth | ARI ours/sklearn |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     keys = list(dict.fromkeys((r["case"], r["covariance"]) for r in rows))
@@ -411,17 +414,19 @@ def em_table(rows: list[dict[str, Any]]) -> list[str]:
                 for rs, key in ((ours, "ari_truth"), (sk, "ari_truth"), (ours, "ari_sklearn"))
             )
             io, isk = mean(ours, "iterations"), mean(sk, "iterations")
+            paired = np.array([o["log_likelihood"] - s["log_likelihood"] for o, s in zip(ours, sk, strict=True)])  # same seed
+            se = float(paired.std(ddof=1) / np.sqrt(len(paired))) if len(paired) > 1 else float("nan")
             per = f"{1000 * so / io:.1f} / {1000 * ss / isk:.1f}"  # start included: seconds / iterations
             out.append(
                 f"| {case} | {cov} | {sk[0]['n']} × {sk[0]['d']}, {sk[0]['k']} | {dev} | {so:.3f} | {ss:.3f} | {ss / so:.1f}× | "
                 f"{io:.1f} / {isk:.1f} | {per} | {lo:.2f} | {ls:.2f} | "
-                f"{(lo - ls) / abs(ls) * 100:+.3f} % | {ari} |"
+                f"{(lo - ls) / abs(ls) * 100:+.3f} % ± {se / abs(ls) * 100:.3f} | {ari} |"
             )
     return out
 
 
 def run_em_speed(args: argparse.Namespace) -> None:
-    """Our batched EM against scikit-learn's GaussianMixture, both from seeds 0–2: CIFAR-10
+    """Our batched EM against scikit-learn's GaussianMixture, both from seeds 0–19 (EM_SEEDS): CIFAR-10
     EfficientNet-Lite0 features of one client (n = 5,000, d = 1280; diag and spherical
     with K = 10, full with K = 1 as FedPFT's full arm) and synthetic clusters of known
     structure (d = 512 diag and spherical, d = 64 full, K = 10). Both fit the float32

@@ -111,3 +111,25 @@ def test_one_component_is_the_sample_moments_after_one_pass():
         np.testing.assert_allclose(fit.mixture.covariances[0, 0].numpy(), want, rtol=1e-4, atol=1e-6)
         ref = sklearn_mixture.GaussianMixture(1, covariance_type=covariance, reg_covar=1e-6).fit(x)
         assert float(fit.log_likelihood[0]) == pytest.approx(float(ref.score(x)), abs=1e-3)
+
+
+def test_lloyd_pass_sums_only_the_points_of_weight_one(monkeypatch):
+    """A Lloyd pass's centre sums (a scatter into one bin per component, plus a spare bin per
+    group for points of weight 0) equal Σ over each label's weight-1 points, group by group,
+    chunk by chunk: padding and outliers pull no centre, and no group's points reach another's."""
+    import core.gmm as gmm
+
+    rng = np.random.default_rng(8)
+    x = torch.from_numpy(rng.normal(size=(2, 300, 12))).double()
+    centres = torch.from_numpy(rng.normal(size=(2, 5, 12))).double()
+    cmask = _component_mask(torch.tensor([5, 3]), 5)
+    weight = torch.from_numpy((rng.random((2, 300)) > 0.3).astype(np.float64))
+    monkeypatch.setattr(gmm, "CHUNK_BYTES", 1)  # 64 rows a chunk, 44 in the last
+    label, d2, sums, size = gmm._lloyd_pass(x, centres, cmask, (x * x).sum(-1), weight)
+    dist = torch.cdist(x, centres) ** 2
+    dist[~cmask[:, None, :].expand_as(dist)] = float("inf")
+    assert torch.equal(label, dist.argmin(-1)) and int(label[1].max()) < 3  # unused components get no point
+    np.testing.assert_allclose(d2.numpy(), dist.min(-1).values.numpy(), rtol=1e-9, atol=1e-9)
+    onehot = torch.nn.functional.one_hot(label, 5).double() * weight[..., None]
+    np.testing.assert_allclose(sums.numpy(), (onehot.transpose(1, 2) @ x).numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(size.numpy(), onehot.sum(1).numpy())
