@@ -145,18 +145,30 @@ def _lloyd_pass(
     """One pass of Lloyd's algorithm, chunk by chunk: each point's nearest centre (B,N) and
     squared distance (B,N), and by those labels the sums of the points of weight 1 (B,K,d)
     and their counts (B,K) that the next centres are made of (``weight``: 0 or 1 a point)."""
-    b, k, d = centres.shape
+    k = centres.shape[1]
     label = torch.empty(x.shape[:2], dtype=torch.long, device=x.device)
     d2 = torch.empty(x.shape[:2], dtype=x.dtype, device=x.device)
-    sums = torch.zeros((b * (k + 1), d), dtype=x.dtype, device=x.device)  # one spare bin a group for weight-0 points
-    group = torch.arange(b, device=x.device)[:, None] * (k + 1)
+    sums = torch.zeros_like(centres)
     for rows in _row_chunks(x):
         lab, dist = _assign(x[:, rows], centres, cmask, x_sq[:, rows])
         label[:, rows], d2[:, rows] = lab, dist
-        bins = group + torch.where(weight[:, rows] > 0, lab, k)  # (B,r)
-        sums.index_add_(0, bins.reshape(-1), x[:, rows].reshape(-1, d))  # a scatter, not a (K,r)·(r,d) product
+        sums += _rows_by_label(x[:, rows], torch.where(weight[:, rows] > 0, lab, k), k)
     size = torch.zeros(centres.shape[:2], dtype=x.dtype, device=x.device).scatter_add_(1, label, weight)
-    return label, d2, sums.view(b, k + 1, d)[:, :k], size
+    return label, d2, sums, size
+
+
+def _rows_by_label(rows: torch.Tensor, label: torch.Tensor, k: int) -> torch.Tensor:
+    """The sums of a chunk's rows (B,r,d) by label (B,r) in 0..k, label k dropped: (B,k,d).
+    On the CPU a scatter, which reads the rows once (a one-hot (K,r)·(r,d) product costs 3×
+    as much); on an accelerator that product, deterministic where a scatter's atomic adds are not."""
+    b, _, d = rows.shape
+    if rows.device.type != "cpu":
+        onehot = torch.nn.functional.one_hot(label, k + 1)[..., :k].to(rows.dtype)
+        return torch.matmul(onehot.transpose(1, 2), rows)
+    out = torch.zeros((b * (k + 1), d), dtype=rows.dtype, device=rows.device)  # one spare bin a group for label k
+    offset = torch.arange(b, device=rows.device)[:, None] * (k + 1)
+    out.index_add_(0, (offset + label).reshape(-1), rows.reshape(-1, d))
+    return out.view(b, k + 1, d)[:, :k]
 
 
 def _kmeans(x: torch.Tensor, mask: torch.Tensor, cmask: torch.Tensor, gen: torch.Generator, lloyd: bool) -> torch.Tensor:
