@@ -262,11 +262,10 @@ def _em_points(x: torch.Tensor, covariance: str) -> tuple[torch.Tensor, torch.Te
     return x, None
 
 
-def _sums(pts: torch.Tensor, resp: torch.Tensor, sq: torch.Tensor | None, covariance: str) -> _Sums:
+def _sums(pts: torch.Tensor, rt: torch.Tensor, sq: torch.Tensor | None, covariance: str) -> _Sums:
     """The M-step's sums over one chunk of points (:func:`_em_points`, B,r,·) with
-    responsibilities (B,r,K); ``sq``: the chunk's norms (spherical)."""
-    rt = resp.transpose(1, 2)
-    mass = resp.sum(1, dtype=torch.float64)
+    responsibilities ``rt`` (B,K,r); ``sq``: the chunk's norms (spherical)."""
+    mass = rt.sum(2, dtype=torch.float64)
     if covariance == "diag":
         both = torch.matmul(rt, pts).double()  # Σ r·[x | x²]
         d = pts.shape[-1] // 2
@@ -277,7 +276,7 @@ def _sums(pts: torch.Tensor, resp: torch.Tensor, sq: torch.Tensor | None, covari
         second = torch.matmul(rt.double(), sq.double()[..., None])[..., 0]
     else:  # one component at a time: (B,r,d) at most in memory, products in float64
         xd = pts.double()
-        second = torch.stack([torch.matmul((xd * resp[..., j, None].double()).transpose(1, 2), xd) for j in range(resp.shape[-1])], 1)
+        second = torch.stack([torch.matmul((xd * rt[:, j, :, None].double()).transpose(1, 2), xd) for j in range(rt.shape[1])], 1)
     return _Sums(mass, first, second)
 
 
@@ -337,23 +336,18 @@ def _precisions(m: Mixture) -> _Precisions:
 
 
 def _log_density(pts: torch.Tensor, sq: torch.Tensor | None, p: _Precisions, covariance: str) -> torch.Tensor:
-    """log w_k + log N(x_n | μ_k, Σ_k) for every point of a chunk (:func:`_em_points`) and
-    component: (B,r,K). Diagonal: [x | x²]·[−2μ/σ² | 1/σ²] + μ²/σ², one batched product;
+    """log w_k + log N(x_n | μ_k, Σ_k) for every component and point of a chunk
+    (:func:`_em_points`): (B,K,r), points along the contiguous axis. Diagonal: [x | x²]·[−2μ/σ² | 1/σ²] + μ²/σ², one batched product;
     spherical: (‖x‖² − 2 x·μ + ‖μ‖²)/σ², one; full: ‖(x − μ)ᵀ(L⁻¹)ᵀ‖² per component."""
     if covariance == "diag":
         # the product as (K,2d)·(2d,r): MKL runs this orientation 2-4× faster than (r,2d)·(2d,K) on the CPU
-        maha = torch.matmul(p.a, pts.transpose(1, 2)).add_(p.quad[..., None]).transpose(1, 2)
+        maha = torch.matmul(p.a, pts.transpose(1, 2)).add_(p.quad[..., None])
     elif covariance == "spherical":
         assert sq is not None
-        maha = (
-            (sq[:, None, :] + p.quad[..., None])
-            .sub_(torch.matmul(p.b, pts.transpose(1, 2)), alpha=2.0)
-            .mul_(p.a[..., None])
-            .transpose(1, 2)
-        )
+        maha = (sq[:, None, :] + p.quad[..., None]).sub_(torch.matmul(p.b, pts.transpose(1, 2)), alpha=2.0).mul_(p.a[..., None])
     else:
-        maha = torch.stack([torch.matmul(pts - p.b[:, j, None, :], p.a[:, j]).square().sum(-1) for j in range(p.a.shape[1])], -1)
-    return p.const[:, None, :] - 0.5 * maha.clamp_min(0)
+        maha = torch.stack([torch.matmul(pts - p.b[:, j, None, :], p.a[:, j]).square().sum(-1) for j in range(p.a.shape[1])], 1)
+    return maha.clamp_min_(0).mul_(-0.5).add_(p.const[..., None])
 
 
 def _em_pass(
@@ -370,11 +364,14 @@ def _em_pass(
     for rows in _row_chunks(pts):
         xc, mc = pts[:, rows], mask[:, rows]
         sq = norms[:, rows] if norms is not None else None
-        joint = _log_density(xc, sq, p, m.covariance)
-        norm = torch.logsumexp(joint, dim=-1)  # (B,r)
-        ll += (norm.double() * mc).sum(1)
+        joint = _log_density(xc, sq, p, m.covariance)  # (B,K,r)
+        # log-sum-exp over the components by hand: the one exp also gives the responsibilities
+        top = joint.amax(1).clamp_min_(torch.finfo(joint.dtype).min)  # (B,r); finite, so a row of -inf scores -inf, not NaN
+        scaled = joint.sub_(top[:, None]).exp_()
+        denom = scaled.sum(1)
+        ll += ((top + denom.log()).double() * mc).sum(1)
         if sums:
-            resp = torch.exp(joint - norm[..., None]) * mc[..., None].to(pts.dtype)
+            resp = scaled.mul_((mc.to(pts.dtype) / denom)[:, None])  # (B,K,r)
             part = _sums(xc, resp, sq, m.covariance)
             if total is None:
                 total = part
@@ -433,7 +430,7 @@ def fit_gmm(
     first: _Sums | None = None
     for rows in _row_chunks(pts):  # the first M-step's sums, from the start's responsibilities
         sq = norms[:, rows] if norms is not None else None
-        part = _sums(pts[:, rows], resp[:, rows], sq, covariance)
+        part = _sums(pts[:, rows], resp[:, rows].transpose(1, 2), sq, covariance)
         if first is None:
             first = part
         else:
@@ -484,7 +481,7 @@ def predict(mixture: Mixture, groups: list[torch.Tensor]) -> list[torch.Tensor]:
         c = (w[..., None] * mixture.means[b : b + 1]).sum(1, keepdim=True)  # centre both, as the fit does
         x = (torch.as_tensor(g).to(mixture.means) - c[0])[None]
         m = Mixture(w, mixture.means[b : b + 1] - c, mixture.covariances[b : b + 1], mixture.covariance)
-        out.append(_log_density(*_em_points(x, m.covariance), _precisions(m), m.covariance)[0].argmax(-1))
+        out.append(_log_density(*_em_points(x, m.covariance), _precisions(m), m.covariance)[0].argmax(0))
     return out
 
 

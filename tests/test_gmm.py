@@ -95,6 +95,30 @@ def test_chunked_passes_fit_what_one_pass_over_all_rows_fits(monkeypatch, covari
         np.testing.assert_allclose(getattr(chunked.mixture, name).numpy(), getattr(whole.mixture, name).numpy(), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("covariance", ["diag", "spherical", "full"])
+def test_em_pass_scores_and_sums_a_padded_group_as_that_group_alone(covariance):
+    """One EM pass over a batch of two groups of unequal size (the shorter padded) gives
+    each group the mean log-likelihood and M-step sums that a pass over that group alone
+    gives under the same mixture: padding rows neither score nor pull a component."""
+    import core.gmm as gmm
+
+    a, _ = clusters(d=12, n=300, seed=7)
+    b, _ = clusters(d=12, n=111, seed=8)
+    groups = [torch.from_numpy(a).double(), torch.from_numpy(b).double()]
+    fit = fit_gmm(groups, 3, covariance, max_iter=3, seed=2)
+    x, mask = gmm.pad_groups(groups)
+    pts, norms = gmm._em_points(x, covariance)
+    ll, sums = gmm._em_pass(pts, mask, fit.mixture, True, norms)
+    for i, g in enumerate(groups):
+        m = fit.mixture
+        one = gmm.Mixture(m.weights[i : i + 1], m.means[i : i + 1], m.covariances[i : i + 1], covariance)
+        p1, n1 = gmm._em_points(g[None], covariance)
+        ll1, sums1 = gmm._em_pass(p1, torch.ones(1, len(g), dtype=torch.bool), one, True, n1)
+        assert float(ll[i]) == pytest.approx(float(ll1[0]), rel=1e-12)
+        for name in ("mass", "first", "second"):
+            np.testing.assert_allclose(getattr(sums, name)[i].numpy(), getattr(sums1, name)[0].numpy(), rtol=1e-10, atol=1e-9)
+
+
 def test_one_component_is_the_sample_moments_after_one_pass():
     """K = 1 is EM's fixed point from any start: one E-step, no second M-step, and the
     mixture is the sample mean and (biased) covariance plus reg_covar."""
