@@ -115,6 +115,7 @@ def hosts():
 
 
 @pytest.mark.deployment
+@pytest.mark.system  # three network namespaces, TLS, two SuperNodes: about 2 minutes, so make test-system (it kept make test at the 15-minute edge)
 def test_nodes_read_only_their_own_data_across_hosts(tmp_path, data_dir, hosts):
     assert (EXAMPLE_BODY_DIR / "headway_example_body" / "__init__.py").is_file(), "examples/custom_body is missing"
     server = hosts.addresses["server"]
