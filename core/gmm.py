@@ -337,8 +337,9 @@ def _precisions(m: Mixture) -> _Precisions:
 
 def _log_density(pts: torch.Tensor, sq: torch.Tensor | None, p: _Precisions, covariance: str) -> torch.Tensor:
     """log w_k + log N(x_n | μ_k, Σ_k) for every component and point of a chunk
-    (:func:`_em_points`): (B,K,r), points along the contiguous axis. Diagonal: [x | x²]·[−2μ/σ² | 1/σ²] + μ²/σ², one batched product;
-    spherical: (‖x‖² − 2 x·μ + ‖μ‖²)/σ², one; full: ‖(x − μ)ᵀ(L⁻¹)ᵀ‖² per component."""
+    (:func:`_em_points`): (B,K,r), points along the contiguous axis. Diagonal:
+    [x | x²]·[−2μ/σ² | 1/σ²] + μ²/σ², one batched product; spherical:
+    (‖x‖² − 2 x·μ + ‖μ‖²)/σ², one; full: ‖(x − μ)ᵀ(L⁻¹)ᵀ‖² per component."""
     if covariance == "diag":
         # the product as (K,2d)·(2d,r): MKL runs this orientation 2-4× faster than (r,2d)·(2d,K) on the CPU
         maha = torch.matmul(p.a, pts.transpose(1, 2)).add_(p.quad[..., None])
