@@ -18,6 +18,12 @@ default tolerance, so there a change below ``tol`` or negative ends the fit (:fu
 The start is scikit-learn's: greedy k-means++ seeds and Lloyd's steps to convergence, with
 no centre left holding a single point.
 
+EM is sparse EM (Neal & Hinton 1998): after each pass over all points, the rows whose
+responsibilities are exactly one-hot in the fit's dtype (85–90 % of real features in
+float32, whose second-best component is more than ~103 nats behind) keep them and their
+sums frozen, and a few iterations score only the other rows; each step still raises EM's
+free energy, and convergence is tested on full passes alone, over several iterations.
+
 scikit-learn's ``GaussianMixture`` is the oracle in the tests and the baseline in the
 benchmark; it is not a runtime dependency.
 """
@@ -55,12 +61,13 @@ class Mixture:
 @dataclass
 class FitResult:
     """A fitted batch: the mixtures, each group's mean log-likelihood per point, the EM
-    iterations run and whether each group met the tolerance."""
+    iterations run, whether each group met the tolerance, and the passes over all points."""
 
     mixture: Mixture
     log_likelihood: np.ndarray  # (B,)
-    iterations: int
+    iterations: int  # M-steps taken (the last full pass's E-step, which found convergence, counts as one)
     converged: np.ndarray  # (B,) bool
+    passes: int = 0  # of them, E-steps over all points (the rest scored only the unsettled rows)
 
 
 def pad_groups(groups: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,6 +252,12 @@ class _Sums:
         self.second += other.second
         return self
 
+    def plus(self, other: _Sums) -> _Sums:
+        return _Sums(self.mass + other.mass, self.first + other.first, self.second + other.second)
+
+    def minus(self, other: _Sums) -> _Sums:
+        return _Sums(self.mass - other.mass, self.first - other.first, self.second - other.second)
+
 
 def _em_points(x: torch.Tensor, covariance: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The points as the E- and M-steps read them, built once a fit: diag [x | x²] (B,N,2d),
@@ -353,14 +366,16 @@ def _log_density(pts: torch.Tensor, sq: torch.Tensor | None, p: _Precisions, cov
 
 def _em_pass(
     pts: torch.Tensor, mask: torch.Tensor, m: Mixture, sums: bool, norms: torch.Tensor | None
-) -> tuple[torch.Tensor, _Sums | None]:
+) -> tuple[torch.Tensor, _Sums | None, torch.Tensor]:
     """One EM iteration as one pass over the points (:func:`_em_points`), chunk by chunk:
     the E-step under mixture m (responsibilities, log-sum-exp per point) and, with
     ``sums``, the next M-step's sums from those responsibilities while the chunk is still in
     cache. ``norms``: the points' ‖x‖² (B,N) for spherical. Returns each group's mean
-    log-likelihood (B,), accumulated in float64, and the sums."""
+    log-likelihood (B,), accumulated in float64, the sums, and which real rows (B,N) are
+    unsettled: more than one component has a responsibility that is not exactly 0."""
     p = _precisions(m)
     ll = torch.zeros(pts.shape[0], dtype=torch.float64, device=pts.device)
+    unsettled = torch.zeros(mask.shape, dtype=torch.bool, device=pts.device)
     total: _Sums | None = None
     for rows in _row_chunks(pts):
         xc, mc = pts[:, rows], mask[:, rows]
@@ -369,6 +384,7 @@ def _em_pass(
         # log-sum-exp over the components by hand: the one exp also gives the responsibilities
         top = joint.amax(1).clamp_min_(torch.finfo(joint.dtype).min)  # (B,r); finite, so a row of -inf scores -inf, not NaN
         scaled = joint.sub_(top[:, None]).exp_()
+        unsettled[:, rows] = (scaled > 0).sum(1).gt_(1).logical_and_(mc)
         denom = scaled.sum(1)
         ll += ((top + denom.log()).double() * mc).sum(1)
         if sums:
@@ -378,7 +394,22 @@ def _em_pass(
                 total = part
             else:
                 total += part
-    return ll / mask.sum(1), total
+    return ll / mask.sum(1), total, unsettled
+
+
+SPARSE_PASSES = 3  # passes over the unsettled rows alone after each full pass (0: plain EM)
+SPARSE_MAX_SHARE = 0.25  # ... taken only while a group's unsettled rows are at most this share of its rows
+
+
+def _rows_of(pts: torch.Tensor, norms: torch.Tensor | None, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The rows ``which`` (B,N) of each group, gathered to the front and padded: points
+    (B,S,·), their norms and a (B,S) mask, S the largest count in a group."""
+    count = which.sum(1)
+    s = int(count.max())
+    order = torch.sort((~which).to(torch.int8), dim=1, stable=True).indices[:, :s]  # the chosen rows first, in order
+    rows = torch.arange(pts.shape[0], device=pts.device)[:, None]
+    sub_mask = torch.arange(s, device=pts.device)[None, :] < count[:, None]
+    return pts[rows, order], (norms[rows, order] if norms is not None else None), sub_mask
 
 
 def fit_gmm(
@@ -442,28 +473,47 @@ def fit_gmm(
     prev = torch.full((len(tensors),), -math.inf, dtype=torch.float64, device=device)
     done = torch.zeros(len(tensors), dtype=torch.bool, device=device)
     single = ks == 1  # already at their fixed point
-    it = 0
+    it = passes = 0
     ll = prev
-    for it in range(1, max_iter + 1):  # noqa: B007 (the count of iterations run is returned)
-        ll, sums = _em_pass(pts, mask, mix, not bool((done | single).all()), norms)
+    while it < max_iter:
+        ll, sums, unsettled = _em_pass(pts, mask, mix, not bool((done | single).all()), norms)
+        it, passes = it + 1, passes + 1
         done = done | _converged(ll, prev, tol, dtype) | single
         prev = torch.where(done, prev, ll)
         if bool(done.all()):
             break
         assert sums is not None
-        new = _m_step(sums, n_points, cmask, covariance, reg_covar, dtype)
-        keep = done.view(-1, *([1] * (new.means.dim() - 1)))
-        mix = Mixture(
-            torch.where(done[:, None], mix.weights, new.weights),
-            torch.where(keep, mix.means, new.means),
-            torch.where(done.view(-1, *([1] * (new.covariances.dim() - 1))), mix.covariances, new.covariances),
-            covariance,
-        )
+        step = _m_step(sums, n_points, cmask, covariance, reg_covar, dtype)
+        unsettled &= ~done[:, None]
+        if SPARSE_PASSES and bool(unsettled.any()) and int(unsettled.sum(1).max()) <= SPARSE_MAX_SHARE * pts.shape[1]:
+            # sparse EM (Neal & Hinton 1998): the settled rows keep their one-hot
+            # responsibilities and frozen sums; only the unsettled rows are scored again
+            sub, sub_norms, sub_mask = _rows_of(pts, norms, unsettled)
+            _, theirs, _ = _em_pass(sub, sub_mask, mix, True, sub_norms)
+            assert theirs is not None
+            frozen = sums.minus(theirs)
+            mix = _unless_done(mix, step, done)
+            for _ in range(min(SPARSE_PASSES, max_iter - it)):
+                _, theirs, _ = _em_pass(sub, sub_mask, mix, True, sub_norms)
+                assert theirs is not None
+                mix = _unless_done(mix, _m_step(frozen.plus(theirs), n_points, cmask, covariance, reg_covar, dtype), done)
+                it += 1
+        else:
+            mix = _unless_done(mix, step, done)
     if not bool(done.all()):  # max_iter ran out after an M-step: score the last mixture
-        ll, _ = _em_pass(pts, mask, mix, False, norms)  # (else the last pass scored every group's final, frozen mixture)
+        ll, _, _ = _em_pass(pts, mask, mix, False, norms)  # (else the last pass scored every group's final, frozen mixture)
     # full covariances stay float64: rounded to float32 a nearly singular one stops being factorizable
     out = Mixture(mix.weights, mix.means + centre[:, None, :].to(dtype), mix.covariances, covariance)
-    return FitResult(out, ll.cpu().numpy(), it, done.cpu().numpy())
+    return FitResult(out, ll.cpu().numpy(), it, done.cpu().numpy(), passes)
+
+
+def _unless_done(old: Mixture, new: Mixture, done: torch.Tensor) -> Mixture:
+    """``new`` for the groups still fitting, ``old`` for those that have converged (B,)."""
+
+    def pick(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.where(done.view(-1, *([1] * (a.dim() - 1))), a, b)
+
+    return Mixture(pick(old.weights, new.weights), pick(old.means, new.means), pick(old.covariances, new.covariances), old.covariance)
 
 
 def _converged(ll: torch.Tensor, prev: torch.Tensor, tol: float, dtype: torch.dtype) -> torch.Tensor:
