@@ -17,8 +17,11 @@ not measured. Runs resume: a finished result is skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -293,9 +296,31 @@ def em_clusters(seed: int, k: int = 10, d: int = 512, n: int = 5000) -> tuple[np
     return (means[y] + rng.normal(size=(n, d)) * std[y]).astype(np.float32), y
 
 
+@contextlib.contextmanager
+def _em_variant(variant: str) -> Iterator[None]:
+    """Ours as shipped ("sparse EM") or with core.gmm.SPARSE_PASSES = 0 ("plain EM"), so the
+    two are timed in alternation on the same machine."""
+    import core.gmm
+
+    kept = core.gmm.SPARSE_PASSES
+    core.gmm.SPARSE_PASSES = kept if variant == "sparse EM" else 0
+    try:
+        yield
+    finally:
+        core.gmm.SPARSE_PASSES = kept
+
+
+EM_VARIANTS = ("sparse EM", "plain EM")
+# seconds before each timed fit: numpy's OpenBLAS threads spin for about 0.1 s after a product, and
+# a fit timed right after scikit-learn's shared the 2 cores with them (synthetic diag: 42-47 ms
+# against 22 ms after a 0.3 s pause; scikit-learn after ours: within noise)
+EM_PAUSE = 0.3
+
+
 def _em_case(name: str, x: np.ndarray, truth: np.ndarray | None, cov: str, k: int, devices: list[str]) -> list[dict[str, Any]]:
-    """One case: scikit-learn and ours from each of EM_SEEDS, seconds (ours after a warm-up),
-    mean log-likelihood, iterations and, with ``truth``, adjusted Rand indices."""
+    """One case: scikit-learn and ours (each of EM_VARIANTS) from each of EM_SEEDS, seconds
+    (ours after a warm-up), mean log-likelihood, iterations and, with ``truth``, adjusted
+    Rand indices."""
     from sklearn.metrics import adjusted_rand_score
     from sklearn.mixture import GaussianMixture
 
@@ -304,6 +329,7 @@ def _em_case(name: str, x: np.ndarray, truth: np.ndarray | None, cov: str, k: in
     rows = []
     xt = torch.from_numpy(x)
     for seed in EM_SEEDS:
+        time.sleep(EM_PAUSE)
         t0 = time.perf_counter()
         g = GaussianMixture(k, covariance_type=cov, tol=1e-3, max_iter=100, random_state=seed, reg_covar=1e-6).fit(x)
         sk_seconds = time.perf_counter() - t0
@@ -321,22 +347,27 @@ def _em_case(name: str, x: np.ndarray, truth: np.ndarray | None, cov: str, k: in
         )
         if truth is not None:
             rows[-1]["ari_truth"] = adjusted_rand_score(truth, sk_labels)
-        for dev in devices:
+        for dev, variant in itertools.product(devices, EM_VARIANTS):
             fit_gmm([xt], k, cov, tol=1e-3, max_iter=2, seed=seed, device=dev)  # warm-up (CUDA context, kernels, allocator)
             if dev == "cuda":
                 torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            r = fit_gmm([xt], k, cov, tol=1e-3, max_iter=100, seed=seed, device=dev)
-            if dev == "cuda":
-                torch.cuda.synchronize()
+            with _em_variant(variant):
+                time.sleep(EM_PAUSE)
+                t0 = time.perf_counter()
+                r = fit_gmm([xt], k, cov, tol=1e-3, max_iter=100, seed=seed, device=dev)
+                if dev == "cuda":
+                    torch.cuda.synchronize()
+                seconds = time.perf_counter() - t0
             rows.append(
                 {
                     **base,
                     "impl": "headway",
+                    "variant": variant,
                     "device": dev,
-                    "seconds": time.perf_counter() - t0,
+                    "seconds": seconds,
                     "log_likelihood": float(r.log_likelihood[0]),
                     "iterations": r.iterations,
+                    "passes": r.passes,
                 }
             )
             if truth is not None:
@@ -359,6 +390,7 @@ def _em_classes_case(name: str, groups: list[np.ndarray], cov: str, k: int) -> l
     tensors = [torch.from_numpy(g) for g in groups]
     base = {"case": name, "covariance": cov, "n": sum(len(g) for g in groups), "d": groups[0].shape[1], "k": k}
     for seed in EM_SEEDS:
+        time.sleep(EM_PAUSE)
         t0 = time.perf_counter()
         fits = [GaussianMixture(k, covariance_type=cov, tol=1e-3, max_iter=100, random_state=seed, reg_covar=1e-6).fit(g) for g in groups]
         sk_seconds = time.perf_counter() - t0
@@ -375,38 +407,46 @@ def _em_classes_case(name: str, groups: list[np.ndarray], cov: str, k: int) -> l
             }
         )
         fit_gmm(tensors, k, cov, tol=1e-3, max_iter=2, seed=seed)  # warm-up
-        t0 = time.perf_counter()
-        r = fit_gmm(tensors, k, cov, tol=1e-3, max_iter=100, seed=seed)
-        rows.append(
-            {
-                **base,
-                "seed": seed,
-                "impl": "headway",
-                "device": "cpu",
-                "seconds": time.perf_counter() - t0,
-                "log_likelihood": float(np.mean(r.log_likelihood)),
-                "iterations": r.iterations,
-            }
-        )
+        for variant in EM_VARIANTS:
+            with _em_variant(variant):
+                time.sleep(EM_PAUSE)
+                t0 = time.perf_counter()
+                r = fit_gmm(tensors, k, cov, tol=1e-3, max_iter=100, seed=seed)
+                seconds = time.perf_counter() - t0
+            rows.append(
+                {
+                    **base,
+                    "seed": seed,
+                    "impl": "headway",
+                    "variant": variant,
+                    "device": "cpu",
+                    "seconds": seconds,
+                    "log_likelihood": float(np.mean(r.log_likelihood)),
+                    "iterations": r.iterations,
+                    "passes": r.passes,
+                }
+            )
     return rows
 
 
 def em_table(rows: list[dict[str, Any]]) -> list[str]:
-    """Markdown: per case and device, mean seconds of ours and scikit-learn's, the speed-up,
-    mean iterations and milliseconds an iteration (the start included), mean
+    """Markdown: per case and device, mean seconds of ours and scikit-learn's, the speed-up
+    (of the means, and the geometric mean of the per-seed ratios), mean iterations (ours:
+    with the passes over all points; the rest scored only unsettled rows) and
+    milliseconds an iteration (the start included), mean
     log-likelihoods, their relative gap with the standard error of its mean over seeds
     (paired by seed: how much of the gap is which start k-means drew) and the adjusted
     Rand indices."""
     out = [
-        "| case | covariance | n × d, K | device | ours s | scikit-learn s | speed-up | iterations ours / sklearn | ms an iteration ours / sklearn | ours log-lik. | scikit-learn log-lik. | gap ± s.e. | ARI ours/truth | ARI sklearn/truth | ARI ours/sklearn |",
+        "| case | covariance | n × d, K | device | ours s | scikit-learn s | speed-up (per seed) | iterations (full passes) ours / sklearn | ms an iteration ours / sklearn | ours log-lik. | scikit-learn log-lik. | gap ± s.e. | ARI ours/truth | ARI sklearn/truth | ARI ours/sklearn |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     keys = list(dict.fromkeys((r["case"], r["covariance"]) for r in rows))
     for case, cov in keys:
         these = [r for r in rows if r["case"] == case and r["covariance"] == cov]
         sk = [r for r in these if r["impl"] == "scikit-learn"]
-        for dev in dict.fromkeys(r["device"] for r in these if r["impl"] == "headway"):
-            ours = [r for r in these if r["impl"] == "headway" and r["device"] == dev]
+        for dev, variant in dict.fromkeys((r["device"], r.get("variant", "")) for r in these if r["impl"] == "headway"):
+            ours = [r for r in these if r["impl"] == "headway" and r["device"] == dev and r.get("variant", "") == variant]
             mean = lambda rs, key: float(np.mean([r[key] for r in rs])) if all(key in r for r in rs) else float("nan")  # noqa: E731
             so, ss, lo, ls = mean(ours, "seconds"), mean(sk, "seconds"), mean(ours, "log_likelihood"), mean(sk, "log_likelihood")
             ari = " | ".join(
@@ -414,12 +454,14 @@ def em_table(rows: list[dict[str, Any]]) -> list[str]:
                 for rs, key in ((ours, "ari_truth"), (sk, "ari_truth"), (ours, "ari_sklearn"))
             )
             io, isk = mean(ours, "iterations"), mean(sk, "iterations")
+            passes = f" ({mean(ours, 'passes'):.1f})" if not np.isnan(mean(ours, "passes")) else ""
+            per_seed = float(np.exp(np.mean([np.log(s["seconds"] / o["seconds"]) for o, s in zip(ours, sk, strict=True)])))
             paired = np.array([o["log_likelihood"] - s["log_likelihood"] for o, s in zip(ours, sk, strict=True)])  # same seed
             se = float(paired.std(ddof=1) / np.sqrt(len(paired))) if len(paired) > 1 else float("nan")
             per = f"{1000 * so / io:.1f} / {1000 * ss / isk:.1f}"  # start included: seconds / iterations
             out.append(
-                f"| {case} | {cov} | {sk[0]['n']} × {sk[0]['d']}, {sk[0]['k']} | {dev} | {so:.3f} | {ss:.3f} | {ss / so:.1f}× | "
-                f"{io:.1f} / {isk:.1f} | {per} | {lo:.2f} | {ls:.2f} | "
+                f"| {case} | {cov} | {sk[0]['n']} × {sk[0]['d']}, {sk[0]['k']} | {dev}{', ' + variant if variant else ''} | {so:.3f} | {ss:.3f} | {ss / so:.1f}× ({per_seed:.1f}×) | "
+                f"{io:.1f}{passes} / {isk:.1f} | {per} | {lo:.2f} | {ls:.2f} | "
                 f"{(lo - ls) / abs(ls) * 100:+.3f} % ± {se / abs(ls) * 100:.3f} | {ari} |"
             )
     return out

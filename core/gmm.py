@@ -430,9 +430,10 @@ def fit_gmm(
     ``tol`` bounds the change of a group's mean log-likelihood per point between
     iterations (scikit-learn's criterion); ``reg_covar`` is added to every variance.
     ``dtype``: the arithmetic, by default the features' own (float32 stays float32, as in
-    scikit-learn). Groups stop updating once converged; the loop ends when all have, or at
-    ``max_iter``. A one-component group is its sample mean and covariance, EM's fixed
-    point from any start: it converges at its first E-step.
+    scikit-learn). Groups stop updating once converged; the loop ends when all have, or after
+    ``max_iter`` M-steps (those after a pass over the unsettled rows alone count too). A
+    one-component group is its sample mean and covariance, EM's fixed point from any start:
+    it converges at its first E-step.
     """
     if covariance not in COVARIANCES:
         raise ValueError(f"covariance {covariance!r} is not one of {COVARIANCES}")
