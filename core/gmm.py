@@ -67,7 +67,7 @@ class FitResult:
     log_likelihood: np.ndarray  # (B,)
     iterations: int  # M-steps taken (the last full pass's E-step, which found convergence, counts as one)
     converged: np.ndarray  # (B,) bool
-    passes: int = 0  # of them, E-steps over all points (the rest scored only the unsettled rows)
+    passes: int  # of them, E-steps over all points (the rest scored only the unsettled rows)
 
 
 def pad_groups(groups: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,10 +253,13 @@ class _Sums:
         return self
 
     def plus(self, other: _Sums) -> _Sums:
+        """The sums over both sets of points."""
         return _Sums(self.mass + other.mass, self.first + other.first, self.second + other.second)
 
     def minus(self, other: _Sums) -> _Sums:
-        return _Sums(self.mass - other.mass, self.first - other.first, self.second - other.second)
+        """The sums over these points less a subset of them; the mass stays ≥ 0 (rounding
+        of two differently shaped products must not leave a component a negative weight)."""
+        return _Sums((self.mass - other.mass).clamp_min(0), self.first - other.first, self.second - other.second)
 
 
 def _em_points(x: torch.Tensor, covariance: str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -398,7 +401,8 @@ def _em_pass(
 
 
 SPARSE_PASSES = 3  # passes over the unsettled rows alone after each full pass (0: plain EM)
-SPARSE_MAX_SHARE = 0.25  # ... taken only while a group's unsettled rows are at most this share of its rows
+SPARSE_MAX_SHARE = 0.25  # ... taken only while the most unsettled rows of a group are at most this share of
+# the batch's padded length (what a gathered pass costs against a full one)
 
 
 def _rows_of(pts: torch.Tensor, norms: torch.Tensor | None, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -427,8 +431,10 @@ def fit_gmm(
 ) -> FitResult:
     """Fit one mixture per group by EM (see the module docstring).
 
-    ``tol`` bounds the change of a group's mean log-likelihood per point between
-    iterations (scikit-learn's criterion); ``reg_covar`` is added to every variance.
+    ``tol`` bounds the change of a group's mean log-likelihood per point between two
+    passes over all points (scikit-learn's criterion, between iterations, where no sparse
+    iterations run; with them, the passes are up to 1 + SPARSE_PASSES iterations apart,
+    which is the stricter test); ``reg_covar`` is added to every variance.
     ``dtype``: the arithmetic, by default the features' own (float32 stays float32, as in
     scikit-learn). Groups stop updating once converged; the loop ends when all have, or after
     ``max_iter`` M-steps (those after a pass over the unsettled rows alone count too). A
@@ -486,9 +492,12 @@ def fit_gmm(
         assert sums is not None
         step = _m_step(sums, n_points, cmask, covariance, reg_covar, dtype)
         unsettled &= ~done[:, None]
-        if SPARSE_PASSES and bool(unsettled.any()) and int(unsettled.sum(1).max()) <= SPARSE_MAX_SHARE * pts.shape[1]:
+        sparse = SPARSE_PASSES > 0 and it < max_iter and bool(unsettled.any())
+        if sparse and int(unsettled.sum(1).max()) <= SPARSE_MAX_SHARE * pts.shape[1]:
             # sparse EM (Neal & Hinton 1998): the settled rows keep their one-hot
-            # responsibilities and frozen sums; only the unsettled rows are scored again
+            # responsibilities and frozen sums; only the unsettled rows are scored again.
+            # (A group with no unsettled rows takes M-steps equal to `step`; the mean
+            # log-likelihoods of these passes, NaN for such a group, are not used.)
             sub, sub_norms, sub_mask = _rows_of(pts, norms, unsettled)
             _, theirs, _ = _em_pass(sub, sub_mask, mix, True, sub_norms)
             assert theirs is not None

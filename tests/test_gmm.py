@@ -209,3 +209,27 @@ def test_a_pass_over_the_gathered_unsettled_rows_sums_what_those_rows_sum_in_pla
     np.testing.assert_allclose(ll_gathered.numpy(), ll_in_place.numpy(), rtol=1e-5)
     for name in ("mass", "first", "second"):
         np.testing.assert_allclose(getattr(gathered, name).numpy(), getattr(in_place, name).numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_sparse_em_on_a_batch_keeps_each_groups_components_budget_and_reported_likelihood(monkeypatch):
+    """A batch of three groups (one with 3 of the 10 components; they converge at different
+    passes): sparse EM ends each group as well as plain EM does, leaves the unused
+    components at weight 0, takes at most max_iter M-steps, and reports the log-likelihood
+    of the mixture it returns, also when max_iter ends it inside the sparse passes."""
+    import core.gmm as gmm
+
+    groups = [torch.from_numpy(bridged(seed=s, n=n)) for s, n in ((3, 800), (4, 500), (5, 700))]
+    ks = [10, 3, 10]
+    x, mask = gmm.pad_groups(groups)
+    pts, _ = gmm._em_points(x, "diag")
+    sparse = fit_gmm(groups, 10, "diag", k_per_group=ks, seed=3, tol=1e-5, max_iter=500)
+    assert sparse.iterations > sparse.passes and sparse.converged.all()
+    assert torch.equal(sparse.mixture.weights[1, 3:], torch.zeros(7))
+    for max_iter in (*range(1, 9), 500):
+        fit = fit_gmm(groups, 10, "diag", k_per_group=ks, seed=3, tol=1e-5, max_iter=max_iter)
+        assert fit.iterations <= max_iter
+        rescored, _, _ = gmm._em_pass(pts, mask, fit.mixture, False, None)
+        np.testing.assert_allclose(rescored.numpy(), fit.log_likelihood, rtol=1e-6)
+    monkeypatch.setattr(gmm, "SPARSE_PASSES", 0)
+    plain = fit_gmm(groups, 10, "diag", k_per_group=ks, seed=3, tol=1e-5, max_iter=500)
+    assert (sparse.log_likelihood >= plain.log_likelihood - 1e-5 * np.abs(plain.log_likelihood)).all()
