@@ -17,11 +17,9 @@ not measured. Runs resume: a finished result is skipped.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -40,6 +38,7 @@ from core.fedpft import (
     synthesize,
     train_head,
 )
+from core.gmm import SPARSE_PASSES
 from simulation.runner import load_config
 
 CONFIG = "benchmarks/configs/fedpft-cifar10.toml"
@@ -296,21 +295,7 @@ def em_clusters(seed: int, k: int = 10, d: int = 512, n: int = 5000) -> tuple[np
     return (means[y] + rng.normal(size=(n, d)) * std[y]).astype(np.float32), y
 
 
-@contextlib.contextmanager
-def _em_variant(variant: str) -> Iterator[None]:
-    """Ours as shipped ("sparse EM") or with core.gmm.SPARSE_PASSES = 0 ("plain EM"), so the
-    two are timed in alternation on the same machine."""
-    import core.gmm
-
-    kept = core.gmm.SPARSE_PASSES
-    core.gmm.SPARSE_PASSES = kept if variant == "sparse EM" else 0
-    try:
-        yield
-    finally:
-        core.gmm.SPARSE_PASSES = kept
-
-
-EM_VARIANTS = ("sparse EM", "plain EM")
+EM_VARIANTS = {"sparse EM": SPARSE_PASSES, "plain EM": 0}  # ours as shipped and without sparse passes (fit_gmm's sparse_passes)
 # seconds before each timed fit: numpy's OpenBLAS threads spin for about 0.1 s after a product, and
 # a fit timed right after scikit-learn's shared the 2 cores with them (synthetic diag: 42-47 ms
 # against 22 ms after a 0.3 s pause; scikit-learn after ours: within noise)
@@ -351,13 +336,12 @@ def _em_case(name: str, x: np.ndarray, truth: np.ndarray | None, cov: str, k: in
             fit_gmm([xt], k, cov, tol=1e-3, max_iter=2, seed=seed, device=dev)  # warm-up (CUDA context, kernels, allocator)
             if dev == "cuda":
                 torch.cuda.synchronize()
-            with _em_variant(variant):
-                time.sleep(EM_PAUSE)
-                t0 = time.perf_counter()
-                r = fit_gmm([xt], k, cov, tol=1e-3, max_iter=100, seed=seed, device=dev)
-                if dev == "cuda":
-                    torch.cuda.synchronize()
-                seconds = time.perf_counter() - t0
+            time.sleep(EM_PAUSE)
+            t0 = time.perf_counter()
+            r = fit_gmm([xt], k, cov, tol=1e-3, max_iter=100, seed=seed, device=dev, sparse_passes=EM_VARIANTS[variant])
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
             rows.append(
                 {
                     **base,
@@ -408,11 +392,10 @@ def _em_classes_case(name: str, groups: list[np.ndarray], cov: str, k: int) -> l
         )
         fit_gmm(tensors, k, cov, tol=1e-3, max_iter=2, seed=seed)  # warm-up
         for variant in EM_VARIANTS:
-            with _em_variant(variant):
-                time.sleep(EM_PAUSE)
-                t0 = time.perf_counter()
-                r = fit_gmm(tensors, k, cov, tol=1e-3, max_iter=100, seed=seed)
-                seconds = time.perf_counter() - t0
+            time.sleep(EM_PAUSE)
+            t0 = time.perf_counter()
+            r = fit_gmm(tensors, k, cov, tol=1e-3, max_iter=100, seed=seed, sparse_passes=EM_VARIANTS[variant])
+            seconds = time.perf_counter() - t0
             rows.append(
                 {
                     **base,

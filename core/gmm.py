@@ -400,7 +400,7 @@ def _em_pass(
     return ll / mask.sum(1), total, unsettled
 
 
-SPARSE_PASSES = 3  # passes over the unsettled rows alone after each full pass (0: plain EM)
+SPARSE_PASSES = 3  # fit_gmm's default: passes over the unsettled rows alone after each full pass (0: plain EM)
 SPARSE_MAX_SHARE = 0.25  # ... taken only while the most unsettled rows of a group are at most this share of
 # the batch's padded length (what a gathered pass costs against a full one)
 
@@ -428,13 +428,16 @@ def fit_gmm(
     seed: int = 0,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
+    sparse_passes: int = SPARSE_PASSES,
 ) -> FitResult:
     """Fit one mixture per group by EM (see the module docstring).
 
     ``tol`` bounds the change of a group's mean log-likelihood per point between two
     passes over all points (scikit-learn's criterion, between iterations, where no sparse
-    iterations run; with them, the passes are up to 1 + SPARSE_PASSES iterations apart,
-    which is the stricter test); ``reg_covar`` is added to every variance.
+    iterations run; with them, the passes are up to 1 + ``sparse_passes`` iterations
+    apart, which is the stricter test); ``reg_covar`` is added to every variance.
+    ``sparse_passes``: iterations over the unsettled rows alone after each full pass (0:
+    plain EM).
     ``dtype``: the arithmetic, by default the features' own (float32 stays float32, as in
     scikit-learn). Groups stop updating once converged; the loop ends when all have, or after
     ``max_iter`` M-steps (those after a pass over the unsettled rows alone count too). A
@@ -445,6 +448,8 @@ def fit_gmm(
         raise ValueError(f"covariance {covariance!r} is not one of {COVARIANCES}")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    if sparse_passes < 0:
+        raise ValueError(f"sparse_passes must be >= 0 (0: plain EM), got {sparse_passes}")
     device = torch.device(device)
     tensors = [torch.as_tensor(g) for g in groups]
     if dtype is None:
@@ -492,7 +497,7 @@ def fit_gmm(
         assert sums is not None
         step = _m_step(sums, n_points, cmask, covariance, reg_covar, dtype)
         unsettled &= ~done[:, None]
-        sparse = SPARSE_PASSES > 0 and it < max_iter and bool(unsettled.any())
+        sparse = sparse_passes > 0 and it < max_iter and bool(unsettled.any())
         if sparse and int(unsettled.sum(1).max()) <= SPARSE_MAX_SHARE * pts.shape[1]:
             # sparse EM (Neal & Hinton 1998): the settled rows keep their one-hot
             # responsibilities and frozen sums; only the unsettled rows are scored again.
@@ -503,7 +508,7 @@ def fit_gmm(
             assert theirs is not None
             frozen = sums.minus(theirs)
             mix = _unless_done(mix, step, done)
-            for _ in range(min(SPARSE_PASSES, max_iter - it)):
+            for _ in range(min(sparse_passes, max_iter - it)):
                 _, theirs, _ = _em_pass(sub, sub_mask, mix, True, sub_norms)
                 assert theirs is not None
                 mix = _unless_done(mix, _m_step(frozen.plus(theirs), n_points, cmask, covariance, reg_covar, dtype), done)

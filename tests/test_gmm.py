@@ -173,15 +173,13 @@ def bridged(seed: int = 0, k: int = 10, d: int = 256, n: int = 2000, share: floa
     return x[rng.permutation(n)].astype(np.float32)
 
 
-def test_sparse_passes_fit_as_well_as_plain_em_with_fewer_passes_over_all_points(monkeypatch):
+def test_sparse_passes_fit_as_well_as_plain_em_with_fewer_passes_over_all_points():
     """Sparse EM (passes over the unsettled rows, the settled rows' sums frozen) ends at a
     log-likelihood at least plain EM's, run to a tight tolerance, in fewer full passes."""
-    import core.gmm as gmm
 
     x = torch.from_numpy(bridged(seed=3))
     sparse = fit_gmm([x], 10, "diag", seed=1, tol=1e-5, max_iter=500)
-    monkeypatch.setattr(gmm, "SPARSE_PASSES", 0)
-    plain = fit_gmm([x], 10, "diag", seed=1, tol=1e-5, max_iter=500)
+    plain = fit_gmm([x], 10, "diag", seed=1, tol=1e-5, max_iter=500, sparse_passes=0)
     assert plain.iterations == plain.passes and sparse.iterations > sparse.passes  # partial passes were taken
     assert sparse.passes < plain.passes
     assert float(sparse.log_likelihood[0]) >= float(plain.log_likelihood[0]) - 1e-5 * abs(float(plain.log_likelihood[0]))
@@ -211,7 +209,7 @@ def test_a_pass_over_the_gathered_unsettled_rows_sums_what_those_rows_sum_in_pla
         np.testing.assert_allclose(getattr(gathered, name).numpy(), getattr(in_place, name).numpy(), rtol=1e-4, atol=1e-3)
 
 
-def test_sparse_em_on_a_batch_keeps_each_groups_components_budget_and_reported_likelihood(monkeypatch):
+def test_sparse_em_on_a_batch_keeps_each_groups_components_budget_and_reported_likelihood():
     """A batch of three groups (one with 3 of the 10 components; they converge at different
     passes): sparse EM ends each group as well as plain EM does, leaves the unused
     components at weight 0, takes at most max_iter M-steps, and reports the log-likelihood
@@ -230,6 +228,10 @@ def test_sparse_em_on_a_batch_keeps_each_groups_components_budget_and_reported_l
         assert fit.iterations <= max_iter
         rescored, _, _ = gmm._em_pass(pts, mask, fit.mixture, False, None)
         np.testing.assert_allclose(rescored.numpy(), fit.log_likelihood, rtol=1e-6)
-    monkeypatch.setattr(gmm, "SPARSE_PASSES", 0)
-    plain = fit_gmm(groups, 10, "diag", k_per_group=ks, seed=3, tol=1e-5, max_iter=500)
+    plain = fit_gmm(groups, 10, "diag", k_per_group=ks, seed=3, tol=1e-5, max_iter=500, sparse_passes=0)
     assert (sparse.log_likelihood >= plain.log_likelihood - 1e-5 * np.abs(plain.log_likelihood)).all()
+
+
+def test_a_negative_sparse_passes_is_refused_with_what_to_use():
+    with pytest.raises(ValueError, match=r"sparse_passes must be >= 0 \(0: plain EM\)"):
+        fit_gmm([torch.zeros(10, 2)], 2, "diag", sparse_passes=-1)
