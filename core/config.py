@@ -53,6 +53,7 @@ FAULT_MODES = (
 MAX_SEED = (
     2**32 - 1
 )  # numpy's RandomState / np.random.seed and sklearn's random_state take 0..2**32-1; torch.manual_seed and default_rng take more
+MAX_IMAGE_SIZE = 1024  # image-size: 1024² x 3 B = 3 MiB an image; 8000 had Ray's workers killed for memory, 60000 overflowed
 MAX_FEATURE_DIM = 16384  # 12x the widest body here (EfficientNet-Lite0, 1280); a FedLog reply is classes x (m+1) floats
 
 LOCAL = "local"  # dataset value: every SuperNode reads its own data (node config 'data')
@@ -89,7 +90,12 @@ SCHEMA: dict[str, Key] = {
         "(every node's, with dataset=local)",
     ),
     "label-column": Key("label", "the label column of a table or Hugging Face dataset"),
-    "image-size": non_negative("side in pixels every image is resized to; 0: the images' own, where all share one", 0),
+    "image-size": Key(
+        0,
+        "side in pixels every image is resized to; 0: the images' own, where all share one",
+        check=lambda v: 0 <= v <= MAX_IMAGE_SIZE,
+        rule=f"in [0, {MAX_IMAGE_SIZE}] (a decoded image of side S takes S² x 3 bytes in every client's memory, per image)",
+    ),
     "channels": Key(
         0,
         "image channels (1: grayscale, 3: RGB); 0: 1 when every image is grayscale, else 3",
@@ -143,7 +149,8 @@ SCHEMA: dict[str, Key] = {
     ),
     "trimmed-mean-beta": Key(
         0.2,
-        "aggregation=trimmed-mean: fraction of a round's replies cut at each end of every coordinate (floor(beta x n) each side)",
+        "aggregation=trimmed-mean: fraction of a round's replies cut at each end of every coordinate (floor(beta x n) each side); "
+        "refused unless a full round cuts at least one, and a round too small to cut one keeps the previous model",
         check=lambda v: 0 <= v < 0.5,
         rule="in [0, 0.5)",
     ),
@@ -427,6 +434,8 @@ def _check_aggregation(cfg: Mapping[str, Any], method: Any, most: int) -> None:
             f"run-config key 'aggregation' is {rule!r}, which only {able} implement (it replaces their average of the round's "
             f"model updates); {cfg['algorithm']} {method.server_combines}: leave it 'mean'"
         )
+    if rule == "trimmed-mean":
+        _check_trimmed_mean(cfg["trimmed-mean-beta"], most)
     if rule not in SELECTING:
         return
     need = replies_needed(rule, f)
@@ -441,6 +450,22 @@ def _check_aggregation(cfg: Mapping[str, Any], method: Any, most: int) -> None:
             f"run-config key 'multi-krum-select' is {cfg['multi-krum-select']}, but a round asks {most} client(s), of which "
             f"malicious-clients={f} may be poisoned: multi-krum averages at most {most - f} (0: n - f)"
         )
+
+
+def _check_trimmed_mean(beta: float, most: int) -> None:
+    """trimmed-mean only when a full round of ``most`` replies cuts at least one at each end
+    (floor(beta x most) >= 1); else it trims nothing and is the plain mean under another name."""
+    if math.floor(beta * most) >= 1:
+        return
+    ways = []
+    if beta > 0:
+        ways.append(f"a round of at least {max(3, math.ceil(1 / beta - 1e-12))} clients (num-clients x fraction-train)")
+    if 1 / most < 0.5:
+        ways.append(f"trimmed-mean-beta >= {math.ceil(1e4 / most) / 1e4:g}")
+    raise ConfigError(
+        f"run-config key 'trimmed-mean-beta' is {beta:g}: a full round of {most} replies cuts floor({beta:g} x {most}) = 0 at each end, "
+        f"so trimmed-mean would be the plain mean; set {' or '.join(ways) or 'a round of at least 3 clients'}, or use aggregation=mean"
+    )
 
 
 def scores_with_train(cfg: Mapping[str, Any], server_round: int) -> bool:

@@ -39,7 +39,10 @@ class Rule:
         return cls(cfg["aggregation"], cfg["trimmed-mean-beta"], cfg["malicious-clients"], cfg["multi-krum-select"])
 
     def shortfall(self, n: int) -> str | None:
-        """Why ``n`` replies are too few for this rule, or None."""
+        """Why ``n`` replies are too few for this rule, or None. Trimmed mean needs floor(beta x n) >= 1:
+        with fewer it cuts nothing and would move the model exactly as the mean does."""
+        if self.name == "trimmed-mean" and int(self.beta * n) < 1:  # int(): Flower's trim_mean cuts int(beta x n)
+            return f"aggregation=trimmed-mean with trimmed-mean-beta={self.beta:g} cuts floor({self.beta:g} x {n}) = 0 of {n} valid replies at each end"
         need = replies_needed(self.name, self.f)
         if n >= need:
             return None

@@ -99,7 +99,7 @@ def test_each_rule_gives_what_flowers_strategy_gives(task_identity, rule, f, m):
 
 def test_trimmed_mean_with_another_beta_and_median_of_an_even_count_match_flower(task_identity):
     sent, models, counts = hand_made(n=10, seed=3)
-    for rule, beta in (("trimmed-mean", 0.35), ("trimmed-mean", 0.0), ("median", 0.2)):
+    for rule, beta in (("trimmed-mean", 0.35), ("trimmed-mean", 0.1), ("median", 0.2)):
         ours, _ = robust_aggregate(models, counts, Rule(rule, beta), sent)
         theirs = flower_aggregate(flower_strategy(rule, beta=beta), models, counts)
         assert all(np.array_equal(ours[k], theirs[k]) for k in sent), (rule, beta)
@@ -249,6 +249,34 @@ def test_a_round_with_too_few_replies_for_the_rule_keeps_the_previous_model(task
     assert second["aggregated"] is True and second["clients"] == 11 and len(second["aggregation_kept"]) == 1
 
 
+def test_a_trimmed_mean_round_too_small_to_cut_one_reply_keeps_the_model(task_identity, data_dir):
+    """Issue 37 item 7: trimmed-mean with beta 0.2 and 5 clients; in round 1 two are silent and one of the three left
+    sends −10× its update (admitted by the norm bound). floor(0.2 x 3) = 0 would cut nothing and the round would move
+    the model as the mean does, attacker included: it keeps the model and says why. Round 2, all 5 back, cuts it."""
+    s = make_strategy("fedavg", **{"data-dir": data_dir, "num-clients": 5, "aggregation": "trimmed-mean"})
+    attacker = 4
+
+    def answer(pid, msg):
+        if msg.metadata.message_type == MessageType.EVALUATE:
+            return RecordDict({P.METRICS: MetricRecord({P.NUM_EXAMPLES: 10, P.CORRECT: 5, P.PARTITION_ID: pid})})
+        if pid < 2 and msg.content["config"][P.ROUND] == 1:
+            return None
+        sent = {k: v.numpy() for k, v in msg.content["arrays"].items()}
+        scale = -10.0 if pid == attacker else 1.0
+        return reply({k: v + (scale * 0.001 * (1 + 0.01 * pid) * np.abs(v)).astype(v.dtype) for k, v in sent.items()}, 10, pid)
+
+    records: list[dict] = []
+    initial = s.initial_arrays()
+    s.start(grid=FakeGrid(5, answer), initial_arrays=initial, num_rounds=2, on_round=records.append)
+    first, second = records
+    assert first["clients"] == 3 and first["aggregated"] is False, first
+    assert (
+        "train: aggregation=trimmed-mean with trimmed-mean-beta=0.2 cuts floor(0.2 x 3) = 0 of 3 valid replies at each end; "
+        "keeping the previous model" in first["failure_reasons"]
+    ), first["failure_reasons"]
+    assert second["aggregated"] is True and second["clients"] == 5
+
+
 # ----------------------------------------------------------------- configs refused before anything starts
 
 
@@ -293,6 +321,16 @@ def test_methods_that_do_not_average_model_updates_refuse_a_robust_rule(algorith
             "run-config key 'trimmed-mean-beta' is 0.5; it must be in [0, 0.5)",
         ),
         ({"aggregation": "average"}, "run-config key 'aggregation' is 'average'; allowed values: mean, median, trimmed-mean, krum"),
+        (
+            {"algorithm": "fedavg", "aggregation": "trimmed-mean", "num-clients": 4},
+            "run-config key 'trimmed-mean-beta' is 0.2: a full round of 4 replies cuts floor(0.2 x 4) = 0 at each end, so "
+            "trimmed-mean would be the plain mean; set a round of at least 5 clients (num-clients x fraction-train) or "
+            "trimmed-mean-beta >= 0.25, or use aggregation=mean",
+        ),
+        (
+            {"algorithm": "fedavg", "aggregation": "trimmed-mean", "num-clients": 20, "fraction-train": 0.1, "trimmed-mean-beta": 0.0},
+            "a full round of 2 replies cuts floor(0 x 2) = 0 at each end",
+        ),
     ],
 )
 def test_a_rule_that_a_full_round_cannot_feed_is_refused(setting, message):
@@ -317,6 +355,8 @@ def test_the_bounds_admit_what_runs():
     [
         (["algorithm=fedlog", "aggregation=trimmed-mean"], "run-config key 'aggregation' is 'trimmed-mean', which only"),
         (["algorithm=fedavg", "aggregation=bulyan"], "run-config key 'malicious-clients' is 1, but aggregation=bulyan needs"),
+        (["algorithm=fedavg", "aggregation=trimmed-mean"], "run-config key 'trimmed-mean-beta' is 0.2: a full round of 3 replies cuts"),
+        (["image-size=60000"], "run-config key 'image-size' is 60000; it must be in [0, 1024]"),
     ],
 )
 def test_headway_run_refuses_them_before_the_engine_starts(tmp_path, capsys, monkeypatch, data_dir, sets, says):
