@@ -23,7 +23,10 @@ SIGINT or `headway stop --pid-file F` (see :mod:`headway.processes`).
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -128,12 +131,62 @@ def check_files(args: argparse.Namespace) -> str | None:
     return None
 
 
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+CONNECTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def check_address(address: str) -> str:
+    """``address`` if it is HOST:PORT with a host name, an IPv4 address or a bracketed IPv6
+    address and a port 1..65535; else ValueError saying what is wrong (it goes into Flower's
+    config, where a quote or a newline would add settings of its own)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"--address {address!r} is not HOST:PORT (e.g. 10.0.0.5:8000, lab.example.org:8000, [::1]:8000)")
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"--address {address!r}: the port must be a number from 1 to 65535")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"--address {address!r}: {host} is not an IPv6 address") from None
+        return address
+    try:
+        ipaddress.IPv4Address(host)
+        return address
+    except ValueError:
+        pass
+    labels = host.removesuffix(".").split(".")
+    if len(host) > 253 or not host.isascii() or not all(_HOST_LABEL.fullmatch(label) for label in labels) or labels[-1].isdigit():
+        raise ValueError(
+            f"--address {address!r}: {host!r} is neither a host name, an IPv4 address nor a bracketed IPv6 address ([::1]:8000)"
+        )
+    return address
+
+
+def toml_string(value: str) -> str:
+    """``value`` as a TOML basic string: quotes, backslashes and control characters escaped,
+    so that no value can end its line and start a setting of its own."""
+    out = []
+    for ch in value:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def write_connection(name: str, address: str, insecure: bool, root_cert: str | None, simulation: dict | None = None) -> Path:
     """Add ``[superlink.NAME]`` to $FLWR_HOME/config.toml so `flwr run . NAME` reaches it.
 
     With ``simulation`` (num-supernodes, client CPUs and GPU share) the connection is
-    Flower's local simulation instead of a remote SuperLink.
+    Flower's local simulation instead of a remote SuperLink. Refuses (ValueError) a name that
+    is not a plain TOML key and an address that is not HOST:PORT; every string is escaped,
+    and the file is written only if it reads back as exactly the intended connection.
     """
+    if not CONNECTION_NAME.fullmatch(name):
+        raise ValueError(f"connection name {name!r}: use letters, digits, '_' and '-' only (64 at most)")
     path = flwr_home() / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     text = path.read_text() if path.exists() else "[superlink]\n"
@@ -145,19 +198,33 @@ def write_connection(name: str, address: str, insecure: bool, root_cert: str | N
         simulation = {
             k: int(v) if float(v).is_integer() and k != "num-gpus" else v for k, v in simulation.items()
         }  # Flower wants whole CPUs
+        if not all(math.isfinite(v) and v >= 0 for v in simulation.values()) or simulation["num-supernodes"] < 1:
+            raise ValueError(f"simulation resources must be finite and >= 0, with at least one SuperNode: {simulation}")
         block = (
             f'\n[superlink.{name}]\naddress = ":local:"\noptions.num-supernodes = {simulation["num-supernodes"]}\n'
             f"options.backend.client-resources.num-cpus = {simulation['num-cpus']}\n"
             f"options.backend.client-resources.num-gpus = {simulation['num-gpus']}\n"
         )
+        intended: dict = {
+            "address": ":local:",
+            "options": {
+                "num-supernodes": simulation["num-supernodes"],
+                "backend": {"client-resources": {"num-cpus": simulation["num-cpus"], "num-gpus": simulation["num-gpus"]}},
+            },
+        }
     else:
-        block = f'\n[superlink.{name}]\naddress = "{address}"\n'
+        intended = {"address": check_address(address)}
+        block = f"\n[superlink.{name}]\naddress = {toml_string(address)}\n"
         if insecure:
             block += "insecure = true\n"
+            intended["insecure"] = True
         elif root_cert:
-            block += f'root-certificates = "{Path(root_cert).resolve()}"\n'
+            intended["root-certificates"] = str(Path(root_cert).resolve())
+            block += f"root-certificates = {toml_string(intended['root-certificates'])}\n"
         else:
             raise ValueError("a remote connection needs insecure=True or a root certificate")
+    if tomllib.loads(text + block)["superlink"].get(name) != intended:  # what Flower will read, checked before it is written
+        raise ValueError(f"the connection {name!r} would not read back as written; not writing {path}")
     path.write_text(text + block)
     return path
 
@@ -236,6 +303,10 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
     keys = add("keys")
     keys.add_argument("out", help="folder to write NAME (private key) and NAME.pub")
     keys.add_argument("--name", default="supernode", help="file name of the key (default supernode)")
+    for sp in (certs, keys):
+        sp.add_argument(
+            "--overwrite", action="store_true", help="replace existing files of ours (default: refuse); symlinks and others' files never"
+        )
     reg = add("register")
     reg.add_argument("public_key", help="the SuperNode's NAME.pub")
     reg.add_argument("connection", help="the connection name given to `connect`")
@@ -316,7 +387,11 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
     if args.cmd == "certs":
         from headway.credentials import make_certs  # local imports: cryptography, for `certs` and `keys` only
 
-        make_certs(Path(args.out), args.host)
+        try:
+            make_certs(Path(args.out), args.host, overwrite=args.overwrite)
+        except (FileExistsError, PermissionError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print(
             f"wrote ca.crt, server.crt, server.key to {args.out} (for {', '.join(args.host)}); copy ca.crt to every client machine, "
             "keep ca.key offline"
@@ -326,8 +401,8 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
         from headway.credentials import make_node_key
 
         try:
-            private, public = make_node_key(Path(args.out), args.name)
-        except FileExistsError as exc:
+            private, public = make_node_key(Path(args.out), args.name, overwrite=args.overwrite)
+        except (FileExistsError, PermissionError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         print(
@@ -362,7 +437,11 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
         sim = (
             {"num-supernodes": args.num_supernodes, "num-cpus": args.client_cpus, "num-gpus": args.client_gpus} if args.simulation else None
         )
-        path = write_connection(args.name, args.address, args.insecure, args.root_cert, sim)
+        try:
+            path = write_connection(args.name, args.address, args.insecure, args.root_cert, sim)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print(f"added [superlink.{args.name}] to {path}; submit runs with: flwr run . {args.name} --stream")
         return 0
     cmd = superlink_command(args) if args.cmd == "superlink" else supernode_command(args)
