@@ -244,9 +244,9 @@ def noise_sigma(cfg: dict, m: int) -> float:
 
 
 def share_sigma(cfg: dict, m: int) -> float:
-    """fedlog-dp=distributed: the σ each client adds, σ/√min-replies, so that any sum the server
-    accepts (at least min-replies clients' statistics, or the round fails) carries at least the
-    central σ of Theorem 7. 0 in the other modes."""
+    """fedlog-dp=distributed: the σ each client adds, σ/√(min-replies − w) with w = fedlog-dp-withholding,
+    so that any sum the server accepts (at least min-replies clients' statistics, or the round fails)
+    carries at least the central σ of Theorem 7 even when w of its clients add no noise. 0 in the other modes."""
     if cfg["fedlog-dp"] != "distributed":
         return 0.0
-    return noise_sigma(cfg, m) / math.sqrt(cfg["min-replies"])
+    return noise_sigma(cfg, m) / math.sqrt(cfg["min-replies"] - cfg["fedlog-dp-withholding"])

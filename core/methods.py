@@ -68,7 +68,21 @@ def _fedlog_rules(cfg: Mapping[str, Any]) -> None:
             "class means, the server rebuilds sums as count x mean, so rounding grows with the count and one example "
             "can move a sum by more than the clip b the noise is calibrated to (and under local DP the counts are noised)"
         )
+    _fedlog_withholding_rule(cfg)
     _fedlog_secure_rules(cfg)
+
+
+def _fedlog_withholding_rule(cfg: Mapping[str, Any]) -> None:
+    """fedlog-dp-withholding applies to distributed DP only and must leave one noising client in a sum of min-replies."""
+    w = cfg["fedlog-dp-withholding"]
+    if w and cfg["fedlog-dp"] != "distributed":
+        raise ConfigError(
+            f"run-config key 'fedlog-dp-withholding' is {w}, but fedlog-dp is {cfg['fedlog-dp']!r}: only distributed DP has clients' noise shares; leave it 0"
+        )
+    if w >= cfg["min-replies"] and cfg["fedlog-dp"] == "distributed":
+        raise ConfigError(
+            f"run-config key 'fedlog-dp-withholding' is {w}, but must be below min-replies={cfg['min-replies']}: at least one client of the smallest accepted sum must add noise"
+        )
 
 
 def _fedlog_secure_rules(cfg: Mapping[str, Any]) -> None:
@@ -160,6 +174,11 @@ METHODS: dict[str, Method] = {
                     "differential privacy of the statistics: local (each client noises its own), central (the server noises the sum), "
                     "distributed (each client adds its share of the central noise under secure-aggregation; docs/trust-and-dp.md)",
                     choices=("off", "local", "central", "distributed"),
+                ),
+                "fedlog-dp-withholding": non_negative(
+                    "fedlog-dp=distributed: how many clients of a round may withhold their noise share (dishonest or broken); "
+                    "each share is σ/√(min-replies − this), so any accepted sum keeps σ with that many missing; must be < min-replies",
+                    0,
                 ),
                 "fedlog-epsilon": positive("DP epsilon", 1.0),
                 "fedlog-delta": Key(0.01, "DP delta", check=lambda v: 0 < v < 1, rule="in (0, 1)"),

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from core.fedlog import noise_sigma, releases
+from core.fedlog import noise_sigma, releases, share_sigma
 from core.fedpft import dp_delta
 from core.fedpft import dp_sigma as fedpft_sigma
 
@@ -22,8 +22,9 @@ from core.fedpft import dp_sigma as fedpft_sigma
 # before secure aggregation, with the total σ of central DP, so it is accounted as central)
 FEDLOG_RELEASED = {
     "central": "the sum of the sampled clients' statistics T plus N(0, σ²I), drawn once by the server",
-    "distributed": "the securely aggregated sum of the clients' statistics T, each noised by N(0, σ²/min-replies · I) before "
-    "masking: a sum of at least min-replies clients carries at least N(0, σ²I)",
+    "distributed": "the securely aggregated sum of the clients' statistics T, each noised by N(0, σ²/(min-replies − w) · I) before "
+    "masking (w = fedlog-dp-withholding): a sum of at least min-replies clients, at most w of which withhold their share, "
+    "carries at least N(0, σ²I)",
     "local": "each client's own statistics T plus N(0, σ²I), drawn by the client",
 }
 NEIGHBOURING = "add or remove one training example of one client"
@@ -88,4 +89,20 @@ def fedpft_release(epsilon: float, delta: float, n: int) -> GaussianRelease:
         releases=1,
         epsilon=epsilon,
         delta=class_delta,
+    )
+
+
+def withheld_release(cfg: dict[str, Any], m: int, withholding: int) -> GaussianRelease:
+    """fedlog-dp=distributed: the release when ``withholding`` clients of the smallest accepted sum
+    (min-replies clients) add no noise share: σ_share·√(min-replies − withholding), which is the
+    calibrated σ for ``withholding`` = fedlog-dp-withholding and less for more (a weaker guarantee)."""
+    noising = cfg["min-replies"] - withholding
+    if cfg["fedlog-dp"] != "distributed" or not 0 < noising <= cfg["min-replies"]:
+        raise ValueError(f"withholding must be in 0..min-replies-1 under fedlog-dp=distributed, got {withholding}")
+    return GaussianRelease(
+        sigma=share_sigma(cfg, m) * math.sqrt(noising),
+        sensitivity=fedlog_sensitivity(m, cfg["fedlog-clip"]),
+        releases=releases(cfg),
+        epsilon=cfg["fedlog-epsilon"],
+        delta=cfg["fedlog-delta"],
     )

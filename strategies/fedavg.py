@@ -24,6 +24,7 @@ from core.aggregate import SELECTING, float_norm, relative_update_norm, weighted
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.models import build_model
+from core.sum_bounds import count_problem, update_sum_problem
 from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
 from strategies.replies import ArraySpec, Layout, Rejection, Reply
@@ -164,19 +165,24 @@ class FedAvg(HeadwayStrategy):
 
     def aggregate_sum(self, ctx: TrainRound, total: SecureSum) -> Step:
         """w + Σ n_k Δ_k / Σ n_k from the secure sum (integer arrays, e.g. BatchNorm's counters,
-        stay as sent); a sum whose count or mean update no set of bounded updates gives keeps the model."""
+        stay as sent). The sum must be one of clients within their bounds (core/sum_bounds.py):
+        a count of at least 1 and at most what they can hold together, and ‖Σ n_k Δ_k‖ ≤ clip·Σ n_k;
+        otherwise the round keeps the model and the reason is counted."""
         n = float(total.arrays[P.NUM_EXAMPLES][0])
-        mean = {k: v / n for k, v in total.arrays.items() if k != P.NUM_EXAMPLES} if n >= 0.5 else {}
-        new = {k: (v.astype(np.float64) + mean[k]).astype(v.dtype) if k in mean else v for k, v in ctx.sent.items()}
         key, limit = self.update_bound(ctx.server_round)
-        norm = relative_update_norm(ctx.sent, new) if mean else math.inf
-        if not norm <= limit * (1 + 1e-6):
+        clip = limit * max(float_norm(ctx.sent), 1.0)
+        summed = {k: v for k, v in total.arrays.items() if k != P.NUM_EXAMPLES}
+        norm = math.sqrt(sum(float(np.sum(np.square(v))) for v in summed.values()))
+        problem = count_problem(n, total.max_examples, least=1.0) or update_sum_problem(n, norm, clip)
+        if problem:
             ctx.engine.meter.fail(
-                f"secure sum of {len(total)} clients is not an average of bounded updates (count {n:g}, update norm {norm:.4g} > {key}={limit:g}); keeping the model"
+                f"secure sum of {len(total)} clients is not a sum of bounded updates ({problem}; {key}={limit:g}); keeping the model"
             )
             return Step(None, 0)
+        new = {k: (v.astype(np.float64) + summed[k] / n).astype(v.dtype) if k in summed else v for k, v in ctx.sent.items()}
         cpu = {f"secagg_server_cpu_{stage}": sec for stage, sec in total.cpu.items()}
-        return Step(to_record(new), len(total), {"update_norm_of_mean": norm, **cpu})
+        figures = {"update_norm_of_mean": relative_update_norm(ctx.sent, new), "sum_examples": n, "sum_examples_bound": total.max_examples}
+        return Step(to_record(new), len(total), {**figures, **cpu})
 
     def robust_step(self, ctx: TrainRound, replies: list[Reply], weights: Sequence[float], metrics: dict[str, float]) -> Step:
         """The round's step under a robust ``aggregation`` rule (strategies/robust.py); too few

@@ -17,6 +17,7 @@ from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.fedlog import StatsCheck, add_noise, class_means, dense_statistics, noise_sigma, share_sigma, solve_head, sum_rows
 from core.models import common_width, nonnegative_features
+from core.sum_bounds import count_problem
 from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
 from strategies.privacy import fedlog_dp_report
@@ -161,15 +162,18 @@ class FedLog(HeadwayStrategy):
 
     def aggregate_sum(self, ctx: TrainRound, total: SecureSum) -> Step:
         """The head from the securely summed T: the count row gives n (noised under fedlog-dp=distributed:
-        post-processing); the sum must obey the bounds any real sum of that many clients obeys."""
+        post-processing); the sum must obey the bounds any real sum of these clients obeys (StatsCheck's
+        per-class rules and, summed, the examples they can hold), or the round keeps the previous head."""
         phi = total.arrays[P.STATS]
         n = float(np.sum(phi[:, 0]))
-        checker, most = self.checker, math.inf
+        most = total.max_examples  # what the clients in the sum can hold together: a bound on its count row
         if self.cfg["fedlog-dp"] == "distributed":  # the sum carries every client's noise share: σ_share·√clients on each entry
             checker = replace(self.checker, noise_sigma=share_sigma(self.cfg, self.m) * math.sqrt(len(total)), count_known=False)
-            most = total.max_examples
+            problem = checker.problem(phi, max(n, 0.0), most)  # the noised count row within 8 std of [0, most]
             n = max(n, 0.0)
-        if problem := checker.problem(phi, n, most):
+        else:  # whole class counts, |T_cj| <= b·T_c0 (and >= 0 for ReLU bodies), and no more examples than the clients hold
+            problem = self.checker.problem(phi, n) or count_problem(n, most)
+        if problem:
             ctx.engine.meter.fail(
                 f"secure sum of {len(total)} clients is not a sum of real statistics ({problem}); keeping the previous head"
             )

@@ -15,6 +15,7 @@ from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.models import common_width
 from core.prototypes import average_prototypes, prototype_problem
+from core.sum_bounds import count_problem
 from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
 from strategies.replies import ArraySpec, Layout, Reply
@@ -82,8 +83,8 @@ class FedProto(HeadwayStrategy):
         problem = prototype_problem(protos, counts, float(np.sum(counts)), (self.classes, self.m))
         if problem is None and np.max(np.abs(protos), initial=0.0) > self.cfg["max-feature-value"] * (1 + 1e-6):
             problem = f"a prototype entry exceeds max-feature-value={self.cfg['max-feature-value']:g}"
-        if problem is None and float(np.sum(counts)) > total.max_examples:
-            problem = f"the counts add up to {float(np.sum(counts)):g}, more than the {total.max_examples:g} examples these clients hold"
+        if problem is None:  # whole counts are checked above; their total within what these clients hold
+            problem = count_problem(float(np.sum(counts)), total.max_examples)
         if problem is not None:
             ctx.engine.meter.fail(f"secure sum of {len(total)} clients is not a sum of prototypes ({problem}); keeping the previous ones")
             return Step(None, 0)

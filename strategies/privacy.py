@@ -16,7 +16,8 @@ import numpy as np
 from flwr.supercore.privacy_accounting import GaussianPrivacyEvent, NeighboringRelation, PrivacyConfig, SamplingMethod
 from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
-from core.privacy import FEDLOG_RELEASED, NEIGHBOURING, GaussianRelease, fedlog_release, fedpft_release
+from core.fedlog import share_sigma
+from core.privacy import FEDLOG_RELEASED, NEIGHBOURING, GaussianRelease, fedlog_release, fedpft_release, withheld_release
 
 
 def _backend() -> str:
@@ -66,6 +67,16 @@ def fedlog_dp_report(cfg: dict[str, Any], m: int) -> dict[str, Any] | None:
     if release is None:
         return None
     epsilon_rdp, order = release_epsilon(release)
+    extra: dict[str, Any] = {}
+    if cfg["fedlog-dp"] == "distributed":  # ε holds while at most w clients of a sum withhold their share; what more would cost
+        w = cfg["fedlog-dp-withholding"]
+        extra = {
+            "withholding_clients": w,
+            "assumption": f"at most {w} of the at least min-replies={cfg['min-replies']} clients in an accepted sum withhold "
+            "their noise share (undetectable under secure aggregation); epsilon and epsilon_rdp hold only under it",
+            "share_sigma": share_sigma(cfg, m),
+            "epsilon_rdp_if_withholding": {str(k): release_epsilon(withheld_release(cfg, m, k))[0] for k in range(cfg["min-replies"])},
+        }
     return {
         "mode": cfg["fedlog-dp"],
         "epsilon": release.epsilon,
@@ -80,6 +91,7 @@ def fedlog_dp_report(cfg: dict[str, Any], m: int) -> dict[str, Any] | None:
         "neighbouring": NEIGHBOURING,
         "release": FEDLOG_RELEASED[cfg["fedlog-dp"]],
         "accountant": ACCOUNTANT,
+        **extra,
     }
 
 
