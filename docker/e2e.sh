@@ -112,10 +112,18 @@ say "writing node data folders under $WORK/nodes (headway split mnist)"
 "$PYTHON" -m headway split mnist --partition dirichlet --num-clients $((2 + server_data)) --out "$WORK/nodes" --set train-fraction=0.02 \
     >"$WORK/split.log" 2>&1 || { cat "$WORK/split.log"; exit 1; }
 if [[ $tls -eq 1 ]]; then
-    "$PYTHON" -m headway certs "$HEADWAY_CERTS_DIR" --host superlink >/dev/null
+    "$PYTHON" -m headway certs "$HEADWAY_CERTS_DIR" --host superlink --host superlink-control >/dev/null
     connect=(--root-cert "$HEADWAY_CERTS_DIR/ca.crt")
 else
     connect=(--insecure)
+fi
+# the containers run unprivileged (compose's HEADWAY_USER, default 10001:10001): as root, hand
+# them the results folder and server.key; otherwise run them as the caller
+if [[ $(id -u) -eq 0 ]]; then
+    chown 10001:10001 "$WORK/results"
+    [[ $tls -eq 1 ]] && chown 10001:10001 "$HEADWAY_CERTS_DIR/server.key"
+else
+    export HEADWAY_USER=${HEADWAY_USER:-$(id -u):$(id -g)}
 fi
 
 if [[ $build -eq 1 ]]; then
@@ -148,6 +156,22 @@ until control_up "$url" "$ca"; do
 done
 say "Control API answers on $url"
 compose ps
+# from inside a SuperNode container: the Fleet API opens, the Control/runtime API (by either
+# name, and the SuperLink's Flower ports 9091/9093) does not; and nothing runs as root
+compose exec -T supernode-0 python - <<'PY'
+import os, socket
+def opens(host, port):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        return True
+    except OSError:
+        return False
+assert os.getuid() != 0, "the SuperNode runs as root"
+assert opens("superlink", 9092), "the Fleet API is out of reach from a SuperNode"
+reached = [f"{h}:{p}" for h in ("superlink", "superlink-control") for p in (8000, 9091, 9093) if opens(h, p)]
+assert not reached, f"a SuperNode reaches {reached}"
+print("[e2e] supernode-0: Fleet reachable; Control/runtime API not; uid", os.getuid())
+PY
 
 "$PYTHON" -m headway connect e2e --address "127.0.0.1:$HEADWAY_CONTROL_PORT" "${connect[@]}"
 RUN_CONFIG="algorithm='fedlog' dataset='local' num-clients=2 num-server-rounds=2 local-epochs=1 batch-size=10 \
