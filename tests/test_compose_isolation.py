@@ -14,8 +14,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -151,7 +149,7 @@ class ComposeNet:
         members = {s: networks_of(svc) for s, svc in spec["services"].items()}
         members["host"] = {n: {} for n in nets if not (spec["networks"][n] or {}).get("internal")}
         self._ip(self.switch, "link", "set", "lo", "up")
-        for i, net in enumerate(nets):
+        for i in range(len(nets)):
             self._ip(self.switch, "link", "add", f"br{i}", "type", "bridge")
             self._ip(self.switch, "link", "set", f"br{i}", "up")
         for k, (svc, joined) in enumerate(members.items()):
