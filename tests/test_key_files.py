@@ -6,13 +6,16 @@ quotes and newlines that would add settings to Flower's config."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from headway.deploy import check_address, main, toml_string
+from tests.conftest import ROOT
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="planting a file owned by another user needs root")
 OTHER_UID = 65534  # nobody
@@ -181,3 +184,13 @@ def test_bad_addresses_are_refused(address):
 def test_toml_strings_cannot_end_their_line():
     for value in ['a"b', "a\\b", "a\nb = 1", "\x00\x1f\x7f", "\u00e4\U0001f600"]:
         assert tomllib.loads(f"k = {toml_string(value)}\n") == {"k": value}
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs git and the repository")
+def test_what_the_docs_commands_write_is_git_ignored():
+    """`headway certs certs`, `headway keys keys --name node0`, `headway split ... --out nodes/`
+    (and the docker/ variants) run from the repository root leave no untracked secrets or data."""
+    paths = ["certs/ca.key", "certs/server.key", "keys/node0", "keys/node0.pub", "nodes/node-0/data.npz"]
+    paths += ["docker/certs/server.key", "docker/nodes/node-1/data.npz", "elsewhere/ca.key"]
+    out = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True, text=True)
+    assert sorted(out.stdout.split()) == sorted(paths)
