@@ -25,6 +25,7 @@ from client.state_store import restore_state, save_state, state_path
 from core import protocol as P
 from core.config import body_for, scores_with_train
 from core.run_data import node_profile
+from core.sources import limits_from_node_config
 
 log = logging.getLogger("headway")
 
@@ -37,10 +38,10 @@ def registration(env: ClientEnv) -> RecordDict:
     return RecordDict({P.METRICS: MetricRecord({P.PARTITION_ID: env.partition_id}), P.CONFIG: ConfigRecord({P.BODY: env.body})})
 
 
-def description(cfg: Mapping[str, Any], data: str, body: str) -> RecordDict:
+def description(cfg: Mapping[str, Any], data: str, body: str, node_config: Mapping[str, Any] | None = None) -> RecordDict:
     """What a node with its own data states: its body and its data's profile (class names
-    and counts, columns and their summed moments; never rows)."""
-    profile = json.dumps(node_profile(data, cfg), sort_keys=True)
+    and counts, columns and their summed moments; never rows), read within its node config's limits."""
+    profile = json.dumps(node_profile(data, cfg, limits_from_node_config(node_config or {})), sort_keys=True)
     return RecordDict({P.CONFIG: ConfigRecord({P.BODY: body or body_for(cfg, 0), P.DATA_PROFILE: profile})})
 
 
@@ -71,7 +72,7 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
         data = local_data(cfg, context.node_config)
         phase = msg.content.config_records.get(P.CONFIG, ConfigRecord()).get(P.PHASE) if kind == "query" else None
         if data is not None and phase == P.PHASE_DESCRIBE:
-            return Message(content=description(cfg, data, str(context.node_config.get("body", ""))), reply_to=msg)
+            return Message(content=description(cfg, data, str(context.node_config.get("body", "")), context.node_config), reply_to=msg)
         if data is not None:
             store = state_path(context.node_config, context.run_id, "local")
             if store is not None and JOINED not in context.state:  # a restarted node picks up its registration from disk
@@ -90,7 +91,7 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
         if store is not None:
             restore_state(context.state, store)
         if kind == "query":
-            content = registration(env) if data is None else description(cfg, data, env.body)
+            content = registration(env) if data is None else description(cfg, data, env.body, context.node_config)
             if data is not None and store is not None:
                 save_state(context.state, store)
         else:

@@ -19,6 +19,7 @@ from core.models import Net, build_model, resolve_device
 from core.noise import corrupt, noise_assignment
 from core.partition import make_partition
 from core.run_data import load_node_data, load_run_dataset
+from core.sources import ReaderLimits, limits_from_node_config
 
 
 @dataclass
@@ -85,11 +86,12 @@ def _env(cfg_json: str, partition_id: int, body_override: str) -> ClientEnv:
 
 
 @lru_cache(maxsize=8)
-def _local_env(cfg_json: str, data: str, schema_json: str, slot: int, body_override: str) -> ClientEnv:
+def _local_env(cfg_json: str, data: str, schema_json: str, slot: int, body_override: str, limits: ReaderLimits) -> ClientEnv:
     """A node that owns its data: all of the source at ``data``, encoded with the run's
-    agreed schema; ``slot`` is the client index the server gave it at registration."""
+    agreed schema; ``slot`` is the client index the server gave it at registration; ``limits``
+    are the node's own reader limits (its --node-config)."""
     cfg = json.loads(cfg_json)
-    ds = load_node_data(data, cfg, schema_json)
+    ds = load_node_data(data, cfg, schema_json, limits)
     return _make_env(cfg, slot, body_override, ds, (ds.x_train, ds.y_train), (ds.x_test, ds.y_test))
 
 
@@ -159,7 +161,7 @@ def client_env(run_config: Mapping[str, Any], node_config: Mapping[str, Any], jo
                 "this node has not registered with the server in this run (no schema received): it is asked again when it reconnects"
             )
         schema_json, slot = joined
-        return _local_env(_config_key(cfg), data, schema_json, int(slot), body)
+        return _local_env(_config_key(cfg), data, schema_json, int(slot), body, limits_from_node_config(node_config))
     if "partition-id" not in node_config:
         raise ValueError(
             "node config has no 'partition-id': start the SuperNode with --node-config \"partition-id=N num-partitions=M\", "

@@ -36,10 +36,11 @@ def dataset_label(cfg: Mapping[str, Any]) -> str:
 
 
 @lru_cache(maxsize=8)
-def _read(path: str, opts: Any):
-    from core.sources import read_source
+def _read(path: str, opts: Any, limits: Any = None):
+    """A source read once per process; ``limits``: the node's ReaderLimits (None: the defaults)."""
+    from core.sources import ReaderLimits, read_source
 
-    return read_source(path, opts)
+    return read_source(path, opts, limits or ReaderLimits())
 
 
 @lru_cache(maxsize=4)
@@ -99,25 +100,25 @@ def read_profile(text: Any) -> dict[str, Any]:
     return profile
 
 
-def node_profile(path: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+def node_profile(path: str, cfg: Mapping[str, Any], limits: Any = None) -> dict[str, Any]:
     """What a node declares about its own source (classes and counts, columns and their
-    summed moments; no rows), for the server to fix the run's schema."""
+    summed moments; no rows), for the server to fix the run's schema; ``limits``: the node's ReaderLimits."""
     from core.sources import profile
 
     opts = source_options(cfg)
-    return profile(_read(str(Path(path).expanduser()), opts), opts)
+    return profile(_read(str(Path(path).expanduser()), opts, limits), opts)
 
 
 @lru_cache(maxsize=4)
-def _node_data(path: str, schema_json: str, opts: Any) -> Dataset:
+def _node_data(path: str, schema_json: str, opts: Any, limits: Any = None) -> Dataset:
     from core.sources import DataSchema, encode
 
-    return encode(_read(path, opts), DataSchema.from_json(schema_json), opts, source_name(path))
+    return encode(_read(path, opts, limits), DataSchema.from_json(schema_json), opts, source_name(path))
 
 
-def load_node_data(path: str, cfg: Mapping[str, Any], schema_json: str) -> Dataset:
-    """A node's own source, encoded with the run's agreed schema (its JSON)."""
-    return _node_data(str(Path(path).expanduser()), schema_json, source_options(cfg))
+def load_node_data(path: str, cfg: Mapping[str, Any], schema_json: str, limits: Any = None) -> Dataset:
+    """A node's own source, encoded with the run's agreed schema (its JSON); ``limits``: the node's ReaderLimits."""
+    return _node_data(str(Path(path).expanduser()), schema_json, source_options(cfg), limits)
 
 
 def load_server_data(cfg: Mapping[str, Any], schema: Any) -> Dataset | None:

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import csv
 import importlib
+import io
 import json
 import math
+import os
 import re
+import zipfile
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +38,10 @@ MAX_NAMES = 10_000  # classes, columns, or levels of one column that one profile
 MAX_NAME_LEN = 1_000  # characters of one class, column or level name in a profile
 MAX_INPUT_WIDTH = 16_384  # features a table may encode to, one-hot levels included (core.config's widest feature-dim)
 MAX_IMAGE_SIZE = 1_024  # pixels a side the images' own size may set (image-size=0); larger: set image-size
+# control characters (C0, DEL, C1), line/paragraph separators and bidi overrides: never in a class, column or level name
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+DEFAULT_MAX_IMAGE_PIXELS = 4_096 * 4_096  # of one image (h x w), from its header: 48 MiB decoded as RGB
+DEFAULT_MAX_ARRAY_BYTES = 256 * 2**20  # decompressed bytes of one npz array, one CSV file, one Parquet file or HF table split
 MAX_MEAN_SQUARE = 1e30  # of a numeric column (values up to about 1e15): beyond it, not data a float32 encoder keeps
 INSTALL_HINT = "pip install -e '.[data]'"
 
@@ -53,6 +61,40 @@ class SourceOptions:
     seed: int = 0  # [seed]
     natural_column: str = ""  # [natural-column] a table column kept as a per-row attribute, not a feature
     classes: tuple[str, ...] = ()  # [classes] the run's class list (fixed order = indices); empty: sorted union
+
+
+@dataclass(frozen=True)
+class ReaderLimits:
+    """What a node's readers may allocate, checked from headers before anything is decoded, and whether
+    they follow symbolic links out of the data folder. The node's own settings (--node-config, named in
+    brackets), never the run config's: a server must not raise what a node reads."""
+
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS  # [max-image-pixels] h x w of one image, any reader
+    max_array_bytes: int = DEFAULT_MAX_ARRAY_BYTES  # [max-array-bytes] one npz array, CSV file, Parquet file or HF split
+    follow_symlinks: bool = False  # [follow-symlinks] read links whose target lies outside the data folder
+
+
+NODE_LIMIT_KEYS = ("max-image-pixels", "max-array-bytes", "follow-symlinks")
+
+
+def limits_from_node_config(node_config: Mapping[str, Any]) -> ReaderLimits:
+    """A node's reader limits from its --node-config (keys it lacks keep their defaults); SourceError naming a bad key."""
+    out = {}
+    for key, field_name in zip(NODE_LIMIT_KEYS[:2], ("max_image_pixels", "max_array_bytes")):
+        value = node_config.get(key, getattr(ReaderLimits, field_name))
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value.strip())
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise SourceError(f"node-config key '{key}' must be a whole number > 0, got {value!r}")
+        out[field_name] = value
+    follow = node_config.get("follow-symlinks", False)
+    if isinstance(follow, str) and follow.strip().lower() in ("true", "false"):
+        follow = follow.strip().lower() == "true"
+    if not isinstance(follow, bool):
+        raise SourceError(f"node-config key 'follow-symlinks' must be true or false, got {follow!r}")
+    return ReaderLimits(out["max_image_pixels"], out["max_array_bytes"], follow)
 
 
 def _option(cfg: Mapping[str, Any], key: str, default: Any, convert: type, what: str) -> Any:
@@ -87,8 +129,10 @@ def options_from_config(cfg: Mapping[str, Any]) -> SourceOptions:
         natural_column=_option(cfg, "natural-column", "", str, "a column name").strip(),
         classes=_class_list(cfg.get("classes", ())),
     )
-    if opts.image_size < 0:
-        raise SourceError(f"run-config key 'image-size' is {opts.image_size}; it must be >= 0 (0: the images' own size)")
+    if not 0 <= opts.image_size <= MAX_IMAGE_SIZE:
+        raise SourceError(
+            f"run-config key 'image-size' is {opts.image_size}; it must be in [0, {MAX_IMAGE_SIZE}] (0: the images' own size)"
+        )
     if opts.channels not in (0, 1, 3):
         raise SourceError(f"run-config key 'channels' is {opts.channels}; allowed values: 0 (from the data), 1, 3")
     if not 0 <= opts.test_fraction < 1:
@@ -198,58 +242,84 @@ def _column_key(name: str) -> tuple:
     return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name
 
 
+def _control_problem(name: str, what: str) -> str | None:
+    """Why a name read from data (a class, column or level) cannot be one: a control character
+    (NUL, an ANSI escape, a newline...) that would end up in logs, results and every node's schema."""
+    bad = CONTROL.search(name)
+    if bad is None:
+        return None
+    return f"{what} {_one_line(ascii(name))[:80]} holds the control character {ascii(bad.group())}: remove it from the data"
+
+
 def _labels_of(values: Sequence[Any], where: str) -> list[str]:
-    """Class names of a label column; SourceError naming the first row without one."""
+    """Class names of a label column; SourceError naming the first row without one (empty, None, NaN or
+    a missing-value spelling such as 'NA', '?', 'nan', 'null': never a class) or with a control character."""
     names = []
     for i, v in enumerate(values):
-        if v is None or (isinstance(v, str) and not v.strip()) or (isinstance(v, (float, np.floating)) and math.isnan(v)):
-            raise SourceError(f"{where}: row {i} has no label: give every row a class or drop it")
-        names.append(_label_name(v))
+        if _is_missing(v):
+            shown = f" ({_one_line(ascii(v))[:20]} reads as missing)" if isinstance(v, str) and v.strip() else ""
+            raise SourceError(f"{where}: row {i} has no label{shown}: give every row a class or drop it")
+        name = _label_name(v)
+        problem = _control_problem(name, f"row {i}: label")
+        if problem:
+            raise SourceError(f"{where}: {problem}")
+        names.append(name)
     return names
 
 
 # --- image folders ---------------------------------------------------------------------------
 
 
-def _image_header(file: Path) -> tuple[str, tuple[int, int]]:
-    """An image file's PIL mode and (h, w), from its header; SourceError naming a file that is no image."""
+def _image_header(file: Any, limits: ReaderLimits, name: str = "") -> tuple[str, tuple[int, int]]:
+    """An image's PIL mode and (h, w), from its header only (a path or a binary file object); SourceError
+    naming it when it is no image or has more pixels than the node's limit (checked before any decoding)."""
     from PIL import Image
 
+    name = name or str(file)
     try:
         with Image.open(file) as im:
-            return im.mode, (im.height, im.width)
+            mode, (w, h) = im.mode, im.size
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise SourceError(f"{file}: not a readable image ({_one_line(exc)}): replace or delete the file") from None
+        raise SourceError(f"{name}: not a readable image ({_one_line(exc)}): replace or delete the file") from None
+    if h * w > limits.max_image_pixels:
+        raise SourceError(
+            f"{name}: an image of {w}x{h} = {h * w} pixels, more than this node's limit of {limits.max_image_pixels}: "
+            "shrink the image, or raise node-config key 'max-image-pixels'"
+        )
+    return mode, (h, w)
 
 
-def _image_files(folder: Path) -> RawSplit:
+def _image_files(folder: Path, limits: ReaderLimits) -> RawSplit:
     """Every image under folder/<class>/, in class then file-name order; headers now, pixels in encode."""
     files, labels = [], []
     for cls in sorted(d for d in folder.iterdir() if d.is_dir() and not d.name.startswith(".")):
+        problem = _control_problem(cls.name, "class folder name")
+        if problem:
+            raise SourceError(f"{folder}: {problem}")
         for f in sorted(cls.iterdir()):
             if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES and not f.name.startswith("."):
                 files.append(f)
                 labels.append(cls.name)
-    return RawSplit(labels, files, [_image_header(f) for f in files])
+    return RawSplit(labels, files, [_image_header(f, limits) for f in files])
 
 
 def _has_class_folders(root: Path) -> bool:
     return any(d.is_dir() and any(f.suffix.lower() in IMAGE_SUFFIXES for f in d.iterdir()) for d in root.iterdir())
 
 
-def _read_image_folder(root: Path, opts: SourceOptions) -> tuple[str, str, RawSplit, RawSplit | None]:
+def _read_image_folder(root: Path, opts: SourceOptions, limits: ReaderLimits) -> tuple[str, str, RawSplit, RawSplit | None]:
     """ROOT/train/<class>/* (and ROOT/test/<class>/*), or ROOT/<class>/* as training rows only."""
     if opts.natural_column:
         raise SourceError(
             f"{root}: run-config key 'natural-column' is {opts.natural_column!r}, but an image folder has no columns: leave it empty"
         )
     if (root / "train").is_dir():
-        train = _image_files(root / "train")
-        test = _image_files(root / "test") if (root / "test").is_dir() else None
+        train = _image_files(root / "train", limits)
+        test = _image_files(root / "test", limits) if (root / "test").is_dir() else None
     elif (root / "test").is_dir():
         raise SourceError(f"{root}: has test/ but no train/: put the training images in {root / 'train'}/<class>/")
     else:
-        train, test = _image_files(root), None
+        train, test = _image_files(root, limits), None
     if not len(train):
         raise SourceError(
             f"{root}: no training images ({', '.join(IMAGE_SUFFIXES)}) in class folders: expected train/<class>/*.png or <class>/*.png"
@@ -260,8 +330,19 @@ def _read_image_folder(root: Path, opts: SourceOptions) -> tuple[str, str, RawSp
 # --- tables ----------------------------------------------------------------------------------
 
 
-def _read_csv(file: Path) -> dict[str, list[str]]:
+def _file_within(file: Path, limits: ReaderLimits, what: str) -> None:
+    """SourceError when a file is larger than the node's max-array-bytes (before it is read)."""
+    size = file.stat().st_size
+    if size > limits.max_array_bytes:
+        raise SourceError(
+            f"{file}: {what} of {size} bytes, more than this node's limit of {limits.max_array_bytes}: "
+            "split the data over nodes, or raise node-config key 'max-array-bytes'"
+        )
+
+
+def _read_csv(file: Path, limits: ReaderLimits) -> dict[str, list[str]]:
     """A CSV file with a header row as {column: cells}; SourceError naming the file and line of a ragged row."""
+    _file_within(file, limits, "a CSV file")
     try:
         with open(file, newline="", encoding="utf-8-sig") as fh:
             reader = csv.reader(fh)
@@ -286,13 +367,22 @@ def _read_csv(file: Path) -> dict[str, list[str]]:
         raise SourceError(f"{file}: not a readable CSV ({_one_line(exc)})") from None
 
 
-def _read_parquet(file: Path) -> dict[str, list]:
-    """A Parquet file as {column: values}; pyarrow is imported only here."""
+def _read_parquet(file: Path, limits: ReaderLimits) -> dict[str, list]:
+    """A Parquet file as {column: values}, its decompressed size (from the footer) checked against the
+    node's max-array-bytes before any column is read; pyarrow is imported only here."""
     pq = _require("pyarrow.parquet", file, "Parquet")
     try:
-        return pq.read_table(str(file)).to_pydict()
+        meta = pq.ParquetFile(str(file)).metadata
+        encoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        size = max(encoded, meta.num_rows * meta.num_columns * 8)  # run-length encoded zeros still decode to 8 B a cell
+        if size <= limits.max_array_bytes:
+            return pq.read_table(str(file)).to_pydict()
     except Exception as exc:  # pyarrow raises its own error types for a damaged file
         raise SourceError(f"{file}: not a readable Parquet file ({_one_line(exc)})") from None
+    raise SourceError(
+        f"{file}: a Parquet file of {meta.num_rows} rows x {meta.num_columns} columns, at least {size} bytes decoded, more than "
+        f"this node's limit of {limits.max_array_bytes}: split the data over nodes, or raise node-config key 'max-array-bytes'"
+    )
 
 
 def _table_split(columns: Mapping[str, Sequence[Any]], where: str, opts: SourceOptions) -> RawSplit:
@@ -307,14 +397,32 @@ def _table_split(columns: Mapping[str, Sequence[Any]], where: str, opts: SourceO
     x = {c: v for c, v in columns.items() if c not in (opts.label_column, opts.natural_column)}
     if not x:
         raise SourceError(f"{where}: no feature columns besides '{opts.label_column}' (columns found: {found})")
+    for col, values in ((c, v) for c, v in columns.items() if c != opts.label_column):
+        problem = _control_problem(str(col), "column name") or _text_problem(values, f"column '{col}'")
+        if problem:
+            raise SourceError(f"{where}: {problem}")
     return RawSplit(labels, x, attrs=attrs)
 
 
-def _read_table(train_file: Path, test_file: Path | None, opts: SourceOptions) -> tuple[str, str, RawSplit, RawSplit | None]:
+def _text_problem(values: Any, what: str) -> str | None:
+    """Why a column's text cells (its categorical levels, or natural-column values) cannot be names: the first
+    cell holding a control character, by row; None for numeric arrays and clean text."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "biuf":
+        return None
+    for i, v in enumerate(values):
+        text = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+        if isinstance(text, str) and CONTROL.search(text):
+            return _control_problem(text, f"{what} row {i}: value")
+    return None
+
+
+def _read_table(
+    train_file: Path, test_file: Path | None, opts: SourceOptions, limits: ReaderLimits
+) -> tuple[str, str, RawSplit, RawSplit | None]:
     """A .csv or .parquet training file and optionally its test file, with the same columns."""
     read = _read_csv if train_file.suffix.lower() == ".csv" else _read_parquet
-    train = _table_split(read(train_file), str(train_file), opts)
-    test = _table_split(read(test_file), str(test_file), opts) if test_file is not None else None
+    train = _table_split(read(train_file, limits), str(train_file), opts)
+    test = _table_split(read(test_file, limits), str(test_file), opts) if test_file is not None else None
     if test is not None and set(test.x) != set(train.x):
         missing, extra = sorted(set(train.x) - set(test.x)), sorted(set(test.x) - set(train.x))
         raise SourceError(f"{test_file}: other columns than {train_file.name} (missing {missing}, extra {extra}): use the same columns")
@@ -350,8 +458,41 @@ def _npz_images(x: np.ndarray, where: str) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
-def _npz_split(data: Any, xkey: str, ykey: str, where: str) -> RawSplit:
+def _npz_header(data: Any, key: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of one npz member from its .npy header, without reading (or inflating) its data."""
+    names = data.zip.namelist()
+    member = key if key in names else f"{key}.npy"
+    with data.zip.open(member) as fh:
+        version = np.lib.format.read_magic(fh)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0  # 3.0: 2.0's layout
+        shape, _, dtype = read(fh)
+    return tuple(int(d) for d in shape), np.dtype(dtype)
+
+
+def _npz_within(data: Any, key: str, where: str, limits: ReaderLimits) -> None:
+    """SourceError when an npz member would inflate past the node's max-array-bytes, or holds images of more
+    pixels than its max-image-pixels: checked from the member's header before its data is read."""
+    shape, dtype = _npz_header(data, key)
+    size = math.prod(shape) * dtype.itemsize
+    if size > limits.max_array_bytes:
+        raise SourceError(
+            f"{where}: {key} has shape {shape} of {dtype}, {size} bytes decompressed, more than this node's limit of "
+            f"{limits.max_array_bytes}: split the data over nodes, or raise node-config key 'max-array-bytes'"
+        )
+    if len(shape) in (3, 4):
+        channels = 1 if len(shape) == 3 else (shape[1] if shape[1] in (1, 3) else shape[-1])
+        pixels = math.prod(shape[1:]) // max(channels, 1)
+        if pixels > limits.max_image_pixels:
+            raise SourceError(
+                f"{where}: {key} holds images of shape {shape[1:]}, {pixels} pixels each, more than this node's limit of "
+                f"{limits.max_image_pixels}: shrink the images, or raise node-config key 'max-image-pixels'"
+            )
+
+
+def _npz_split(data: Any, xkey: str, ykey: str, where: str, limits: ReaderLimits) -> RawSplit:
     """One split of an npz: x of ndim 2 is vectors (columns x0..), of ndim 3 or 4 images."""
+    for key in (xkey, ykey):
+        _npz_within(data, key, where, limits)
     x, y = data[xkey], data[ykey]
     if y.ndim != 1 or len(y) != len(x):
         raise SourceError(f"{where}: {ykey} has shape {y.shape}, expected ({len(x)},): one label per row of {xkey}")
@@ -365,7 +506,7 @@ def _npz_split(data: Any, xkey: str, ykey: str, where: str) -> RawSplit:
     raise SourceError(f"{where}: {xkey} has {x.ndim} dimensions: expected 2 (vectors), 3 (n, H, W) or 4 (n, C, H, W) images")
 
 
-def _read_npz(file: Path, opts: SourceOptions) -> tuple[str, str, RawSplit, RawSplit | None]:
+def _read_npz(file: Path, opts: SourceOptions, limits: ReaderLimits) -> tuple[str, str, RawSplit, RawSplit | None]:
     """An .npz with x_train, y_train and optionally x_test, y_test (no pickled objects)."""
     if opts.natural_column:
         raise SourceError(
@@ -380,11 +521,11 @@ def _read_npz(file: Path, opts: SourceOptions) -> tuple[str, str, RawSplit, RawS
                 )
             if ("x_test" in keys) != ("y_test" in keys):
                 raise SourceError(f"{file}: npz with only one of x_test and y_test: save both or neither")
-            train = _npz_split(data, "x_train", "y_train", str(file))
-            test = _npz_split(data, "x_test", "y_test", str(file)) if "x_test" in keys else None
+            train = _npz_split(data, "x_train", "y_train", str(file), limits)
+            test = _npz_split(data, "x_test", "y_test", str(file), limits) if "x_test" in keys else None
     except SourceError:
         raise
-    except (OSError, ValueError, EOFError) as exc:  # not a zip, a damaged member, or pickled objects
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:  # not a zip, a damaged member, or pickled objects
         raise SourceError(f"{file}: not a readable npz of plain arrays ({_one_line(exc)})") from None
     kind = "image" if isinstance(train.x, np.ndarray) else "vector"
     if test is not None and isinstance(test.x, np.ndarray) != (kind == "image"):
@@ -397,8 +538,50 @@ def _read_npz(file: Path, opts: SourceOptions) -> tuple[str, str, RawSplit, RawS
 # --- Hugging Face datasets -------------------------------------------------------------------
 
 
-def _hf_split(ds: Any, where: str, opts: SourceOptions, hf: Any) -> tuple[str, RawSplit]:
-    """One Hugging Face split: an image column makes it images, else a table; ClassLabel ids become names."""
+@dataclass(frozen=True)
+class HFImage:
+    """One row's image of a Hugging Face dataset, decoded only when encoded (as a folder's files are):
+    ``table`` is the split with its image column cast to ``Image(decode=False)`` (rows of bytes or a path)."""
+
+    table: Any
+    column: str
+    row: int
+    where: str
+
+    root: Path
+    limits: ReaderLimits
+
+    def __str__(self) -> str:
+        return f"{self.where} row {self.row} (column '{self.column}')"
+
+    def file(self, cell: Any = None) -> Any:
+        """The row's image as a binary file object: its bytes, or its file, which must lie in the data folder."""
+        cell = self.table[self.row][self.column] if cell is None else cell
+        if not isinstance(cell, dict) or (cell.get("bytes") is None and not cell.get("path")):
+            raise SourceError(f"{self}: no image (neither bytes nor a path): drop the row")
+        if cell.get("bytes") is not None:
+            return io.BytesIO(cell["bytes"])
+        path = Path(cell["path"])
+        return open(_inside(path if path.is_absolute() else self.root / path, self.root, self.limits, str(self)), "rb")  # noqa: SIM115
+
+
+def _hf_images(ds: Any, column: str, where: str, root: Path, limits: ReaderLimits, hf: Any) -> RawSplit:
+    """The image column as lazy :class:`HFImage` rows, each header read (and checked) one batch at a time,
+    never the pixels: a split of large images costs what its headers and one batch of bytes cost."""
+    table = ds.cast_column(column, hf.Image(decode=False))
+    items, info = [], []
+    for batch in table.select_columns([column]).iter(batch_size=32):
+        for cell in batch[column]:
+            item = HFImage(table, column, len(items), where, root, limits)
+            with item.file(cell) as fh:
+                info.append(_image_header(fh, limits, str(item)))
+            items.append(item)
+    return RawSplit([], items, info)
+
+
+def _hf_split(ds: Any, where: str, opts: SourceOptions, hf: Any, root: Path, limits: ReaderLimits) -> tuple[str, RawSplit]:
+    """One Hugging Face split: an image column makes it images (decoded lazily), else a table whose
+    Arrow size is checked against max-array-bytes; ClassLabel ids become names."""
     features = ds.features
     found = ", ".join(features) or "none"
     if opts.label_column not in features:
@@ -416,14 +599,17 @@ def _hf_split(ds: Any, where: str, opts: SourceOptions, hf: Any) -> tuple[str, R
             raise SourceError(
                 f"{where}: run-config key 'natural-column' applies to tables; this dataset holds images in column '{image_col}'"
             )
-        images = list(ds[image_col])
-        for i, im in enumerate(images):
-            if im is None:
-                raise SourceError(f"{where}: row {i} has no image in column '{image_col}': drop it")
-        return "image", RawSplit(labels, images, [(im.mode, (im.height, im.width)) for im in images])
+        images = _hf_images(ds, image_col, where, root, limits, hf)
+        return "image", RawSplit(labels, images.x, images.image_info)
     for c, f in features.items():
         if not isinstance(f, (hf.Value, hf.ClassLabel)):
             raise SourceError(f"{where}: column '{c}' is of type {type(f).__name__}: only scalar columns can be features")
+    size = int(ds.data.nbytes)
+    if size > limits.max_array_bytes:
+        raise SourceError(
+            f"{where}: a table of {size} bytes in memory, more than this node's limit of {limits.max_array_bytes}: "
+            "split the data over nodes, or raise node-config key 'max-array-bytes'"
+        )
     columns = {c: list(ds[c]) for c in features}
     for c, f in features.items():
         if isinstance(f, hf.ClassLabel) and c != opts.label_column:
@@ -432,7 +618,7 @@ def _hf_split(ds: Any, where: str, opts: SourceOptions, hf: Any) -> tuple[str, R
     return "table", _table_split(columns, where, opts)
 
 
-def _read_huggingface(root: Path, opts: SourceOptions) -> tuple[str, str, RawSplit, RawSplit | None]:
+def _read_huggingface(root: Path, opts: SourceOptions, limits: ReaderLimits) -> tuple[str, str, RawSplit, RawSplit | None]:
     """A dataset saved with save_to_disk: a Dataset (training rows) or a DatasetDict's train/test splits."""
     hf = _require("datasets", root, "a Hugging Face dataset")
     try:
@@ -447,10 +633,10 @@ def _read_huggingface(root: Path, opts: SourceOptions) -> tuple[str, str, RawSpl
         train_set, test_set = saved["train"], saved.get("test")
     else:
         train_set, test_set = saved, None
-    kind, train = _hf_split(train_set, f"{root} (train)", opts, hf)
+    kind, train = _hf_split(train_set, f"{root} (train)", opts, hf, root, limits)
     test = None
     if test_set is not None:
-        test_kind, test = _hf_split(test_set, f"{root} (test)", opts, hf)
+        test_kind, test = _hf_split(test_set, f"{root} (test)", opts, hf, root, limits)
         if test_kind != kind or (kind == "table" and set(test.x) != set(train.x)):
             raise SourceError(f"{root}: the test split has other columns than the train split: use the same features")
     return kind, "huggingface", train, test
@@ -459,27 +645,51 @@ def _read_huggingface(root: Path, opts: SourceOptions) -> tuple[str, str, RawSpl
 # --- detection and the held-out test split ---------------------------------------------------
 
 
-def _read_any(root: Path, opts: SourceOptions) -> tuple[str, str, RawSplit, RawSplit | None]:
+def _inside(path: Path, root: Path, limits: ReaderLimits, what: str) -> Path:
+    """``path`` when it resolves inside the data folder ``root`` (or the node follows links out of it);
+    else SourceError naming the link and its target, and the node setting that allows it."""
+    target = path.resolve()
+    if limits.follow_symlinks or target == root.resolve() or target.is_relative_to(root.resolve()):
+        return path
+    raise SourceError(
+        f"{what}: {path} leads to {target}, outside the data folder {root}: copy the file into the folder, "
+        "or set node-config key 'follow-symlinks=true' to read files outside it"
+    )
+
+
+def _check_links(root: Path, limits: ReaderLimits) -> None:
+    """Every symbolic link under the data folder ``root`` must point inside it (links are not followed
+    while looking), unless the node sets follow-symlinks: a link out could read any file the node can."""
+    if limits.follow_symlinks or not root.is_dir():
+        return
+    for folder, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            path = Path(folder) / name
+            if path.is_symlink():
+                _inside(path, root, limits, "a symbolic link in the data folder")
+
+
+def _read_any(root: Path, opts: SourceOptions, limits: ReaderLimits) -> tuple[str, str, RawSplit, RawSplit | None]:
     """Pick the reader from what is at root."""
     if root.is_file():
         suffix = root.suffix.lower()
         if suffix in (".csv", ".parquet"):
-            return _read_table(root, None, opts)
+            return _read_table(root, None, opts, limits)
         if suffix == ".npz":
-            return _read_npz(root, opts)
+            return _read_npz(root, opts, limits)
         raise SourceError(f"{root}: not a .csv, .parquet or .npz file: point run-config key 'dataset' at one, or at a data folder")
     if (root / "dataset_info.json").is_file() or (root / "dataset_dict.json").is_file():
-        return _read_huggingface(root, opts)
+        return _read_huggingface(root, opts, limits)
     tables = _table_files(root)
     if tables is not None:
-        return _read_table(*tables, opts)
+        return _read_table(*tables, opts, limits)
     npzs = sorted(root.glob("*.npz"))
     if len(npzs) > 1:
         raise SourceError(f"{root}: holds {len(npzs)} .npz files: keep one, or point run-config key 'dataset' at one")
     if npzs:
-        return _read_npz(npzs[0], opts)
+        return _read_npz(npzs[0], opts, limits)
     if (root / "train").is_dir() or (root / "test").is_dir() or _has_class_folders(root):
-        return _read_image_folder(root, opts)
+        return _read_image_folder(root, opts, limits)
     raise SourceError(
         f"{root}: no data source found: expected image folders (train/<class>/*.png or <class>/*.png), "
         "train.csv or train.parquet, one .npz, or a Hugging Face save_to_disk folder"
@@ -501,16 +711,19 @@ def _hold_out(labels: list[str], fraction: float, seed: int) -> np.ndarray:
     return np.sort(test)
 
 
-def read_source(path: str | Path, opts: SourceOptions) -> RawSource:
+def read_source(path: str | Path, opts: SourceOptions, limits: ReaderLimits = ReaderLimits()) -> RawSource:
     """Read what is at `path` raw (not yet encoded): an image folder (train/<class>/* and optionally
     test/<class>/*, or <class>/*), a .csv/.parquet file or a folder with train.csv/test.csv (or
     .parquet), an .npz with x_train, y_train [, x_test, y_test] (or a folder holding one), or a
     Hugging Face dataset saved with save_to_disk. A source without a test split gets a seeded
-    `test_fraction` of its rows held out. SourceError (one line) naming the path on any problem."""
+    `test_fraction` of its rows held out. SourceError (one line) naming the path on any problem. ``limits``
+    are the node's (:class:`ReaderLimits`): pixels and decompressed bytes checked from headers before
+    anything is allocated, and no symbolic link out of a data folder unless it allows them."""
     root = Path(path).expanduser()
     if not root.exists():
         raise SourceError(f"{root}: no such file or folder: check run-config key 'dataset' (or the node's data path)")
-    kind, fmt, train, test = _read_any(root, opts)
+    _check_links(root, limits)
+    kind, fmt, train, test = _read_any(root, opts, limits)
     held_out = test is None
     if test is None:
         rows = _hold_out(train.labels, opts.test_fraction, opts.seed)
@@ -603,7 +816,7 @@ def _is_real(v: Any) -> TypeGuard[float]:
 def _name_problem(name: Any, what: str) -> str | None:
     if not isinstance(name, str) or len(name) > MAX_NAME_LEN:
         return f"{what} {_one_line(repr(name))[:80]} is not a string of at most {MAX_NAME_LEN} characters"
-    return None
+    return _control_problem(name, what)
 
 
 def _column_problem(col: str, spec: Any, rows: int) -> str | None:
@@ -850,8 +1063,8 @@ def _pixels(item: Any, mode: str, size: int, name: str) -> np.ndarray:
     from PIL import Image
 
     try:
-        if isinstance(item, Path):
-            with Image.open(item) as im:
+        if isinstance(item, (Path, HFImage)):
+            with item.file() if isinstance(item, HFImage) else open(item, "rb") as fh, Image.open(fh) as im:
                 return _decoded(im, mode, size)
         return _decoded(item, mode, size)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
@@ -891,7 +1104,7 @@ def _encode_images(split: RawSplit, schema: DataSchema, where: str) -> np.ndarra
     mode = "L" if channels == 1 else "RGB"
     out = np.empty((len(split), channels, size, size), dtype=np.uint8)
     for i, item in enumerate(split.x):
-        out[i] = _pixels(item, mode, size, str(item) if isinstance(item, Path) else f"{where} image row {i}")
+        out[i] = _pixels(item, mode, size, str(item) if isinstance(item, (Path, HFImage)) else f"{where} image row {i}")
     return out
 
 
@@ -913,7 +1126,22 @@ def _encode_table(split: RawSplit, schema: DataSchema, where: str) -> np.ndarray
             if k is not None:  # a level the schema lacks stays all zeros
                 out[row, j + k] = 1.0
         j += len(levels)
+    _require_finite(out, schema, where)
     return out
+
+
+def _require_finite(x: np.ndarray, schema: DataSchema, where: str) -> None:
+    """SourceError naming the first cell that encodes to ±inf or NaN (a value beyond float32 once scaled by the
+    run's mean and std, e.g. 1e200 in held-out rows the profile never summed): nothing non-finite is trained on."""
+    bad = np.argwhere(~np.isfinite(x))
+    if not len(bad):
+        return
+    row, j = (int(v) for v in bad[0])
+    col = schema.numeric[j][0] if j < len(schema.numeric) else "a categorical column"
+    raise SourceError(
+        f"{where}: row {row}, column '{col}' encodes to {x[row, j]} (a value too large for float32 once scaled by the run's "
+        f"mean and std; {len(bad)} such cell(s)): fix or drop the value"
+    )
 
 
 def _encode_labels(labels: list[str], schema: DataSchema, where: str) -> np.ndarray:
