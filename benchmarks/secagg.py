@@ -96,7 +96,8 @@ def stage_costs(n: int, shares_wanted: int = 0, size: int = 510) -> dict[str, An
     from core import secagg as S
 
     shares = S.share_count(n, shares_wanted)
-    t = S.threshold_for(shares, 0.5)
+    t = S.threshold_for(shares - 1, 0.5)  # of the shares - 1 other neighbours, as the server does
+    floor = S.client_floor({"min-replies": 1, "secagg-shares": shares_wanted, "secagg-threshold": 0.5})
     nodes = list(range(1, n + 1))
     graph = S.neighbour_graph(nodes, shares, random.Random(0))
     client = dict.fromkeys(STAGES, 0.0)
@@ -112,19 +113,19 @@ def stage_costs(n: int, shares_wanted: int = 0, size: int = 510) -> dict[str, An
     seeds = {v: S.random_seed() for v in nodes}
     public = {v: (keys[v].pk1, keys[v].pk2) for v in nodes}
     asked = timed(server, "setup", S.key_requests, graph, public)
-    own, sent = {}, {}
+    sent = {}
     for v in nodes:
-        own[v], sent[v] = timed(client, "share", S.share_secrets, v, keys[v], seeds[v], asked[v], t)
+        sent[v] = timed(client, "share", S.share_secrets, v, keys[v], seeds[v], asked[v], t, floor)
     relayed = timed(server, "share", S.relay_shares, sent)
     rng = np.random.default_rng(0)
     total = np.zeros(size, dtype=np.uint64)
     held = {}
     for v in nodes:
-        held[v] = timed(client, "collect", S.open_shares, v, keys[v], asked[v], relayed[v], t) | {v: own[v]}
+        held[v] = timed(client, "collect", S.open_shares, v, keys[v], asked[v], relayed[v], t)
         enc = timed(client, "collect", S.encode, rng.normal(0, 10, size), 24, rng)
         total = total + timed(client, "collect", S.masked, v, keys[v], seeds[v], enc, {u: public[u][0] for u in relayed[v]})
     requests = S.unmask_requests({v: relayed[v].keys() for v in relayed}, nodes)
-    answers = {v: timed(client, "unmask", S.reveal, held[v], a, d, t) for v, (a, d) in requests.items()}
+    answers = {v: timed(client, "unmask", S.reveal, v, held[v], a, d, t) for v, (a, d) in requests.items()}
     digests = {v: S.seed_digest(seeds[v]) for v in nodes}
     timed(server, "unmask", lambda: S.unmask_sum(total, nodes, [], S.gather_shares(requests, answers), public, digests, relayed, t))
     return {

@@ -104,7 +104,12 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
                 raise ValueError("this run is under secure-aggregation: a training message outside its protocol is refused")
             if kind == "train" and is_stage(msg.content):  # one stage of secure aggregation (client/secure_aggregation.py)
                 content = answer(
-                    msg.content, msg.metadata.dst_node_id, env.partition_id, context.state, lambda c: handler(env, c, context.state)
+                    msg.content,
+                    msg.metadata.dst_node_id,
+                    env.partition_id,
+                    context.state,
+                    lambda c: handler(env, c, context.state),
+                    env.cfg,  # the floor this client holds the server to comes from its own run config
                 )
             else:
                 content = handler(env, msg.content, context.state)

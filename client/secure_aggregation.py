@@ -10,11 +10,15 @@ and the mod masks with a 32-bit seeded generator (core/secagg.py says why not).
 
 The round's secrets live in ``context.state`` under :data:`SESSION`, which the node never
 writes to disk (client/state_store.py), and are dropped after the unmask stage.
+
+The server is not trusted to follow the protocol: the threshold and neighbourhood it announces
+are checked against a floor from this client's own run config (core/secagg.py, ``client_floor``),
+and the client never reveals a share of its own secrets (docs/secure-aggregation.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -24,6 +28,7 @@ from core import protocol as P
 from core import secagg as S
 
 SESSION = "secagg-session"
+PROTOCOL_FLOOR = {"min-replies": 1, "secagg-shares": 0, "secagg-threshold": 0.5}  # the least any run config implies
 NEXT = {P.STAGE_SHARE: P.STAGE_SETUP, P.STAGE_COLLECT: P.STAGE_SHARE, P.STAGE_UNMASK: P.STAGE_COLLECT}  # stage -> the one before
 
 
@@ -32,10 +37,18 @@ def is_stage(content: RecordDict) -> bool:
 
 
 def answer(
-    content: RecordDict, node_id: int, partition_id: int, state: RecordDict, train: Callable[[RecordDict], RecordDict]
+    content: RecordDict,
+    node_id: int,
+    partition_id: int,
+    state: RecordDict,
+    train: Callable[[RecordDict], RecordDict],
+    cfg: Mapping[str, Any] | None = None,
 ) -> RecordDict:
-    """The reply to one stage message; ``train`` runs the method's procedure on a train content.
+    """The reply to one stage message; ``train`` runs the method's procedure on a train content;
+    ``cfg`` is this client's run config, the source of the floor it holds the server to (the
+    ClientApp always passes it; None: the protocol's own floor, 3 clients and threshold 2).
     Raises SecAggError (or KeyError/TypeError on a malformed message) when the stage cannot go on."""
+    floor = S.client_floor(cfg if cfg is not None else PROTOCOL_FLOOR)
     fields = content.config_records[P.SECAGG]
     stage = str(fields[P.SECAGG_STAGE])
     session = state.config_records.get(SESSION, ConfigRecord())
@@ -43,27 +56,27 @@ def answer(
         raise S.SecAggError(f"stage {stage!r} after {session.get(P.SECAGG_STAGE)!r}: the protocol starts again from setup")
     reply: dict[str, Any]
     if stage == P.STAGE_SETUP:
+        threshold = P.as_int(fields[P.SECAGG_THRESHOLD])
+        S.check_threshold(floor, threshold)
         keys, seed = S.new_keys(), S.random_seed()
-        session = ConfigRecord(
-            {P.SECAGG_THRESHOLD: P.as_int(fields[P.SECAGG_THRESHOLD]), "sk1": keys.sk1, P.PK1: keys.pk1, "sk2": keys.sk2}
-        )
+        session = ConfigRecord({P.SECAGG_THRESHOLD: threshold, "sk1": keys.sk1, P.PK1: keys.pk1, "sk2": keys.sk2})
         session[P.PK2], session["seed"] = keys.pk2, seed
         reply = {P.PK1: keys.pk1, P.PK2: keys.pk2, P.SEED_DIGEST: S.seed_digest(seed)}
     elif stage == P.STAGE_SHARE:
         ids = _ints(fields[P.IDS])
         neighbours = dict(zip(ids, zip(_blobs(fields[P.PK1S]), _blobs(fields[P.PK2S]), strict=True), strict=True))
-        own, texts = S.share_secrets(node_id, _keys(session), _blob(session["seed"]), neighbours, P.as_int(session[P.SECAGG_THRESHOLD]))
+        texts = S.share_secrets(node_id, _keys(session), _blob(session["seed"]), neighbours, P.as_int(session[P.SECAGG_THRESHOLD]), floor)
         session[P.IDS], session[P.PK1S], session[P.PK2S] = ids, _blobs(fields[P.PK1S]), _blobs(fields[P.PK2S])
-        session["own"] = list(own)
         reply = {P.IDS: list(texts), P.CIPHERTEXTS: list(texts.values())}
     elif stage == P.STAGE_COLLECT:
         reply_content = _collect(fields, content, node_id, session, train)
         state[SESSION] = session
         return RecordDict({**reply_content, P.METRICS: MetricRecord({P.PARTITION_ID: partition_id})})
     elif stage == P.STAGE_UNMASK:
-        held = _held(session, node_id)
-        revealed = S.reveal(held, _ints(fields[P.ALIVE]), _ints(fields[P.DROPPED]), P.as_int(session[P.SECAGG_THRESHOLD]))
-        del state[SESSION]  # the round's secrets are spent
+        del state[SESSION]  # the round's secrets are spent, whatever the answer: a second unmask finds no session
+        revealed = S.reveal(
+            node_id, _held(session), _ints(fields[P.ALIVE]), _ints(fields[P.DROPPED]), P.as_int(session[P.SECAGG_THRESHOLD])
+        )
         return RecordDict(
             {
                 P.CONFIG: ConfigRecord({P.IDS: list(revealed), P.SHARES: list(revealed.values())}),
@@ -124,10 +137,9 @@ def _neighbours(session: ConfigRecord) -> dict[int, tuple[bytes, bytes]]:
     return dict(zip(_ints(session[P.IDS]), zip(_blobs(session[P.PK1S]), _blobs(session[P.PK2S]), strict=True), strict=True))
 
 
-def _held(session: ConfigRecord, me: int) -> dict[int, tuple[bytes, bytes]]:
-    own = _blobs(session["own"])
-    held = dict(zip(_ints(session["held-ids"]), zip(_blobs(session["held-seeds"]), _blobs(session["held-keys"]), strict=True), strict=True))
-    return {**held, me: (own[0], own[1])}
+def _held(session: ConfigRecord) -> dict[int, tuple[bytes, bytes]]:
+    """The other neighbours' shares this client holds (none of its own: it never made one)."""
+    return dict(zip(_ints(session["held-ids"]), zip(_blobs(session["held-seeds"]), _blobs(session["held-keys"]), strict=True), strict=True))
 
 
 def _blob(value: Any) -> bytes:

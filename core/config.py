@@ -408,6 +408,12 @@ def _check_secure_aggregation(cfg: Mapping[str, Any], method: Any) -> None:
             f"run-config key 'secure-aggregation' is {cfg['secure-aggregation']!r}, which only {able} implement: {cfg['algorithm']}'s "
             "server needs what each client sends (profiles to select by, mixtures to sample from, models to compare), not only their sum"
         )
+    if (most := max_replies(cfg)) < 3:  # core/secagg.py MIN_CLIENTS (no import: config stays free of the crypto)
+        raise ConfigError(
+            f"run-config key 'secure-aggregation' is {cfg['secure-aggregation']!r}, but a round of {cfg['algorithm']} asks {most} "
+            "client(s), and a secure sum needs at least 3 (each client's secrets are split among at least 2 others, and it never "
+            "reveals a share of its own): set num-clients (and fraction-train) for 3 or more clients a round, or secure-aggregation='off'"
+        )
     if cfg["client-evaluation"] != "exchange":
         raise ConfigError(
             "run-config key 'client-evaluation' must be 'exchange' with secure-aggregation: a train reply then holds only the masked sum share"

@@ -3,7 +3,8 @@ vectors and nothing else about any one of them, and survives clients that drop o
 sharing their keys.
 
 Each round, every client makes two fresh key pairs, Shamir-shares a fresh mask seed and
-its first private key among its neighbours (a k-regular graph over the round's clients),
+its first private key among its other neighbours (a k-regular graph over the round's clients;
+a client never holds, so never reveals, a share of its own secrets),
 and sends ``x + PRG(seed) ± Σ PRG(shared key with each neighbour) mod 2^64``. The pairwise
 masks cancel in the sum; the server removes each survivor's seed mask from shares of its
 seed, and a dropped client's pairwise masks from shares of its private key.
@@ -20,6 +21,11 @@ encryption of the shares, Shamir secret sharing and the share framing
   public keys; a rebuilt private key must match its public key), so a client that sends
   a bad share is found rather than silently spoiling the sum; and a client refuses to
   reveal both secrets of one neighbour (asked as alive and as dropped in one request).
+A client also checks what a deviating server announces against a floor it takes from its
+own run config (:func:`client_floor`): a threshold of at least 2 and a majority of its share
+holders, a neighbourhood no smaller than the config implies, and never itself named in an
+unmask request. What no check here can stop (a server that invents neighbours' keys) is in
+docs/secure-aggregation.md.
 
 Values are fixed-point integers mod 2^64 (two's complement): ``frac`` fraction bits chosen
 so that the largest possible |sum| stays below 2^62 (:func:`fraction_bits`), with
@@ -55,6 +61,7 @@ MAX_FRAC_BITS = 32
 MIN_FRAC_BITS = 8  # coarser than 2^-8 per value is refused, not silently used
 SEED_BYTES = 32
 CURVE = "secp384r1"  # Flower's generate_key_pairs
+MIN_CLIENTS = 3  # a secret needs >= 2 shares to rebuild, all held by other clients: a secure sum needs 3 clients
 MAX_KEY_BYTES = 1024  # a PEM public key of SECP384R1 is ~215 bytes; anything far larger is not a key
 
 
@@ -130,9 +137,56 @@ def share_count(clients: int, wanted: int) -> int:
     return max(min(k, clients), min(3, clients))
 
 
-def threshold_for(shares: int, fraction: float) -> int:
-    """Shares needed to rebuild a secret: more than ``fraction`` of them, at least 2."""
-    return max(2, min(shares, math.floor(fraction * shares) + 1))
+def threshold_for(holders: int, fraction: float) -> int:
+    """Shares needed to rebuild a secret: more than ``fraction`` of its ``holders`` (the owner's
+    other neighbours, one share each), at least 2; above ``holders`` when they are too few."""
+    return max(2, min(holders, math.floor(fraction * holders) + 1))
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The least a client accepts from the server, taken from its own run config, never from a stage message."""
+
+    neighbours: int  # announced neighbourhood, the client included
+    threshold: int
+    fraction: float  # the threshold must be more than this fraction of the announced share holders
+
+
+def client_floor(cfg: Mapping[str, object]) -> Floor:
+    """What the run config (``min-replies``, ``secagg-shares``, ``secagg-threshold``) implies for the smallest
+    round an honest server unmasks, max(3, min-replies) clients: its neighbourhood size and threshold."""
+    fraction = float(cfg["secagg-threshold"])  # type: ignore[arg-type]
+    smallest = max(MIN_CLIENTS, int(cfg["min-replies"]))  # type: ignore[call-overload]
+    k = share_count(smallest, int(cfg["secagg-shares"]))  # type: ignore[call-overload]
+    return Floor(k, threshold_for(k - 1, fraction), fraction)
+
+
+def check_threshold(floor: Floor, threshold: int) -> None:
+    """Setup: refuse a threshold below what this client's run config implies (at least 2)."""
+    if threshold < max(2, floor.threshold):
+        raise SecAggError(
+            f"the server asks for threshold {threshold}, below the {max(2, floor.threshold)} this client's run config implies "
+            f"(min-replies, secagg-shares, secagg-threshold): fewer shares would rebuild its secrets; refused"
+        )
+
+
+def check_neighbourhood(floor: Floor, size: int, threshold: int) -> None:
+    """Share keys: refuse a neighbourhood (this client included) smaller than the run config implies, or one
+    whose ``size - 1`` share holders the threshold is not more than ``floor.fraction`` of, or cannot reach."""
+    if size < floor.neighbours:
+        raise SecAggError(
+            f"the server names {size} neighbour(s) (this client included), fewer than the {floor.neighbours} this client's run "
+            "config implies (secagg-shares over max(3, min-replies) clients): its secrets would rest on too few clients; refused"
+        )
+    if threshold > size - 1:
+        raise SecAggError(
+            f"threshold {threshold} is above the {size - 1} other neighbours that would hold shares: nothing could be rebuilt"
+        )
+    if threshold < threshold_for(size - 1, floor.fraction):
+        raise SecAggError(
+            f"threshold {threshold} is not more than secagg-threshold={floor.fraction:g} of the {size - 1} share holders "
+            "(at least 2): two disjoint groups of them could each rebuild a secret; refused"
+        )
 
 
 def neighbour_graph(nodes: Sequence[int], shares: int, rng: random.Random | None = None) -> dict[int, frozenset[int]]:
@@ -166,41 +220,38 @@ def new_keys() -> Keys:
 
 
 def share_secrets(
-    me: int, keys: Keys, seed: bytes, neighbours: Mapping[int, tuple[bytes, bytes]], threshold: int
-) -> tuple[tuple[bytes, bytes], dict[int, bytes]]:
-    """Stage 1: Shamir shares of ``seed`` and ``keys.sk1`` for each neighbour. Returns this
-    client's own (seed share, key share) and {neighbour: ciphertext} of the others', each
-    encrypted to the neighbour's second public key."""
+    me: int, keys: Keys, seed: bytes, neighbours: Mapping[int, tuple[bytes, bytes]], threshold: int, floor: Floor
+) -> dict[int, bytes]:
+    """Stage 1: Shamir shares of ``seed`` and ``keys.sk1``, one for each other neighbour and none
+    for this client: {neighbour: ciphertext}, each encrypted to the neighbour's second public
+    key. Refuses a neighbourhood or threshold below ``floor`` (:func:`check_neighbourhood`)."""
     if neighbours.get(me) != (keys.pk1, keys.pk2):
         raise SecAggError("the neighbour list does not carry this client's own public keys")
-    if len(neighbours) < threshold:
-        raise SecAggError(f"{len(neighbours)} neighbours, fewer than the threshold {threshold}")
-    if not len(neighbours) / 2 < threshold:  # a majority: two disjoint sets of share holders could each rebuild a secret
-        raise SecAggError(f"threshold {threshold} is not more than half of {len(neighbours)} neighbours")
+    check_threshold(floor, threshold)
+    check_neighbourhood(floor, len(neighbours), threshold)
+    if not (len(neighbours) - 1) / 2 < threshold:  # a majority: two disjoint sets of share holders could each rebuild a secret
+        raise SecAggError(f"threshold {threshold} is not more than half of {len(neighbours) - 1} share holders")
     listed = [k for pair in neighbours.values() for k in pair]
     if len(set(listed)) != len(listed):
         raise SecAggError("two neighbours share a public key")
-    order = sorted(neighbours)
+    order = sorted(set(neighbours) - {me})
     seed_shares = create_shares(seed, threshold, len(order))
     key_shares = create_shares(keys.sk1, threshold, len(order))
-    own: tuple[bytes, bytes] = (b"", b"")
     out: dict[int, bytes] = {}
     for peer, seed_share, key_share in zip(order, seed_shares, key_shares, strict=True):
-        if peer == me:
-            own = (seed_share, key_share)
-            continue
         secret = generate_shared_key(bytes_to_private_key(keys.sk2), bytes_to_public_key(neighbours[peer][1]))
         out[peer] = encrypt(secret, share_keys_plaintext_concat(me, peer, seed_share, key_share))
-    return own, out
+    return out
 
 
 def open_shares(
     me: int, keys: Keys, neighbours: Mapping[int, tuple[bytes, bytes]], ciphertexts: Mapping[int, bytes], threshold: int
 ) -> dict[int, tuple[bytes, bytes]]:
     """Stage 2: decrypt the shares the other neighbours sent this client; each must come
-    from who the server says and be meant for this client."""
-    if len(ciphertexts) + 1 < threshold:
-        raise SecAggError(f"shares from {len(ciphertexts)} neighbours: with this client, fewer than the threshold {threshold}")
+    from who the server says and be meant for this client. Fewer than ``threshold`` senders
+    are refused: they are the only holders of this client's shares, too few to unmask it."""
+    if len(ciphertexts) < threshold:
+        raise SecAggError(f"shares from {len(ciphertexts)} neighbours, fewer than the threshold {threshold}")
     held: dict[int, tuple[bytes, bytes]] = {}
     for src, text in ciphertexts.items():
         if src == me or src not in neighbours:
@@ -230,11 +281,20 @@ def masked(me: int, keys: Keys, seed: bytes, encoded: np.ndarray, peers: Mapping
     return out
 
 
-def reveal(held: Mapping[int, tuple[bytes, bytes]], alive: Iterable[int], dropped: Iterable[int], threshold: int) -> dict[int, bytes]:
-    """Stage 3: the seed share of every neighbour that sent its masked vector and the key
-    share of every one that did not. Refuses a request that names one neighbour as both
-    (the two secrets together unmask its vector) or names a client it holds no share of."""
+def reveal(
+    me: int, held: Mapping[int, tuple[bytes, bytes]], alive: Iterable[int], dropped: Iterable[int], threshold: int
+) -> dict[int, bytes]:
+    """Stage 3: the seed share of every other neighbour that sent its masked vector and the key
+    share of every one that did not. Refuses a request that names this client (it is answering,
+    and holds no share of its own secrets), names one neighbour as both (the two secrets
+    together unmask its vector), names a client it holds no share of, or names fewer alive
+    neighbours than the threshold (then no honest server could rebuild this client's seed)."""
     alive, dropped = set(alive), set(dropped)
+    if me in alive | dropped:
+        named = "dropped" if me in dropped else "alive"
+        raise SecAggError(
+            f"this client (node {me}) is named {named} in its own unmask request: it answers, and never reveals a share of its own secrets"
+        )
     if both := alive & dropped:
         raise SecAggError(f"node(s) {sorted(both)} named as both alive and dropped: revealing both secrets would unmask them")
     if unknown := (alive | dropped) - set(held):
@@ -343,11 +403,11 @@ def relay_shares(sent: Mapping[int, Mapping[int, bytes]]) -> dict[int, dict[int,
 
 def unmask_requests(peers: Mapping[int, Iterable[int]], collected: Iterable[int]) -> dict[int, tuple[list[int], list[int]]]:
     """Stage 3's question to each client whose masked vector arrived: which of the clients it
-    holds shares of (``peers[v]`` and itself) are alive, which dropped after sharing."""
+    holds shares of (``peers[v]``, never itself) are alive, which dropped after sharing."""
     done = set(collected)
     out = {}
     for v in sorted(done):
-        held = set(peers[v]) | {v}
+        held = set(peers[v]) - {v}
         out[v] = (sorted(held & done), sorted(held - done))
     return out
 

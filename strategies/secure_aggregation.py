@@ -136,8 +136,12 @@ def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], 
     def fail(why: str) -> None:
         engine.meter.fail(f"{phase}: secure aggregation: {why}; keeping the previous model")
 
-    if len(nodes) < 2:
-        fail(f"{len(nodes)} client(s) asked; a secure sum needs at least 2")
+    smallest = max(S.MIN_CLIENTS, cfg["min-replies"])  # what each client's floor assumes (core/secagg.py, client_floor)
+    if len(nodes) < smallest:
+        fail(
+            f"{len(nodes)} client(s) asked; a secure sum needs at least {smallest} (3, as a client's secrets are shared among "
+            f"at least 2 others, and min-replies={cfg['min-replies']})"
+        )
         return None
     try:
         frac = S.fraction_bits(spec.bound)
@@ -145,7 +149,7 @@ def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], 
         fail(str(exc))
         return None
     shares = S.share_count(len(nodes), cfg["secagg-shares"])
-    threshold = S.threshold_for(shares, cfg["secagg-threshold"])
+    threshold = S.threshold_for(shares - 1, cfg["secagg-threshold"])  # of the shares - 1 other neighbours that hold a client's shares
     graph = S.neighbour_graph(nodes, shares)
     cpu: dict[str, float] = {}
     mark = time.thread_time()
@@ -188,7 +192,7 @@ def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], 
             server_round=rnd,
         )
         for v, keys in asked.items()
-        if len(keys) >= threshold
+        if len(keys) - 1 >= threshold
     }
 
     def check_shares(arrays: dict, reply: Reply) -> tuple[Any, str | None]:
@@ -218,7 +222,7 @@ def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], 
             base=contents[v],
         )
         for v, texts in relayed.items()
-        if len(texts) + 1 >= threshold
+        if len(texts) >= threshold
     }
     masked_layout = Layout({P.MASKED: ArraySpec((spec.size,), "uint64")}, count=False)
     replies = engine.exchange(phase, collect, MessageType.TRAIN, masked_layout, timeout=left(keep=budget))

@@ -10,6 +10,8 @@ import pytest
 
 from core import secagg as S
 
+FLOOR = S.Floor(neighbours=3, threshold=2, fraction=0.5)  # the protocol's own floor: what min-replies=1, secagg-shares=0 imply
+
 
 def run_protocol(
     vectors: dict[int, np.ndarray],
@@ -27,16 +29,16 @@ def run_protocol(
     public = {v: (keys[v].pk1, keys[v].pk2) for v in nodes}
     digests = {v: S.seed_digest(seeds[v]) for v in nodes}
     asked = S.key_requests(graph, public)
-    own, sent = {}, {}
+    sent = {}
     for v in nodes:
         if v in drop_before_sharing:
             continue
-        own[v], sent[v] = S.share_secrets(v, keys[v], seeds[v], asked[v], threshold)
+        sent[v] = S.share_secrets(v, keys[v], seeds[v], asked[v], threshold, FLOOR)
         assert S.share_problem(v, asked[v], sent[v]) is None
     relayed = S.relay_shares(sent)
     held, seen = {}, {}
     for v, texts in relayed.items():
-        held[v] = S.open_shares(v, keys[v], asked[v], texts, threshold) | {v: own[v]}
+        held[v] = S.open_shares(v, keys[v], asked[v], texts, threshold)
         if v in drop_after_sharing:
             continue
         peers = {u: public[u][0] for u in texts}
@@ -45,7 +47,7 @@ def run_protocol(
     for vec in seen.values():
         total = total + vec
     requests = S.unmask_requests({v: relayed[v].keys() for v in relayed}, seen)
-    answers = {v: S.reveal(held[v], alive, dropped, threshold) for v, (alive, dropped) in requests.items()}
+    answers = {v: S.reveal(v, held[v], alive, dropped, threshold) for v, (alive, dropped) in requests.items()}
     for owner, liar in (corrupt or {}).items():  # a client that reveals a wrong share of ``owner``
         answers[liar] = {**answers[liar], owner: answers[liar][owner][:4] + bytes(len(answers[liar][owner]) - 4)}
     out = S.unmask_sum(total, seen, set(sent) - set(seen), S.gather_shares(requests, answers), public, digests, relayed, threshold)
@@ -65,10 +67,11 @@ def plain_sum(vectors: dict[int, np.ndarray], who) -> np.ndarray:
 
 
 def test_the_server_recovers_exactly_the_sum_of_the_survivors():
+    # 6 holders of each secret, threshold 4: up to 2 of a client's neighbours may be lost (its own share is never used)
     vectors = encoded(9, 300)
     nodes = sorted(vectors)
     out, seen = run_protocol(
-        vectors, shares=5, threshold=3, drop_before_sharing=frozenset({nodes[0]}), drop_after_sharing=frozenset({nodes[4]})
+        vectors, shares=7, threshold=4, drop_before_sharing=frozenset({nodes[0]}), drop_after_sharing=frozenset({nodes[4]})
     )
     assert set(seen) == set(nodes) - {nodes[0], nodes[4]}
     np.testing.assert_array_equal(out, plain_sum(vectors, seen))
@@ -112,25 +115,33 @@ def test_too_few_survivors_to_rebuild_is_an_error_not_a_wrong_sum():
 
 def test_a_client_never_reveals_both_secrets_of_one_neighbour():
     held = {1: (b"seed-share", b"key-share"), 2: (b"s", b"k"), 3: (b"s", b"k")}
-    assert S.reveal(held, [1, 2], [3], 2) == {1: b"seed-share", 2: b"s", 3: b"k"}
+    assert S.reveal(7, held, [1, 2], [3], 2) == {1: b"seed-share", 2: b"s", 3: b"k"}
     with pytest.raises(S.SecAggError, match="both alive and dropped"):
-        S.reveal(held, [1, 2], [1], 2)
+        S.reveal(7, held, [1, 2], [1], 2)
     with pytest.raises(S.SecAggError, match="not neighbours"):
-        S.reveal(held, [1, 2, 9], [], 2)
+        S.reveal(7, held, [1, 2, 9], [], 2)
     with pytest.raises(S.SecAggError, match="fewer than the threshold"):
-        S.reveal(held, [1], [2], 2)
+        S.reveal(7, held, [1], [2], 2)
+    with pytest.raises(S.SecAggError, match="named dropped in its own unmask request"):
+        S.reveal(7, held, [1, 2], [7], 2)
+    with pytest.raises(S.SecAggError, match="named alive in its own unmask request"):
+        S.reveal(7, held, [1, 2, 7], [], 2)
 
 
 def test_a_relayed_share_must_come_from_who_the_server_says():
     nodes = [1, 2, 3]
     keys = {v: S.new_keys() for v in nodes}
     public = {v: (keys[v].pk1, keys[v].pk2) for v in nodes}
-    _, sent = S.share_secrets(1, keys[1], S.random_seed(), public, 2)
+    sent = S.share_secrets(1, keys[1], S.random_seed(), public, 2, FLOOR)
+    assert set(sent) == {2, 3}  # a share for each other neighbour, none for itself
+    other = S.share_secrets(2, keys[2], S.random_seed(), public, 2, FLOOR)
     with pytest.raises(S.SecAggError, match="does not decrypt"):
-        S.open_shares(3, keys[3], public, {2: sent[3]}, 2)  # node 1's share to 3, passed off as node 2's
+        S.open_shares(3, keys[3], public, {1: other[3], 2: sent[3]}, 2)  # node 1's share to 3, passed off as node 2's
     with pytest.raises(S.SecAggError, match="not a neighbour"):
-        S.open_shares(3, keys[3], {k: public[k] for k in (2, 3)}, {1: sent[3]}, 2)
-    assert set(S.open_shares(3, keys[3], public, {1: sent[3]}, 2)) == {1}
+        S.open_shares(3, keys[3], {k: public[k] for k in (2, 3)}, {1: sent[3], 2: sent[3]}, 2)
+    with pytest.raises(S.SecAggError, match="fewer than the threshold"):  # its only share holders: too few to ever unmask it
+        S.open_shares(3, keys[3], public, {1: sent[3]}, 2)
+    assert set(S.open_shares(3, keys[3], public, {1: sent[3], 2: other[3]}, 2)) == {1, 2}
 
 
 def test_fixed_point_is_exact_on_integers_unbiased_and_refuses_what_could_overflow():
@@ -151,7 +162,11 @@ def test_share_counts_and_thresholds():
     assert S.share_count(200, 0) == 2 * 8 + 1  # 2·⌈log2 200⌉+1
     assert S.share_count(4, 0) == 4 and S.share_count(2, 0) == 2
     assert S.share_count(50, 6) == 7
-    assert S.threshold_for(17, 0.5) == 9 and S.threshold_for(3, 0.5) == 2
+    assert S.threshold_for(16, 0.5) == 9 and S.threshold_for(2, 0.5) == 2 and S.threshold_for(3, 0.5) == 2  # of the k - 1 holders
+    assert S.threshold_for(1, 0.5) == 2  # above the one holder: a neighbourhood of 2 can never rebuild
+    assert S.client_floor({"min-replies": 1, "secagg-shares": 0, "secagg-threshold": 0.5}) == S.Floor(3, 2, 0.5)
+    assert S.client_floor({"min-replies": 10, "secagg-shares": 0, "secagg-threshold": 0.5}) == S.Floor(9, 5, 0.5)  # 2*4+1
+    assert S.client_floor({"min-replies": 40, "secagg-shares": 7, "secagg-threshold": 0.7}) == S.Floor(7, 5, 0.7)
     graph = S.neighbour_graph(list(range(20)), 5, random.Random(3))
     assert all(len(g) == 5 and v in g for v, g in graph.items())
     assert all((u in graph[v]) == (v in graph[u]) for u in graph for v in graph)

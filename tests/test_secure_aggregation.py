@@ -247,7 +247,7 @@ def test_a_client_refuses_a_plain_training_message_in_a_secure_run(task_identity
 
     from client.app import build_client_app
 
-    cfg = {"algorithm": "fedlog", "num-clients": 2, "train-fraction": 0.01, "local-epochs": 0, "data-dir": data_dir, **SECURE}
+    cfg = {"algorithm": "fedlog", "num-clients": 3, "train-fraction": 0.01, "local-epochs": 0, "data-dir": data_dir, **SECURE}
     app = build_client_app(resolve(cfg))
     content = RecordDict({P.ARRAYS: ArrayRecord(), P.CONFIG: ConfigRecord({P.ROUND: 1, P.PHASE: P.PHASE_TRAIN})})
     msg = Message(content=content, dst_node_id=101, message_type=MessageType.TRAIN, group_id="1")

@@ -1,8 +1,8 @@
 """Server and clients on separate hosts: network namespaces that the test builds, each with
 an address of its own on one private switch, a SuperLink with TLS and SuperNode
-authentication (the launcher's defaults), two registered SuperNodes with different bodies,
+authentication (the launcher's defaults), three registered SuperNodes with different bodies,
 one whose key was never registered and one with no key; FedLog runs under secure-aggregation
-(SecAgg+: the server sees only the sum of the two clients' statistics). Skipped where `ip netns`
+(SecAgg+: the server sees only the sum of the three clients' statistics; a secure sum needs 3). Skipped where `ip netns`
 is not permitted."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.deployment, pytest.mark.system]  # network namespaces,
 
 @pytest.fixture
 def hosts():
-    net = Netns(["server", "node0", "node1", "stranger", "keyless"])
+    net = Netns(["server", "node0", "node1", "node2", "stranger", "keyless"])
     try:
         yield net
     finally:
@@ -31,7 +31,7 @@ def test_fedlog_over_tls_with_supernode_authentication_across_hosts(tmp_path, da
     certs, keys, results = tmp_path / "certs", tmp_path / "keys", tmp_path / "results"
     with Cluster(tmp_path, data_dir, netns=hosts) as c:
         c.command(c.launcher("certs", str(certs), "--host", server))
-        for name in ("node0", "node1", "stranger"):  # each client machine makes its own key
+        for name in ("node0", "node1", "node2", "stranger"):  # each client machine makes its own key
             c.command(c.launcher("keys", str(keys), "--name", name), host=name)
         c.launch("superlink", ["superlink", "--certs", str(certs)], host="server")  # defaults: TLS, node auth, Control API on 127.0.0.1
         c.wait_for_port("superlink", 9092, host="server")
@@ -40,9 +40,9 @@ def test_fedlog_over_tls_with_supernode_authentication_across_hosts(tmp_path, da
         assert hosts.reachable("node0", server, 9092)
         assert not hosts.reachable("node0", server, 8000)
         c.command(c.launcher("connect", "lab", "--address", "127.0.0.1:8000", "--root-cert", str(certs / "ca.crt")), host="server")
-        for name in ("node0", "node1"):
+        for name in ("node0", "node1", "node2"):
             c.command(c.launcher("register", str(keys / f"{name}.pub"), "lab"), host="server")
-        for pid, (name, body) in enumerate([("node0", "mnist-cnn"), ("node1", "mlp")]):
+        for pid, (name, body) in enumerate([("node0", "mnist-cnn"), ("node1", "mlp"), ("node2", "mnist-cnn")]):
             c.launch(
                 name,
                 [
@@ -56,7 +56,7 @@ def test_fedlog_over_tls_with_supernode_authentication_across_hosts(tmp_path, da
                     "--partition-id",
                     str(pid),
                     "--num-partitions",
-                    "2",
+                    "3",
                     "--body",
                     body,
                 ],
@@ -75,7 +75,7 @@ def test_fedlog_over_tls_with_supernode_authentication_across_hosts(tmp_path, da
                 "--partition-id",
                 "1",
                 "--num-partitions",
-                "2",
+                "3",
                 "--max-wait-time",
                 "30",
             ],
@@ -92,25 +92,25 @@ def test_fedlog_over_tls_with_supernode_authentication_across_hosts(tmp_path, da
                 "--partition-id",
                 "1",
                 "--num-partitions",
-                "2",
+                "3",
                 "--max-wait-time",
                 "30",
             ],
             host="keyless",
         )
         run_config = (
-            "algorithm='fedlog' dataset='mnist' num-clients=2 num-server-rounds=2 train-fraction=0.01 local-epochs=1 "
+            "algorithm='fedlog' dataset='mnist' num-clients=3 num-server-rounds=2 train-fraction=0.01 local-epochs=1 "
             "batch-size=10 partition='pathological' feature-dim=50 sample-timeout=60.0 round-timeout=120.0 "
             "secure-aggregation='secagg+' fedlog-clip=4.0"
         )
         out = c.submit("lab", run_config, results, host="server")
-        folder = run_folder(results, out, c.log("superlink"), c.log("node0"), c.log("node1"))
+        folder = run_folder(results, out, c.log("superlink"), c.log("node0"), c.log("node1"), c.log("node2"))
         summary = json.loads((folder / "summary.json").read_text())
         rounds = read_rounds(folder)
         assert summary["status"] == "complete" and summary["rounds"] == 2 and summary["failures"] == 0, summary
-        assert all(r["clients"] == 2 for r in rounds)
+        assert all(r["clients"] == 3 for r in rounds)
         assert all(r["secagg_setup_bytes_up"] > 0 and r["secagg_unmask_bytes_up"] > 0 for r in rounds)  # every SecAgg+ stage ran
-        assert summary["participants"] == {"0": "mnist-cnn", "1": "mlp"}
+        assert summary["participants"] == {"0": "mnist-cnn", "1": "mlp", "2": "mnist-cnn"}
         assert rounds[-1]["accuracy"] > 0.3
         # an unregistered key and no key at all were refused at the door: those SuperNodes gave up
         deadline = time.monotonic() + 60
@@ -121,4 +121,4 @@ def test_fedlog_over_tls_with_supernode_authentication_across_hosts(tmp_path, da
         assert "No SuperNode found with the given public key" in c.log("superlink").read_text()
         listed = c.command(["flwr", "supernode", "ls", "lab", "--format", "json"], host="server")
         nodes = json.loads(listed.stdout[listed.stdout.index("{") :])["nodes"]
-        assert len(nodes) == 2 and all(n["status"] == "online" for n in nodes), nodes
+        assert len(nodes) == 3 and all(n["status"] == "online" for n in nodes), nodes

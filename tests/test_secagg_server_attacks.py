@@ -1,0 +1,192 @@
+"""Issue 37, item 2: a server that deviates from SecAgg+ against the real client stage handler
+(client/secure_aggregation.py). The crafted server sends what it likes in each stage message and
+tries to rebuild one client's vector from what the client reveals; the client must refuse, by
+rules it takes from its own run config, and reveal nothing of its own secrets.
+Item 7 (first bullet): secure-aggregation with fewer than 3 clients a round is refused before start."""
+
+from __future__ import annotations
+
+import flwr.simulation
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, RecordDict
+from flwr.common.secure_aggregation.crypto.shamir import combine_shares
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import encrypt, generate_shared_key
+from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat
+from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
+
+import simulation
+from client.secure_aggregation import SESSION, answer
+from core import protocol as P
+from core import secagg as S
+from core.config import ConfigError, resolve
+from tests.fakes import reply
+
+VALUES = (np.arange(1, 11, dtype=np.float32) * 0.5).reshape(1, 10)  # the victim's statistics
+FRAC = 20
+A, B, C = 101, 102, 103
+
+
+def cfg(**keys) -> dict:
+    """A client's resolved run config (the floor it holds the server to comes from here)."""
+    return resolve({"algorithm": "fedlog", "num-clients": 3, "secure-aggregation": "secagg+", "fedlog-clip": 2.0, **keys})
+
+
+def train(_: RecordDict) -> RecordDict:
+    return reply({"stats": VALUES}, None, 0)
+
+
+def stage(name: str, base: RecordDict | None = None, **fields) -> RecordDict:
+    out = RecordDict(dict(base.items())) if base is not None else RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})})
+    out[P.SECAGG] = ConfigRecord({P.SECAGG_STAGE: name, **fields})
+    return out
+
+
+def collect(texts: dict[int, bytes]) -> RecordDict:
+    fields = {P.IDS: list(texts), P.CIPHERTEXTS: list(texts.values()), P.SUM_NAMES: ["stats"], P.FRAC_BITS: FRAC}
+    return stage(P.STAGE_COLLECT, RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})}), **fields, **{P.SUM_UPDATE_NORM: 0.0})
+
+
+def config_of(out: RecordDict) -> ConfigRecord:
+    return out.config_records[P.CONFIG]
+
+
+def steal_alone(state: RecordDict, run_config: dict, threshold: int) -> np.ndarray:
+    """The crafted server of item 2's first bullet: the victim alone in its neighbourhood, the
+    given threshold; returns the victim's vector rebuilt from its masked vector and its own seed share."""
+    keys = config_of(answer(stage(P.STAGE_SETUP, **{P.SECAGG_THRESHOLD: threshold}), A, 0, state, train, run_config))
+    neighbours = {P.IDS: [A], P.PK1S: [keys[P.PK1]], P.PK2S: [keys[P.PK2]], P.SECAGG_THRESHOLD: threshold}
+    answer(stage(P.STAGE_SHARE, **neighbours), A, 0, state, train, run_config)
+    vec = answer(collect({}), A, 0, state, train, run_config).array_records[P.ARRAYS][P.MASKED].numpy()
+    revealed = config_of(answer(stage(P.STAGE_UNMASK, **{P.ALIVE: [A], P.DROPPED: []}), A, 0, state, train, run_config))
+    seed = combine_shares(list(revealed[P.SHARES]))
+    return S.decode(vec - S.mask(seed, vec.size), FRAC)
+
+
+@pytest.mark.parametrize("threshold", [1, 2])
+def test_a_server_that_puts_a_client_alone_gets_a_refusal_not_its_vector(threshold):
+    state = RecordDict()
+    refused = "threshold 1, below the 2" if threshold == 1 else "names 1 neighbour.*fewer than the 3"
+    with pytest.raises(S.SecAggError, match=refused):
+        steal_alone(state, cfg(), threshold)
+    assert P.SHARES not in str(state)  # nothing was revealed: the attack never reached unmask
+
+
+def honest_until_unmask(run_config: dict) -> tuple[dict[int, RecordDict], dict[int, ConfigRecord]]:
+    """Three real clients through setup, share keys and collect, as an honest server runs them."""
+    states = {v: RecordDict() for v in (A, B, C)}
+    keys = {v: config_of(answer(stage(P.STAGE_SETUP, **{P.SECAGG_THRESHOLD: 2}), v, 0, states[v], train, run_config)) for v in states}
+    ids = sorted(keys)
+    share = {P.IDS: ids, P.PK1S: [keys[v][P.PK1] for v in ids], P.PK2S: [keys[v][P.PK2] for v in ids], P.SECAGG_THRESHOLD: 2}
+    sent = {v: config_of(answer(stage(P.STAGE_SHARE, **share), v, 0, states[v], train, run_config)) for v in ids}
+    relayed = S.relay_shares({v: dict(zip(sent[v][P.IDS], sent[v][P.CIPHERTEXTS], strict=True)) for v in ids})
+    for v in ids:
+        answer(collect(relayed[v]), v, 0, states[v], train, run_config)
+    return states, keys
+
+
+def test_a_client_named_dropped_or_alive_in_its_own_request_reveals_no_share_of_its_secrets():
+    run_config = cfg()
+    states, _ = honest_until_unmask(run_config)
+    # before: A revealed its own private-key share, and with C's share of it (t = 2) the server rebuilt A's private key
+    lie = stage(P.STAGE_UNMASK, **{P.ALIVE: [B, C], P.DROPPED: [A]})
+    with pytest.raises(S.SecAggError, match=f"node {A}.*named dropped in its own unmask request"):
+        answer(lie, A, 0, states[A], train, run_config)
+    assert SESSION not in states[A]  # the round's secrets are gone: a second try is refused too
+    with pytest.raises(S.SecAggError, match="starts again from setup"):
+        answer(stage(P.STAGE_UNMASK, **{P.ALIVE: [B, C], P.DROPPED: []}), A, 0, states[A], train, run_config)
+    # C, asked for its share of A's key, is left with one alive neighbour (B): below t = 2, so no honest round needs it
+    with pytest.raises(S.SecAggError, match="1 neighbours alive, fewer than the threshold 2"):
+        answer(stage(P.STAGE_UNMASK, **{P.ALIVE: [B], P.DROPPED: [A]}), C, 0, states[C], train, run_config)
+    with pytest.raises(S.SecAggError, match="named alive in its own unmask request"):
+        answer(stage(P.STAGE_UNMASK, **{P.ALIVE: [A, B, C], P.DROPPED: []}), B, 0, states[B], train, run_config)
+
+
+def test_a_neighbourhood_or_threshold_below_what_the_run_config_implies_is_refused():
+    run_config = cfg(**{"num-clients": 10, "min-replies": 5})  # the smallest round unmasked: 5 clients, k = 5, t = 3
+    assert S.client_floor(run_config) == S.Floor(5, 3, 0.5)
+    with pytest.raises(S.SecAggError, match="threshold 2, below the 3 this client's run config implies"):
+        honest_until_unmask(run_config)  # three clients, threshold 2: a valid-looking SecAgg+ round, but too small for this run
+    state = RecordDict()
+    keys = config_of(answer(stage(P.STAGE_SETUP, **{P.SECAGG_THRESHOLD: 3}), A, 0, state, train, run_config))
+    others = [S.new_keys() for _ in range(3)]  # a neighbourhood of 4
+    share = {
+        P.IDS: [A, B, C, 104],
+        P.PK1S: [keys[P.PK1]] + [k.pk1 for k in others],
+        P.PK2S: [keys[P.PK2]] + [k.pk2 for k in others],
+        P.SECAGG_THRESHOLD: 3,
+    }
+    with pytest.raises(S.SecAggError, match="names 4 neighbour.*fewer than the 5"):
+        answer(stage(P.STAGE_SHARE, **share), A, 0, state, train, run_config)
+
+
+def test_a_threshold_that_is_not_a_majority_of_the_share_holders_is_refused():
+    run_config = cfg(**{"secagg-threshold": 0.7})
+    state = RecordDict()
+    keys = config_of(answer(stage(P.STAGE_SETUP, **{P.SECAGG_THRESHOLD: 3}), A, 0, state, train, run_config))
+    others = [S.new_keys() for _ in range(6)]  # 6 holders: 0.7 of them needs threshold 5
+    share = {
+        P.IDS: [A, *range(200, 206)],
+        P.PK1S: [keys[P.PK1]] + [k.pk1 for k in others],
+        P.PK2S: [keys[P.PK2]] + [k.pk2 for k in others],
+        P.SECAGG_THRESHOLD: 3,
+    }
+    with pytest.raises(S.SecAggError, match="not more than secagg-threshold=0.7 of the 6 share holders"):
+        answer(stage(P.STAGE_SHARE, **share), A, 0, state, train, run_config)
+
+
+def invented(keys: S.Keys, victim_pk2: bytes, me: int, to: int) -> bytes:
+    """A share ciphertext from an invented node ``me`` to ``to``, made with the server's own keys."""
+    secret = generate_shared_key(bytes_to_private_key(keys.sk2), bytes_to_public_key(victim_pk2))
+    return encrypt(secret, share_keys_plaintext_concat(me, to, b"x" * 40, b"y" * 40))
+
+
+def test_one_invented_neighbour_at_threshold_2_no_longer_unmasks_a_client():
+    """Item 2's third bullet at the protocol's floor (t = 2). Before: {victim, one invented node} gave the server
+    the invented node's share and the victim's own seed share, so its seed, and the pairwise mask was with its own
+    key: the vector. Now that neighbourhood is refused; padded with a real client B, the server gets the seed (B's
+    share and the invented one) but neither private key it needs for the victim-B mask: the victim will not name B
+    dropped with fewer than t other neighbours alive, nor reveal a share of its own key."""
+    run_config = cfg()
+    fake, F = S.new_keys(), 999
+    states = {v: RecordDict() for v in (A, B)}
+    keys = {v: config_of(answer(stage(P.STAGE_SETUP, **{P.SECAGG_THRESHOLD: 2}), v, 0, states[v], train, run_config)) for v in states}
+    alone = {P.IDS: [A, F], P.PK1S: [keys[A][P.PK1], fake.pk1], P.PK2S: [keys[A][P.PK2], fake.pk2], P.SECAGG_THRESHOLD: 2}
+    with pytest.raises(S.SecAggError, match="names 2 neighbour"):
+        answer(stage(P.STAGE_SHARE, **alone), A, 0, RecordDict({SESSION: states[A][SESSION]}), train, run_config)
+    ids = [A, B, F]
+    pk = {A: (keys[A][P.PK1], keys[A][P.PK2]), B: (keys[B][P.PK1], keys[B][P.PK2]), F: (fake.pk1, fake.pk2)}
+    share = {P.IDS: ids, P.PK1S: [pk[v][0] for v in ids], P.PK2S: [pk[v][1] for v in ids], P.SECAGG_THRESHOLD: 2}
+    sent = {v: config_of(answer(stage(P.STAGE_SHARE, **share), v, 0, states[v], train, run_config)) for v in (A, B)}
+    texts = {v: dict(zip(sent[v][P.IDS], sent[v][P.CIPHERTEXTS], strict=True)) for v in (A, B)}
+    held_by_fake = S.open_shares(F, fake, pk, {A: texts[A][F], B: texts[B][F]}, 2)  # the server reads what it sent to its own node
+    vec = answer(collect({B: texts[B][A], F: invented(fake, keys[A][P.PK2], F, A)}), A, 0, states[A], train, run_config)
+    masked = vec.array_records[P.ARRAYS][P.MASKED].numpy()
+    answer(collect({A: texts[A][B], F: invented(fake, keys[B][P.PK2], F, B)}), B, 0, states[B], train, run_config)
+    from_b = config_of(answer(stage(P.STAGE_UNMASK, **{P.ALIVE: [A, F], P.DROPPED: []}), B, 0, states[B], train, run_config))
+    seed = combine_shares([dict(zip(from_b[P.IDS], from_b[P.SHARES], strict=True))[A], held_by_fake[A][0]])
+    with pytest.raises(S.SecAggError, match="1 neighbours alive, fewer than the threshold 2"):  # B's key: the victim's share + the fake's
+        answer(stage(P.STAGE_UNMASK, **{P.ALIVE: [F], P.DROPPED: [B]}), A, 0, states[A], train, run_config)
+    unmasked = masked - S.mask(seed, masked.size)  # what the server can take off: the seed and the mask with its own node
+    pairwise = S.mask(S.pair_key(fake.sk1, keys[A][P.PK1]), masked.size)
+    unmasked = unmasked + pairwise if S.pair_sign(A, F) < 0 else unmasked - pairwise
+    assert not np.allclose(S.decode(unmasked, FRAC), VALUES.ravel(), atol=1.0)  # the A-B mask still hides the vector
+
+
+def test_fewer_than_three_clients_a_round_under_secagg_is_refused_before_start(tmp_path, capsys, monkeypatch, data_dir):
+    def started(**kwargs):
+        raise AssertionError("the simulation engine started")
+
+    monkeypatch.setattr(flwr.simulation, "run_simulation", started)
+    for sets in (["num-clients=1"], ["num-clients=2"], ["num-clients=10", "fraction-train=0.2"]):
+        args = ["--out", str(tmp_path / "out"), "--set", f"data-dir={data_dir}", "--set", "secure-aggregation=secagg+"]
+        for s in ["algorithm=fedlog", "dataset=mnist", "fedlog-clip=2.0", "num-server-rounds=1", *sets]:
+            args += ["--set", s]
+        code = simulation.main(args)
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "at least 3" in lines[0], err
+        assert "Traceback" not in err and not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match="asks 1 client"):
+        cfg(**{"num-clients": 1})
+    assert cfg()["num-clients"] == 3  # three clients a round: accepted
