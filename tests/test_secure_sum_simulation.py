@@ -83,11 +83,11 @@ def test_one_client_of_three_lying_inside_its_masked_vector_has_its_round_refuse
             "partition": "iid",
             "num-clients": 3,
             "num-server-rounds": 3,
-            "train-fraction": 0.1,
+            "train-fraction": 0.3,
             "local-epochs": 1,
             "batch-size": 64,
-            "optimizer": "sgd",
-            "lr": 0.05,
+            "optimizer": "adam",
+            "lr": 0.01,
             "sample-timeout": 60.0,
             "secure-aggregation": "secagg+",
         }
@@ -104,4 +104,6 @@ def test_one_client_of_three_lying_inside_its_masked_vector_has_its_round_refuse
     reasons = json.dumps(refused)
     assert "not a sum of bounded updates" in reasons and "examples the clients in the sum can hold together" in reasons
     assert rounds[1]["accuracy"] == pytest.approx(rounds[0]["accuracy"])  # the model was kept
-    assert rounds[-1]["accuracy"] > 0.7  # Adult's honest model; the lie would have sent it to -0.99·w (chance)
+    assert (
+        rounds[-1]["accuracy"] > 0.8
+    )  # 0.856 here; with the lie accepted 0.764 after round 2 and 0.769 after round 3 (the majority class)
