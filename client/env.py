@@ -15,6 +15,7 @@ import torch
 from core import seeds
 from core.config import LOCAL, body_for, resolve
 from core.data import Dataset, to_tensors
+from core.labels import check_label_column
 from core.models import Net, build_model, resolve_device
 from core.noise import corrupt, noise_assignment
 from core.partition import make_partition
@@ -129,7 +130,9 @@ def node_cfg(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> d
 
 def local_data(cfg: Mapping[str, Any], node_config: Mapping[str, Any]) -> str | None:
     """The path of this node's own data with ``dataset=local`` (node config ``data``), None
-    in a run that partitions one data set; ValueError when the two do not match."""
+    in a run that partitions one data set; ValueError when the two do not match, or when the
+    node refuses the run's label column (:func:`core.labels.check_label_column`: before
+    any description, registration or reply, so nothing of a refused column leaves the node)."""
     data = str(node_config.get("data", "") or "")
     if cfg["dataset"] == LOCAL and not data:
         raise ValueError(
@@ -141,6 +144,8 @@ def local_data(cfg: Mapping[str, Any], node_config: Mapping[str, Any]) -> str | 
             f"this node was started with its own data (data={data!r}), but the run partitions dataset={cfg['dataset']!r} "
             "by partition id: submit the run with dataset='local', or start the node with --partition-id instead"
         )
+    if data:
+        check_label_column(data, cfg, node_config)
     return data or None
 
 

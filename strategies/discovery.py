@@ -8,6 +8,11 @@ types, same image size): a description that cannot be read, holds classes outsid
 ``classes`` list, or contradicts the ones merged before it is left out, and its node is
 refused later, at registration, if its data does not fit the schema. Listing ``classes`` in
 the run config pins the class list, so no node can add to it.
+
+The agreeing descriptions are then merged so that a minority of lying nodes shapes nothing
+(:mod:`core.node_merge`: no weight for row counts, medians for the scaling, class names and
+levels by support, outliers left out and the schema recomputed without them), over at most
+``num-clients`` nodes, the lowest node ids first as registration offers them indices.
 """
 
 from __future__ import annotations
@@ -60,7 +65,6 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
     """Wait for ``min-available-clients`` (0: ``num-clients``) nodes, ask each to describe its
     data within ``round-timeout``, and merge the descriptions; RoundFailed when none can be used."""
     from core.run_data import MAX_PROFILE_CHARS
-    from core.sources import fits, merge
 
     engine = Engine(grid, cfg, Services(cfg))
     nodes = engine.wait_for_clients()
@@ -83,6 +87,28 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
             described.append((json.dumps(profile, sort_keys=True), node, profile))
         except Exception as exc:
             left_out.append(f"node {node}: {type(exc).__name__}: {_short(str(exc))}")
+    agreeing = _agreeing(described, opts, left_out)
+    schema, kept = _robust(agreeing, opts, engine.example_cap(), int(cfg["num-clients"]), left_out)
+    for reason in left_out:
+        log.warning("discovery: %s", reason)
+    if schema is None:
+        raise RoundFailed("dataset=local: no node described its data" + (f"; first problem: {left_out[0]}" if left_out else ""))
+    down, up = engine.meter.phase(P.PHASE_DESCRIBE)
+    log.info(
+        "discovery: %d nodes described their data: %d classes %s, inputs %s",
+        len(kept),
+        len(schema.classes),
+        list(schema.classes)[:20],
+        tuple(schema.input_shape),
+    )
+    return Discovery(schema, len(kept), down, up, left_out, kept)
+
+
+def _agreeing(described: list[tuple[str, int, dict[str, Any]]], opts: Any, left_out: list[str]) -> dict[int, dict[str, Any]]:
+    """The descriptions that merge with each other (same kind, columns and types, classes
+    within a pinned list), the largest group of agreeing ones first; the others go to ``left_out``."""
+    from core.sources import fits, merge
+
     profiles: list[dict[str, Any]] = []
     kept: dict[int, dict[str, Any]] = {}
     groups = Counter(_shape(p, opts) for _, _, p in described)
@@ -97,20 +123,32 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
             continue
         profiles.append(profile)
         kept[node] = profile
-    for reason in left_out:
-        log.warning("discovery: %s", reason)
-    if not profiles:
-        raise RoundFailed("dataset=local: no node described its data" + (f"; first problem: {left_out[0]}" if left_out else ""))
-    schema = merge(profiles, opts)
-    down, up = engine.meter.phase(P.PHASE_DESCRIBE)
-    log.info(
-        "discovery: %d nodes described their data: %d classes %s, inputs %s",
-        len(profiles),
-        len(schema.classes),
-        list(schema.classes)[:20],
-        tuple(schema.input_shape),
-    )
-    return Discovery(schema, len(profiles), down, up, left_out, kept)
+    return kept
+
+
+def _robust(
+    agreeing: dict[int, dict[str, Any]], opts: Any, cap: int, clients: int, left_out: list[str]
+) -> tuple[Any, dict[int, dict[str, Any]]]:
+    """The schema of at most ``clients`` descriptions, merged by :func:`core.node_merge.merge_robustly`
+    (a minority cannot shape it), and the descriptions merged; the nodes left out go to ``left_out``.
+    The nodes with the lowest ids come first, as registration offers them the client indices: a
+    description beyond ``clients`` is merged only in place of one left out."""
+    from core.node_merge import merge_robustly
+
+    out: dict[int, str] = {}
+    schema, chosen = None, {}
+    while True:
+        pool = [n for n in sorted(agreeing) if n not in out]
+        chosen = {n: agreeing[n] for n in pool[:clients]}
+        if not chosen:
+            break
+        schema, dropped = merge_robustly(chosen, opts, cap)
+        out.update(dropped)
+        if not dropped or len(pool) <= clients:  # all fit, or no description waits to take a left-out one's place
+            break
+    left_out.extend(f"node {n}: left out of the schema: {_short(why)}" for n, why in out.items())
+    kept = {n: p for n, p in chosen.items() if n not in out}
+    return (schema if kept else None), kept
 
 
 def _shape(profile: dict[str, Any], opts: Any) -> str:

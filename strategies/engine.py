@@ -341,11 +341,11 @@ class Engine:
         (train, test) counts, or why it cannot take part (its data does not fit the run, it
         declares more of a class than its ``described`` discovery description did, or more
         examples than ``max-client-examples`` allows)."""
+        from core.node_merge import description_problem
         from core.run_data import read_profile
-        from core.sources import fits
 
         profile = read_profile(text)
-        if (problem := fits(profile, self.services.schema)) is not None:
+        if (problem := description_problem(profile, self.services.schema)) is not None:  # discovery's checks (core.node_merge)
             return None, f"its data does not fit the run: {problem}"
         declared = {str(k): [int(v[0]), int(v[1])] for k, v in profile["classes"].items()}
         if described is not None:

@@ -306,20 +306,7 @@ def test_one_node_cannot_set_an_enormous_image_size(task_identity):
     assert found.schema.input_shape == (1, 28, 28), found.left_out
 
 
-@pytest.mark.parametrize(
-    "why",
-    [
-        "a class outside the pinned list",
-        pytest.param(
-            "no client index left",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="gap: discovery merges every connected node's description, also of nodes that registration then refuses "
-                "for want of a client index (more nodes than num-clients): their moments stay in the scaling",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("why", ["a class outside the pinned list", "no client index left"])
 def test_a_node_refused_at_registration_has_not_shaped_the_schema(task_identity, why):
     cfg = local_cfg(classes="a,b", **{"num-clients": 4 if why.startswith("a class") else 3})
     honest = [Script(text(table_profile())) for _ in range(3)]

@@ -1,0 +1,167 @@
+"""Merging the nodes' data descriptions of a ``dataset=local`` run so that a minority of lying
+nodes cannot stop the run or change how the honest nodes encode their rows (issue 37, item 4).
+
+A description is the node's own word: its row counts, column moments and names. The rules:
+
+- **rows** count for nothing in the schema: every node's moments weigh the same, and one that
+  declares more examples than ``max-client-examples`` allows is left out at once;
+- **numeric columns**: the centre is the median of the nodes' means, the scale the square root of
+  the median of their second moments about that centre (``var_i + (mean_i - centre)^2``), so it
+  keeps the spread between nodes; a node whose mean lies more than :data:`OUTLIER_SCALES` scales
+  from the centre, or whose own spread is more than that many scales, is left out;
+- **class names and categorical levels**: with 3 or more descriptions a name enters the schema
+  only when at least :data:`SUPPORT` of them declare it; with 2 (there is no majority) the union,
+  but a node may add at most :data:`MAX_NEW_NAMES` names the other lacks (more: its classes make it
+  left out, its levels are dropped); one description alone gives its own names;
+- the schema is recomputed without the nodes left out, until no node is left out (a fixpoint), so
+  a node that is left out has shaped nothing; registration applies the same checks
+  (:func:`description_problem`) to what a node registers with.
+
+Plain functions on profiles (:func:`core.sources.profile`'s dicts) and :class:`DataSchema`; no Flower.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from core.sources import STD_EPS, DataSchema, SourceError, SourceOptions, fits, merge, sort_classes
+
+SUPPORT = 2  # descriptions that must declare a class or level when 3 or more describe their data
+MAX_NEW_NAMES = 64  # classes (or levels of one column) one node of two may add that the other lacks
+OUTLIER_SCALES = 100.0  # a node's column mean or spread beyond this many pooled scales: left out
+
+
+def _moments(spec: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(mean, variance) of a numeric column entry, or None when it holds no values."""
+    n = spec["n"]
+    if not n:
+        return None
+    mean = spec["sum"] / n
+    return mean, max(spec["sumsq"] / n - mean * mean, 0.0)
+
+
+def robust_moments(moments: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(centre, scale) of one column from the nodes' (mean, variance): the median of the means,
+    and the root of the median second moment about it; each node weighs the same."""
+    if not moments:
+        return 0.0, 0.0
+    centre = statistics.median(m for m, _ in moments)
+    return centre, math.sqrt(statistics.median(v + (m - centre) ** 2 for m, v in moments))
+
+
+def supported(names_per_node: Sequence[Sequence[str]]) -> set[str]:
+    """Names that enter the schema: with 3 or more nodes those at least :data:`SUPPORT` nodes
+    declare; with 2 the union less a node's names beyond :data:`MAX_NEW_NAMES` the other lacks;
+    with 1 its own."""
+    sets = [set(names) for names in names_per_node]
+    if len(sets) >= 3:
+        counts = Counter(n for s in sets for n in s)
+        return {n for n, k in counts.items() if k >= SUPPORT}
+    if len(sets) == 2:
+        a, b = sets
+        return (a & b) | (a - b if len(a - b) <= MAX_NEW_NAMES else set()) | (b - a if len(b - a) <= MAX_NEW_NAMES else set())
+    return set(sets[0]) if sets else set()
+
+
+def robust_schema(profiles: Sequence[dict], opts: SourceOptions) -> DataSchema:
+    """The schema of ``profiles`` (already found to agree on kind and columns by
+    :func:`core.sources.merge`) under the rules above: classes and levels by support, numeric
+    columns by the median rules. SourceError when nothing is left to train on."""
+    base = merge(list(profiles), opts)
+    classes = opts.classes or tuple(sort_classes(supported([list(p["classes"]) for p in profiles])))
+    if not classes:
+        raise SourceError(
+            "no class name is declared by enough nodes (with 3 or more nodes, each class by at least "
+            f"{SUPPORT}): list the classes in run-config key 'classes'"
+        )
+    if base.kind == "image":
+        return replace(base, classes=tuple(classes))
+    numeric = []
+    for col, _, _ in base.numeric:
+        found = [m for p in profiles if (m := _moments(p["columns"][col])) is not None]
+        centre, scale = robust_moments(found)
+        numeric.append((col, centre, scale + STD_EPS))
+    categorical = []
+    for col, _ in base.categorical:
+        levels = supported([p["columns"][col]["levels"] for p in profiles])
+        categorical.append((col, tuple(sorted(levels))))
+    width = len(numeric) + sum(len(levels) for _, levels in categorical)
+    if width == 0:
+        raise SourceError("no numeric column, and no level of a categorical column is declared by enough nodes: nothing to train on")
+    return replace(base, classes=tuple(classes), input_shape=(width,), numeric=tuple(numeric), categorical=tuple(categorical))
+
+
+def moments_problem(profile: Mapping[str, Any], schema: DataSchema) -> str | None:
+    """Why a (well-formed, fitting) table profile's numeric columns are out of the range the
+    schema's centre and scale allow (:data:`OUTLIER_SCALES`), or None."""
+    for col, centre, scale in schema.numeric:
+        found = _moments(profile["columns"][col])
+        if found is None:
+            continue
+        mean, var = found
+        allowed = OUTLIER_SCALES * max(scale, 1e-9 * (1.0 + abs(centre)))
+        if abs(mean - centre) > allowed or math.sqrt(var) > allowed:
+            return (
+                f"column '{col}' has mean {mean:.6g} and spread {math.sqrt(var):.6g}, more than {OUTLIER_SCALES:g} scales "
+                f"({scale:.6g}) from the run's centre {centre:.6g}"
+            )
+    return None
+
+
+def examples_problem(profile: Mapping[str, Any], cap: int) -> str | None:
+    """Why a profile declares more examples (train and test) than ``cap``, or None."""
+    total = sum(a + b for a, b in profile["classes"].values())
+    if total > cap:
+        return f"it declares {total} examples, more than max-client-examples={cap} allows: raise that key if the node truly holds them"
+    return None
+
+
+def description_problem(profile: dict, schema: DataSchema, cap: int | None = None) -> str | None:
+    """Why a node with ``profile`` cannot take part in a run with ``schema``: it does not fit
+    (:func:`core.sources.fits`), declares more than ``cap`` examples, or its column moments are
+    out of range; None when it can."""
+    problem = fits(profile, schema)
+    if problem is not None:
+        return problem
+    if cap is not None and (problem := examples_problem(profile, cap)) is not None:
+        return problem
+    return None if schema.kind == "image" else moments_problem(profile, schema)
+
+
+def _class_hint(problem: str, count: int) -> str:
+    if count >= 3 and problem.startswith("classes not in the run's list"):
+        return f"{problem}; with {count} nodes a class must be declared by at least {SUPPORT} (pin run-config key 'classes' for a class one site holds)"
+    if count == 2 and problem.startswith("classes not in the run's list"):
+        return (
+            f"{problem}; of two nodes, one may add at most {MAX_NEW_NAMES} classes the other lacks (pin run-config key 'classes' for more)"
+        )
+    return problem
+
+
+def merge_robustly(profiles: Mapping[int, dict], opts: SourceOptions, cap: int) -> tuple[DataSchema | None, dict[int, str]]:
+    """The schema of the descriptions ``profiles`` (node id -> profile, agreeing on kind and
+    columns) and the nodes left out, each with why: nodes beyond ``cap`` examples first, then,
+    until none is left out, every node whose description does not fit the schema of the rest
+    (:func:`description_problem`). (None, reasons) when no description is left."""
+    out = {n: why for n, p in profiles.items() if (why := examples_problem(p, cap)) is not None}
+    left = {n: p for n, p in profiles.items() if n not in out}
+    while left:
+        try:
+            schema = robust_schema(list(left.values()), opts)
+        except SourceError as exc:
+            out.update({n: f"the descriptions cannot be merged: {exc}" for n in left})
+            return None, out
+        problems = {n: why for n, p in left.items() if (why := description_problem(p, schema)) is not None}
+        if not problems:
+            return schema, out
+        if len(problems) == len(left):  # no node fits the schema of all: none can take part
+            out.update({n: _class_hint(why, len(left)) for n, why in problems.items()})
+            return None, out
+        out.update({n: _class_hint(why, len(left)) for n, why in problems.items()})
+        left = {n: p for n, p in left.items() if n not in problems}
+    return None, out

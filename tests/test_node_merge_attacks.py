@@ -1,0 +1,314 @@
+"""Issue 37, items 4 and 5: lying nodes in a ``dataset=local`` run, on UCI Adult.
+
+Every node here runs the real ClientApp (:func:`client.app.build_client_app`) on a CSV of its
+own, and the real ServerApp (:func:`server.app.run_server`) drives the run through an
+in-process grid (no Ray, no processes: a few seconds). A lying node is the real ClientApp with
+its description and registration replies rewritten before they leave the node, as a SuperNode
+running edited client code would send them. With one liar of three, the run must complete
+with the two honest nodes, and they must encode and score exactly as in a run without the liar.
+
+Item 5: a node refuses a server-chosen label column that is not categorical (numeric with
+non-integer values, or more distinct values than its ``max-label-values``), and one whose
+operator pinned another ``label-column`` in its node config: nothing of the column leaves it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+
+from client.app import JOINED, build_client_app
+from core import protocol as P
+from core.config import resolve
+from tests.conftest import data_root
+from tests.fakes import GridStub
+
+ADULT = [
+    "age",
+    "workclass",
+    "fnlwgt",
+    "education",
+    "education-num",
+    "marital-status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
+    "capital-gain",
+    "capital-loss",
+    "hours-per-week",
+    "native-country",
+    "income",
+]
+ROWS = 300  # per node: a few seconds of FedLog on an MLP
+
+
+@pytest.fixture(scope="module")
+def adult_nodes(tmp_path_factory) -> list[Path]:
+    """Three node folders, each a train.csv of 300 other rows of UCI Adult (test-fraction holds out 20 %)."""
+    src = data_root() / "uci-adult" / "adult.data"
+    if not src.is_file():
+        pytest.skip(f"UCI Adult not found at {src}: set HEADWAY_DATA_DIR")
+    with open(src) as fh:
+        rows = [r for r in csv.reader(fh, skipinitialspace=True) if len(r) == len(ADULT)]
+    folders = []
+    for i in range(3):
+        folder = tmp_path_factory.mktemp(f"adult-node{i}")
+        with open(folder / "train.csv", "w", newline="") as dst:
+            w = csv.writer(dst)
+            w.writerow(ADULT)
+            w.writerows(rows[i * ROWS : (i + 1) * ROWS])
+        folders.append(folder)
+    return folders
+
+
+Lie = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class NodesGrid(GridStub):
+    """Nodes 201, 202, ... each running the real ClientApp on its own folder (node config
+    ``data``, plus ``node_config``); a node with a lie rewrites the profile of its
+    description and registration replies with it (its own true profile in, the lie out)."""
+
+    def __init__(self, cfg: dict[str, Any], folders: list[Path], lies: dict[int, Lie] | None = None, node_config: dict | None = None):
+        self.app = build_client_app(cfg)
+        self.nodes = [201 + i for i in range(len(folders))]
+        self.contexts = {
+            n: Context(run_id=1, node_id=n, node_config={"data": str(f), **(node_config or {})}, state=RecordDict(), run_config={})
+            for n, f in zip(self.nodes, folders)
+        }
+        self.lies = {201 + i: lie for i, lie in (lies or {}).items()}
+        self.sent: list[Message] = []
+        self.replies: list[Message] = []
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        out = []
+        for msg in messages:
+            self.sent.append(msg)
+            node = msg.metadata.dst_node_id
+            reply = self.app(msg, self.contexts[node])
+            lie = self.lies.get(node)
+            if lie is not None and msg.metadata.message_type == MessageType.QUERY and not reply.has_error():
+                fields = dict(reply.content.config_records[P.CONFIG])
+                fields[P.DATA_PROFILE] = json.dumps(lie(json.loads(str(fields[P.DATA_PROFILE]))), sort_keys=True)
+                reply = Message(content=RecordDict({P.CONFIG: ConfigRecord(fields)}), reply_to=msg)
+            self.replies.append(reply)
+            out.append(reply)
+        return out
+
+    def schema_of(self, index: int) -> str | None:
+        """The schema JSON node ``201 + index`` registered with (None: it never joined)."""
+        record = self.contexts[201 + index].state.config_records.get(JOINED)
+        return None if record is None else str(record[P.DATA_SCHEMA])
+
+
+def adult_cfg(**keys) -> dict[str, Any]:
+    return resolve(
+        {
+            "algorithm": "fedlog",
+            "dataset": "local",
+            "label-column": "income",
+            "num-clients": 3,
+            "num-server-rounds": 1,
+            "local-epochs": 1,
+            "batch-size": 32,
+            "body": "mlp",
+            "feature-dim": 8,
+            "sample-timeout": 0.0,
+            "round-timeout": 60.0,
+            **keys,
+        }
+    )
+
+
+def run(tmp_path: Path, cfg: dict[str, Any], grid: NodesGrid, name: str) -> tuple[dict, list[dict]]:
+    from server.app import run_server
+
+    out = tmp_path / name
+    try:
+        run_server(grid, cfg, out)
+    except Exception as exc:  # a failed run still writes summary.json, which the test reads
+        if not (out / "summary.json").exists():
+            raise AssertionError(f"the run failed before writing summary.json: {type(exc).__name__}: {exc}") from exc
+    summary = json.loads((out / "summary.json").read_text())
+    rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()] if (out / "rounds.jsonl").exists() else []
+    return summary, rounds
+
+
+def readable(reason: str) -> bool:
+    return isinstance(reason, str) and 0 < len(reason) <= 1000 and "Traceback" not in reason and "\n" not in reason
+
+
+def _numeric(profile: dict) -> dict[str, dict]:
+    return {c: s for c, s in profile["columns"].items() if s["type"] == "numeric"}
+
+
+def rows_at_the_means(profile: dict) -> dict:
+    """10^15 rows whose numeric columns have the node's own means and spreads (its classes scaled alike)."""
+    rows = sum(a for a, _ in profile["classes"].values())
+    scale = 10**15 // rows
+    for counts in profile["classes"].values():
+        counts[0] *= scale
+    for spec in profile["columns"].values():
+        if spec["type"] == "numeric":
+            spec["n"], spec["sum"], spec["sumsq"] = spec["n"] * scale, spec["sum"] * scale, spec["sumsq"] * scale
+    return profile
+
+
+def huge_values(profile: dict) -> dict:
+    """999,000 rows (under the 10^6 example cap) whose numeric values are all 1e14."""
+    total = 999_000
+    names = list(profile["classes"])
+    for i, c in enumerate(names):
+        profile["classes"][c] = [total // len(names) + (total % len(names) if i == 0 else 0), 0]
+    for spec in _numeric(profile).values():
+        spec["n"], spec["sum"], spec["sumsq"] = total, total * 1e14, total * 1e28
+    return profile
+
+
+def invented_classes(profile: dict) -> dict:
+    """Its own classes and 9,998 invented ones (one row each)."""
+    profile["classes"].update({f"invented-{i:04d}": [1, 0] for i in range(9_998)})
+    return profile
+
+
+LIES = {"1e15 rows at the means": rows_at_the_means, "999,000 rows of 1e14": huge_values, "9,998 invented classes": invented_classes}
+
+
+@pytest.fixture(scope="module")
+def module_identity():
+    """The identity messages built outside a Flower run need (as tests.conftest's task_identity), for module fixtures."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+
+
+@pytest.fixture(scope="module")
+def honest_run(adult_nodes, tmp_path_factory, module_identity):
+    """The two honest nodes alone (num-clients=3, the third never connects): the reference."""
+    cfg = adult_cfg()
+    grid = NodesGrid(cfg, adult_nodes[:2])
+    summary, rounds = run(tmp_path_factory.mktemp("honest"), cfg, grid, "honest")
+    assert summary["status"] == "complete" and rounds[-1]["clients"] == 2, summary
+    return summary, rounds, grid
+
+
+@pytest.mark.parametrize("lie", list(LIES.values()), ids=list(LIES))
+def test_one_lying_node_of_three_neither_stops_nor_shapes_the_run(task_identity, tmp_path, adult_nodes, honest_run, lie):
+    ref_summary, ref_rounds, ref_grid = honest_run
+    cfg = adult_cfg()
+    grid = NodesGrid(cfg, adult_nodes, lies={2: lie})  # the liar is node 203: the honest nodes get indices 0 and 1 as in the reference
+    summary, rounds = run(tmp_path, cfg, grid, "attacked")
+    assert summary["status"] == "complete", summary.get("reason")
+    # the honest two took part, the liar was refused, with a reason that names what it claimed
+    assert rounds[-1]["clients"] == 2 and sorted(summary["participants"]) == ["0", "1"], (rounds, summary["participants"])
+    print(summary["refused_nodes"], summary["discovery"]["left_out"])
+    assert len(summary["refused_nodes"]) == 1 and readable(summary["refused_nodes"][0]), summary["refused_nodes"]
+    # the honest nodes encode exactly as without the liar: same schema, same classes, same scores
+    assert grid.schema_of(0) == ref_grid.schema_of(0) and grid.schema_of(1) == ref_grid.schema_of(1)
+    assert summary["discovery"]["classes"] == ["<=50K", ">50K"] and summary["discovery"]["nodes"] == 2, summary["discovery"]
+    assert len(summary["discovery"]["left_out"]) == 1 and summary["discovery"]["left_out"][0].startswith("node 203:"), summary["discovery"]
+    assert [r["accuracy"] for r in rounds] == [r["accuracy"] for r in ref_rounds]
+    assert rounds[-1]["bytes_up"] == ref_rounds[-1]["bytes_up"]  # replies of the same size: 2 classes, not 10,000
+
+
+def test_two_honest_nodes_with_their_own_spread_keep_a_scaling_between_them(task_identity):
+    """The median rules on honest descriptions: a node's own moments alone give its own
+    mean and std (as before); two nodes give the midpoint, and a scale with their spread."""
+    from core.node_merge import robust_moments
+
+    assert robust_moments([(5.0, 4.0)]) == (5.0, 2.0)
+    centre, scale = robust_moments([(0.0, 1.0), (2.0, 1.0)])
+    assert centre == 1.0 and scale == pytest.approx(2**0.5)  # 1 + (1)^2 about the midpoint
+    centre, scale = robust_moments([(0.0, 1.0), (2.0, 1.0), (1e14, 0.0)])  # one liar of three: between the honest
+    assert centre == 2.0 and scale == pytest.approx(5**0.5)
+
+
+def test_names_enter_by_support_and_one_of_two_nodes_adds_at_most_the_cap():
+    from core.node_merge import MAX_NEW_NAMES, supported
+
+    assert supported([["a", "b"], ["a", "b"], ["a", "b", *map(str, range(9998))]]) == {"a", "b"}
+    assert supported([["a", "b", "x"], ["a", "c"], ["b", "c"]]) == {"a", "b", "c"}  # x: one node of three
+    assert supported([["a"], ["a", *(f"n{i}" for i in range(MAX_NEW_NAMES))]]) == {"a", *(f"n{i}" for i in range(MAX_NEW_NAMES))}
+    assert supported([["a"], ["a", *(f"n{i}" for i in range(MAX_NEW_NAMES + 1))]]) == {"a"}
+
+
+# ----- item 5: a server-chosen label column --------------------------------------------------------
+@pytest.mark.parametrize("column", ["fnlwgt", "age", "hours-per-week"])
+def test_a_numeric_label_column_is_refused_by_the_node_and_nothing_is_sent(task_identity, tmp_path, adult_nodes, column):
+    """The server names a numeric column of Adult as the label: every node answers the
+    description with an error naming the column and the rule; no reply carries a profile,
+    and discovery fails with that reason."""
+    from strategies.discovery import discover
+    from strategies.engine import RoundFailed
+
+    cfg = adult_cfg(**{"label-column": column})
+    grid = NodesGrid(cfg, adult_nodes)
+    with pytest.raises(RoundFailed, match=f"this node refuses the run's label column: label column '{column}'"):
+        discover(grid, cfg)
+    assert all(r.has_error() for r in grid.replies) and len(grid.replies) == 3
+    assert not any(r.has_content() and P.DATA_PROFILE in r.content.config_records.get(P.CONFIG, {}) for r in grid.replies)
+    reason = str(grid.replies[0].error.reason)
+    assert readable(reason) and ("more than max-numeric-label-values=20" in reason or "more than max-label-values=100" in reason), reason
+
+
+def test_a_server_that_skips_the_description_still_gets_no_statistics_of_a_refused_column(task_identity, adult_nodes):
+    """A server that registers a node directly, with a schema whose classes are every age,
+    gets an error on registration and on training: the node checks the column on every message."""
+    from core.sources import DataSchema
+
+    cfg = adult_cfg(**{"label-column": "age"})
+    grid = NodesGrid(cfg, adult_nodes[:1])
+    ages = tuple(str(a) for a in range(10, 100))
+    schema = DataSchema(
+        "table",
+        ages,
+        (6,),
+        tuple((c, 0.0, 1.0) for c in ["capital-gain", "capital-loss", "education-num", "fnlwgt", "hours-per-week", "income"]),
+    )
+    register = RecordDict(
+        {P.CONFIG: ConfigRecord({P.ROUND: 1, P.PHASE: P.PHASE_REGISTER, P.DATA_SCHEMA: schema.to_json(), P.CLIENT_INDEX: 0})}
+    )
+    reply = grid.send_and_receive([Message(content=register, dst_node_id=201, message_type=MessageType.QUERY)])[0]
+    assert reply.has_error() and "label column 'age'" in str(reply.error.reason)
+    train = RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})})
+    reply = grid.send_and_receive([Message(content=train, dst_node_id=201, message_type=MessageType.TRAIN)])[0]
+    assert reply.has_error() and "label column 'age'" in str(reply.error.reason)
+
+
+def test_a_node_that_pins_its_label_column_refuses_another(task_identity, adult_nodes):
+    cfg = adult_cfg(**{"label-column": "sex"})  # categorical, 2 values: the rule alone would let it pass
+    grid = NodesGrid(cfg, adult_nodes[:1], node_config={"label-column": "income"})
+    content = RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 0, P.PHASE: P.PHASE_DESCRIBE})})
+    reply = grid.send_and_receive([Message(content=content, dst_node_id=201, message_type=MessageType.QUERY)])[0]
+    assert reply.has_error() and readable(str(reply.error.reason))
+    assert "pins label-column='income' in its node config and the run asks for 'sex'" in str(reply.error.reason)
+    honest = NodesGrid(adult_cfg(), adult_nodes[:1], node_config={"label-column": "income"})  # the pinned column: described
+    reply = honest.send_and_receive([Message(content=content, dst_node_id=201, message_type=MessageType.QUERY)])[0]
+    assert not reply.has_error() and set(json.loads(str(reply.content.config_records[P.CONFIG][P.DATA_PROFILE]))["classes"]) == {
+        "<=50K",
+        ">50K",
+    }
+
+
+def test_the_label_rule_itself():
+    from core.labels import label_problem
+
+    assert label_problem(["<=50K", ">50K"], "income", 100, 20) is None
+    assert label_problem([str(d) for d in range(10)], "label", 100, 20) is None  # digits: whole, few
+    assert "not whole" in str(label_problem(["1", "2.5"], "x", 100, 20))
+    assert "more than max-numeric-label-values=20" in str(label_problem([str(a) for a in range(17, 60)], "age", 100, 20))
+    assert "more than max-label-values=100" in str(label_problem([f"id{i}" for i in range(101)], "id", 100, 20))
+    assert label_problem([str(a) for a in range(17, 60)], "age", 100, 50) is None  # an operator who means it
