@@ -538,7 +538,7 @@ def _read_npz(file: Path, opts: SourceOptions, limits: ReaderLimits) -> tuple[st
 # --- Hugging Face datasets -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class HFImage:
     """One row's image of a Hugging Face dataset, decoded only when encoded (as a folder's files are):
     ``table`` is the split with its image column cast to ``Image(decode=False)`` (rows of bytes or a path)."""
@@ -573,8 +573,9 @@ def _hf_images(ds: Any, column: str, where: str, root: Path, limits: ReaderLimit
     for batch in table.select_columns([column]).iter(batch_size=32):
         for cell in batch[column]:
             item = HFImage(table, column, len(items), where, root, limits)
+            named = f"{item}, file {cell['path']!r}" if isinstance(cell, dict) and cell.get("path") else str(item)
             with item.file(cell) as fh:
-                info.append(_image_header(fh, limits, str(item)))
+                info.append(_image_header(fh, limits, named))
             items.append(item)
     return RawSplit([], items, info)
 
