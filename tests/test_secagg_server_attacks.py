@@ -190,3 +190,39 @@ def test_fewer_than_three_clients_a_round_under_secagg_is_refused_before_start(t
     with pytest.raises(ConfigError, match="asks 1 client"):
         cfg(**{"num-clients": 1})
     assert cfg()["num-clients"] == 3  # three clients a round: accepted
+
+
+def test_two_invented_holders_still_unmask_a_client_as_the_trust_model_says():
+    """The residual the docs state (docs/secure-aggregation.md, what a deviating server can still do): a server
+    holding s >= 2t - (k - 1) of a client's k - 1 share holders learns its vector, here k = 5, t = 3, s = 2,
+    with honest B and C told different things (B: the victim is alive; C: it dropped). Every check passes."""
+    run_config = cfg()
+    fakes = {201: S.new_keys(), 202: S.new_keys()}
+    real = (A, B, C)
+    states = {v: RecordDict() for v in real}
+    keys = {v: config_of(answer(stage(P.STAGE_SETUP, **{P.SECAGG_THRESHOLD: 3}), v, 0, states[v], train, run_config)) for v in real}
+    pk = {v: (keys[v][P.PK1], keys[v][P.PK2]) for v in real} | {f: (k.pk1, k.pk2) for f, k in fakes.items()}
+    ids = sorted(pk)
+    share = {P.IDS: ids, P.PK1S: [pk[v][0] for v in ids], P.PK2S: [pk[v][1] for v in ids], P.SECAGG_THRESHOLD: 3}
+    sent = {v: config_of(answer(stage(P.STAGE_SHARE, **share), v, 0, states[v], train, run_config)) for v in real}
+    texts = {v: dict(zip(sent[v][P.IDS], sent[v][P.CIPHERTEXTS], strict=True)) for v in real}
+    held = {f: S.open_shares(f, k, pk, {v: texts[v][f] for v in real}, 3) for f, k in fakes.items()}
+    masked = {}
+    for v in real:
+        relay = {u: texts[u][v] for u in real if u != v} | {f: invented(k, pk[v][1], f, v) for f, k in fakes.items()}
+        masked[v] = answer(collect(relay), v, 0, states[v], train, run_config).array_records[P.ARRAYS][P.MASKED].numpy()
+
+    def unmask(v: int, alive: list[int], dropped: list[int]) -> dict[int, bytes]:
+        out = config_of(answer(stage(P.STAGE_UNMASK, **{P.ALIVE: alive, P.DROPPED: dropped}), v, 0, states[v], train, run_config))
+        return dict(zip(out[P.IDS], out[P.SHARES], strict=True))
+
+    seed = combine_shares([unmask(B, [A, 201, 202], [C])[A], held[201][A][0], held[202][A][0]])
+    sk1 = combine_shares([unmask(C, [B, 201, 202], [A])[A], held[201][A][1], held[202][A][1]])
+    assert S.seed_digest(seed) == keys[A][P.SEED_DIGEST]  # the victim's seed, from honest B and the two invented holders
+    assert S._key_matches(sk1, pk[A][0])  # the victim's private key, from honest C and the two invented holders
+    vec = masked[A] - S.mask(seed, masked[A].size)
+    for peer in ids:
+        if peer != A:
+            pairwise = S.mask(S.pair_key(sk1, pk[peer][0]), vec.size)
+            vec = vec - pairwise if S.pair_sign(A, peer) > 0 else vec + pairwise
+    np.testing.assert_allclose(S.decode(vec, FRAC), VALUES.ravel(), atol=1e-5)
