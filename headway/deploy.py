@@ -82,7 +82,8 @@ def supernode_command(args: argparse.Namespace) -> list[str]:
             "error: give the node its own data (--data PATH, for runs with dataset='local'), "
             "or its share of one data set (--partition-id N --num-partitions M)"
         )
-    for key, value in (("data", data), ("body", args.body), ("data-dir", args.data_dir), ("state-dir", args.state_dir)):
+    pinned = ("label-column", getattr(args, "label_column", "") if data else "")  # the node's own pin (core/labels.py)
+    for key, value in (("data", data), ("body", args.body), ("data-dir", args.data_dir), ("state-dir", args.state_dir), pinned):
         if value:
             if "'" in value or '"' in value:
                 raise SystemExit(f"error: --{key} must not contain quotes: {value!r}")
@@ -274,6 +275,9 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
     node.add_argument("--body", default="", help="this client's body architecture (overrides the run config)")
     node.add_argument("--data-dir", default="", help="this machine's data directory")
     node.add_argument("--state-dir", default="", help="keep the client's local state (bodies, heads) here, so it survives a restart")
+    node.add_argument(
+        "--label-column", default="", help="with --data: the only label column this node accepts (a run naming another is refused)"
+    )
     node.add_argument("--port", type=int, default=9094, help="local port of the SuperNode's ClientApp API")
     node.add_argument("--auth-key", default="", help="this SuperNode's private key (see `keys`), when the SuperLink authenticates nodes")
     node.add_argument("--max-retries", type=int, default=None, help="give up after this many failed tries to reach the SuperLink")

@@ -312,3 +312,15 @@ def test_the_label_rule_itself():
     assert "more than max-numeric-label-values=20" in str(label_problem([str(a) for a in range(17, 60)], "age", 100, 20))
     assert "more than max-label-values=100" in str(label_problem([f"id{i}" for i in range(101)], "id", 100, 20))
     assert label_problem([str(a) for a in range(17, 60)], "age", 100, 50) is None  # an operator who means it
+
+
+def test_the_launcher_pins_the_label_column_in_the_node_config(capsys, tmp_path):
+    """`headway supernode --data PATH --label-column income` hands Flower a node config holding the pin."""
+    from flwr.common.config import parse_config_args
+
+    from headway.deploy import main
+
+    main(["supernode", "--superlink", "srv:9092", "--data", str(tmp_path), "--label-column", "income", "--insecure", "--dry-run"])
+    line = capsys.readouterr().out
+    config = line.split("--node-config ", 1)[1].split(" --isolation", 1)[0]
+    assert parse_config_args([config]) == {"data": str(tmp_path.absolute()), "label-column": "income"}
