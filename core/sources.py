@@ -40,7 +40,7 @@ MAX_INPUT_WIDTH = 16_384  # features a table may encode to, one-hot levels inclu
 MAX_IMAGE_SIZE = 1_024  # pixels a side the images' own size may set (image-size=0); larger: set image-size
 # control characters (C0, DEL, C1), line/paragraph separators and bidi overrides: never in a class, column or level name
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-DEFAULT_MAX_IMAGE_PIXELS = 4_096 * 4_096  # of one image (h x w), from its header: 48 MiB decoded as RGB
+DEFAULT_MAX_IMAGE_PIXELS = 8_192 * 8_192  # of one image (h x w), from its header: 192 MiB decoded as RGB, one image at a time
 DEFAULT_MAX_ARRAY_BYTES = 256 * 2**20  # decompressed bytes of one npz array, one CSV file, one Parquet file or HF table split
 MAX_MEAN_SQUARE = 1e30  # of a numeric column (values up to about 1e15): beyond it, not data a float32 encoder keeps
 INSTALL_HINT = "pip install -e '.[data]'"

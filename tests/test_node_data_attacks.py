@@ -135,17 +135,17 @@ def test_1e200_in_held_out_csv_rows_is_refused_not_encoded_as_inf(tmp_path):
 
 @needs_data("cifar10")
 def test_a_png_bomb_in_a_real_image_folder_is_refused_from_its_header(tmp_path):
-    """An 8000² PNG of a few hundred kB beside real CIFAR-10 images: refused before any pixel is decoded,
+    """A 9000² PNG of a few hundred kB beside real CIFAR-10 images: refused before any pixel is decoded,
     naming the file and the node setting; a node that raises max-image-pixels reads it (headers only)."""
     root = _cifar_folder(tmp_path / "data")
-    bomb = _png_bomb(next((root / "train").iterdir()) / "bomb.png", 8000)
-    assert bomb.stat().st_size < 1_000_000 and 8000 * 8000 > DEFAULT_MAX_IMAGE_PIXELS
+    bomb = _png_bomb(next((root / "train").iterdir()) / "bomb.png", 9000)
+    assert bomb.stat().st_size < 1_000_000 and 9000 * 9000 > DEFAULT_MAX_IMAGE_PIXELS
     with pytest.raises(SourceError) as err:
         read_source(root, SourceOptions())
     text = str(err.value)
-    assert str(bomb) in text and "8000x8000 = 64000000 pixels" in text and "'max-image-pixels'" in text and "\n" not in text
-    raw = read_source(root, SourceOptions(), ReaderLimits(max_image_pixels=8000 * 8000))
-    assert (8000, 8000) in [size for _, size in raw.train.image_info + raw.test.image_info]
+    assert str(bomb) in text and "9000x9000 = 81000000 pixels" in text and "'max-image-pixels'" in text and "\n" not in text
+    raw = read_source(root, SourceOptions(), ReaderLimits(max_image_pixels=9000 * 9000))
+    assert (9000, 9000) in [size for _, size in raw.train.image_info + raw.test.image_info]
 
 
 def test_an_npz_bomb_is_refused_from_its_member_headers_without_inflating(tmp_path):
@@ -164,7 +164,7 @@ def test_an_npz_bomb_is_refused_from_its_member_headers_without_inflating(tmp_pa
     text = str(err.value)
     assert "x_train has shape (300, 1000, 1000) of uint8, 300000000 bytes decompressed" in text and "'max-array-bytes'" in text
     assert peak < 4 * 2**20, peak
-    small = _npz_bomb(tmp_path / "small.npz", (4, 3000, 3000))  # 36 MB, under the byte limit, over the pixel limit? no: 9 MP
+    small = _npz_bomb(tmp_path / "small.npz", (4, 3000, 3000))  # 36 MB: under the byte limit; 9 MP images, over a lowered pixel limit
     with pytest.raises(SourceError, match=r"small\.npz: x_train holds images of shape \(3000, 3000\), 9000000 pixels each"):
         read_source(small, SourceOptions(), ReaderLimits(max_image_pixels=1_000_000))
 
@@ -221,10 +221,10 @@ def test_a_corrupt_image_in_a_huggingface_dataset_names_its_row(tmp_path):
 @needs_data("cifar10")
 def test_a_huggingface_png_bomb_is_refused_by_row(tmp_path):
     x, y = _cifar_images()
-    bomb = _png_bomb(tmp_path / "bomb.png", 8000).read_bytes()
+    bomb = _png_bomb(tmp_path / "bomb.png", 9000).read_bytes()
     images = [Image.fromarray(im) for im in x[:4]] + [{"bytes": bomb, "path": None}]
     root = _hf_save(tmp_path / "hf", images, [int(v) for v in y[:5]])
-    with pytest.raises(SourceError, match=r"\(train\) row 4 \(column 'image'\): an image of 8000x8000 = 64000000 pixels"):
+    with pytest.raises(SourceError, match=r"\(train\) row 4 \(column 'image'\): an image of 9000x9000 = 81000000 pixels"):
         read_source(root, SourceOptions())
 
 
