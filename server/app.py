@@ -19,7 +19,7 @@ from core.methods import METHODS
 from core.run_data import dataset_label, run_spec
 from server.results import Recorder
 from strategies.base import HeadwayStrategy
-from strategies.discovery import discover
+from strategies.discovery import DiscoveryFailed, discover
 from strategies.registry import STRATEGIES
 from strategies.services import Services
 
@@ -94,7 +94,12 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = resolve(run_config)
     out = Path(out_dir) if out_dir else default_out_dir(cfg)
-    found = discover(grid, cfg) if cfg["dataset"] == LOCAL else None  # nodes that own their data agree on a schema first
+    try:
+        found = discover(grid, cfg) if cfg["dataset"] == LOCAL else None  # nodes that own their data agree on a schema first
+    except DiscoveryFailed as exc:  # no node's description could be used: summary.json says why, node by node
+        Recorder(out, cfg, overwrite=overwrite).finish(exc.summary(), status="failed", reason=str(exc))
+        log.error("headway: run failed before round 1: %s", exc)
+        raise
     strategy = build_strategy(cfg, None, None) if found is None else build_strategy(cfg, found.schema, found.described)
     recorder = Recorder(out, cfg, overwrite=overwrite)
     log.info(

@@ -34,6 +34,17 @@ from strategies.services import Services
 log = logging.getLogger("headway")
 
 
+class DiscoveryFailed(RoundFailed):
+    """No description could be used; ``left_out`` says why, node by node (for summary.json)."""
+
+    def __init__(self, message: str, left_out: list[str]):
+        super().__init__(message)
+        self.left_out = left_out
+
+    def summary(self) -> dict[str, Any]:
+        return {"discovery": {"nodes": 0, "left_out": self.left_out}}
+
+
 @dataclass
 class Discovery:
     """What the description exchange gave: the schema, and figures for summary.json."""
@@ -92,7 +103,9 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
     for reason in left_out:
         log.warning("discovery: %s", reason)
     if schema is None:
-        raise RoundFailed("dataset=local: no node described its data" + (f"; first problem: {left_out[0]}" if left_out else ""))
+        raise DiscoveryFailed(
+            "dataset=local: no node described its data" + (f"; first problem: {left_out[0]}" if left_out else ""), left_out
+        )
     down, up = engine.meter.phase(P.PHASE_DESCRIBE)
     log.info(
         "discovery: %d nodes described their data: %d classes %s, inputs %s",

@@ -261,6 +261,9 @@ def test_a_numeric_label_column_is_refused_by_the_node_and_nothing_is_sent(task_
     assert all(r.has_error() for r in grid.replies) and len(grid.replies) == 3
     assert not any(r.has_content() and P.DATA_PROFILE in r.content.config_records.get(P.CONFIG, {}) for r in grid.replies)
     reason = str(grid.replies[0].error.reason)
+    summary, rounds = run(tmp_path, cfg, NodesGrid(cfg, adult_nodes), "refused")  # the whole run: failed, and summary.json says why
+    assert summary["status"] == "failed" and f"label column '{column}'" in summary["reason"] and rounds == [], summary
+    assert len(summary["discovery"]["left_out"]) == 3 and summary["discovery"]["nodes"] == 0, summary["discovery"]
     assert readable(reason) and ("more than max-numeric-label-values=20" in reason or "more than max-label-values=100" in reason), reason
 
 
