@@ -9,10 +9,10 @@ A description is the node's own word: its row counts, column moments and names. 
   the median of their second moments about that centre (``var_i + (mean_i - centre)^2``), so it
   keeps the spread between nodes; a node whose mean lies more than :data:`OUTLIER_SCALES` scales
   from the centre, or whose own spread is more than that many scales, is left out;
-- **class names and categorical levels**: with 3 or more descriptions a name enters the schema
-  only when at least :data:`SUPPORT` of them declare it; with 2 (there is no majority) the union,
-  but a node may add at most :data:`MAX_NEW_NAMES` names the other lacks (more: its classes make it
-  left out, its levels are dropped); one description alone gives its own names;
+- **class names and categorical levels**: a name enters the schema when at least :data:`SUPPORT`
+  descriptions declare it, or when it is one of at most :data:`MAX_NEW_NAMES` names a node alone
+  declares (a site may hold classes no other holds; a node with more lone names adds none of them:
+  its classes make it left out, its levels are dropped); one description alone gives its own names;
 - the schema is recomputed without the nodes left out, until no node is left out (a fixpoint), so
   a node that is left out has shaped nothing; registration applies the same checks
   (:func:`description_problem`) to what a node registers with.
@@ -31,8 +31,8 @@ from typing import Any
 
 from core.sources import STD_EPS, DataSchema, SourceError, SourceOptions, fits, merge, sort_classes
 
-SUPPORT = 2  # descriptions that must declare a class or level when 3 or more describe their data
-MAX_NEW_NAMES = 64  # classes (or levels of one column) one node of two may add that the other lacks
+SUPPORT = 2  # descriptions that declare a class or level for it to enter the schema without counting against a node's cap
+MAX_NEW_NAMES = 64  # classes (or levels of one column) one node may add that no other node declares
 OUTLIER_SCALES = 100.0  # a node's column mean or spread beyond this many pooled scales: left out
 
 
@@ -55,17 +55,19 @@ def robust_moments(moments: Sequence[tuple[float, float]]) -> tuple[float, float
 
 
 def supported(names_per_node: Sequence[Sequence[str]]) -> set[str]:
-    """Names that enter the schema: with 3 or more nodes those at least :data:`SUPPORT` nodes
-    declare; with 2 the union less a node's names beyond :data:`MAX_NEW_NAMES` the other lacks;
-    with 1 its own."""
+    """Names that enter the schema: those at least :data:`SUPPORT` nodes declare, and each node's
+    lone names (declared by no other node) when it has at most :data:`MAX_NEW_NAMES` of them; so
+    one node adds at most that many names, and an honest site's own classes still count."""
     sets = [set(names) for names in names_per_node]
-    if len(sets) >= 3:
-        counts = Counter(n for s in sets for n in s)
-        return {n for n, k in counts.items() if k >= SUPPORT}
-    if len(sets) == 2:
-        a, b = sets
-        return (a & b) | (a - b if len(a - b) <= MAX_NEW_NAMES else set()) | (b - a if len(b - a) <= MAX_NEW_NAMES else set())
-    return set(sets[0]) if sets else set()
+    if len(sets) == 1:
+        return sets[0]
+    counts = Counter(n for s in sets for n in s)
+    out = {n for n, k in counts.items() if k >= SUPPORT}
+    for names in sets:
+        lone = names - out
+        if len(lone) <= MAX_NEW_NAMES:
+            out |= lone
+    return out
 
 
 def robust_schema(profiles: Sequence[dict], opts: SourceOptions) -> DataSchema:
@@ -76,8 +78,8 @@ def robust_schema(profiles: Sequence[dict], opts: SourceOptions) -> DataSchema:
     classes = opts.classes or tuple(sort_classes(supported([list(p["classes"]) for p in profiles])))
     if not classes:
         raise SourceError(
-            "no class name is declared by enough nodes (with 3 or more nodes, each class by at least "
-            f"{SUPPORT}): list the classes in run-config key 'classes'"
+            f"no class name is declared by {SUPPORT} nodes or within one node's cap of {MAX_NEW_NAMES} lone names: "
+            "list the classes in run-config key 'classes'"
         )
     if base.kind == "image":
         return replace(base, classes=tuple(classes))
@@ -134,11 +136,10 @@ def description_problem(profile: dict, schema: DataSchema, cap: int | None = Non
 
 
 def _class_hint(problem: str, count: int) -> str:
-    if count >= 3 and problem.startswith("classes not in the run's list"):
-        return f"{problem}; with {count} nodes a class must be declared by at least {SUPPORT} (pin run-config key 'classes' for a class one site holds)"
-    if count == 2 and problem.startswith("classes not in the run's list"):
+    if count >= 2 and problem.startswith("classes not in the run's list"):
         return (
-            f"{problem}; of two nodes, one may add at most {MAX_NEW_NAMES} classes the other lacks (pin run-config key 'classes' for more)"
+            f"{problem}; a node may add at most {MAX_NEW_NAMES} classes no other node declares "
+            "(list them in run-config key 'classes' if one site truly holds more)"
         )
     return problem
 

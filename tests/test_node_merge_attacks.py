@@ -236,11 +236,14 @@ def test_two_honest_nodes_with_their_own_spread_keep_a_scaling_between_them(task
     assert centre == 2.0 and scale == pytest.approx(5**0.5)
 
 
-def test_names_enter_by_support_and_one_of_two_nodes_adds_at_most_the_cap():
+def test_names_enter_by_support_or_within_one_nodes_cap_of_lone_names():
     from core.node_merge import MAX_NEW_NAMES, supported
 
     assert supported([["a", "b"], ["a", "b"], ["a", "b", *map(str, range(9998))]]) == {"a", "b"}
-    assert supported([["a", "b", "x"], ["a", "c"], ["b", "c"]]) == {"a", "b", "c"}  # x: one node of three
+    assert supported([["a", "b", "x"], ["a", "c"], ["b", "c"]]) == {"a", "b", "c", "x"}  # x: one honest site's own class
+    many = [f"n{i}" for i in range(MAX_NEW_NAMES + 1)]
+    assert supported([["a", "b"], ["a", "b"], ["a", "b", *many[:-1]]]) == {"a", "b", *many[:-1]}  # at the cap: admitted
+    assert supported([["a", "b"], ["a", "b"], ["a", "b", *many]]) == {"a", "b"}  # one past it: none of its lone names
     assert supported([["a"], ["a", *(f"n{i}" for i in range(MAX_NEW_NAMES))]]) == {"a", *(f"n{i}" for i in range(MAX_NEW_NAMES))}
     assert supported([["a"], ["a", *(f"n{i}" for i in range(MAX_NEW_NAMES + 1))]]) == {"a"}
 
