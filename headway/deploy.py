@@ -33,6 +33,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from core.labels import NODE_LABEL_KEYS
+from core.sources import NODE_LIMIT_KEYS
 from headway.processes import stop_pid, supervise
 
 FLEET_PORT = 9092  # SuperLink Fleet API (gRPC), where SuperNodes connect
@@ -70,6 +72,16 @@ def superlink_command(args: argparse.Namespace) -> list[str]:
     return cmd
 
 
+NODE_LIMITS = (*NODE_LIMIT_KEYS, *NODE_LABEL_KEYS[1:])  # the node-config keys of core/sources.py and core/labels.py ("label-column": above)
+
+
+def _positive(text: str) -> int:
+    """A whole number > 0 (an argparse type)."""
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number > 0, got {text!r}")
+    return int(text)
+
+
 def supernode_command(args: argparse.Namespace) -> list[str]:
     """flower-supernode with this machine's own data (or its partition of one data set), body, and data and state folders."""
     if args.data:
@@ -88,6 +100,10 @@ def supernode_command(args: argparse.Namespace) -> list[str]:
             if "'" in value or '"' in value:
                 raise SystemExit(f"error: --{key} must not contain quotes: {value!r}")
             node_config += f"{' ' if node_config else ''}{key}='{value}'"
+    for key in NODE_LIMITS:  # the node's own limits on what it reads and discloses: the server cannot raise them
+        value = getattr(args, key.replace("-", "_"), None)
+        if value is not None:
+            node_config += f"{' ' if node_config else ''}{key}={str(value).lower() if isinstance(value, bool) else value}"
     cmd = [
         "flower-supernode",
         "--superlink",
@@ -277,6 +293,14 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
     node.add_argument("--state-dir", default="", help="keep the client's local state (bodies, heads) here, so it survives a restart")
     node.add_argument(
         "--label-column", default="", help="with --data: the only label column this node accepts (a run naming another is refused)"
+    )
+    limits = node.add_argument_group("this node's own limits (with --data; the run config cannot raise them: docs/your-data.md)")
+    limits.add_argument("--max-image-pixels", type=_positive, default=None, help="largest image (height x width) it decodes")
+    limits.add_argument("--max-array-bytes", type=_positive, default=None, help="largest array or table it loads, in bytes")
+    limits.add_argument("--follow-symlinks", action="store_true", default=None, help="follow links that lead out of its data folder")
+    limits.add_argument("--max-label-values", type=_positive, default=None, help="most distinct values a label column may have")
+    limits.add_argument(
+        "--max-numeric-label-values", type=_positive, default=None, help="most distinct numbers a numeric label column may have"
     )
     node.add_argument("--port", type=int, default=9094, help="local port of the SuperNode's ClientApp API")
     node.add_argument("--auth-key", default="", help="this SuperNode's private key (see `keys`), when the SuperLink authenticates nodes")

@@ -330,3 +330,24 @@ def test_the_launcher_pins_the_label_column_in_the_node_config(capsys, tmp_path)
     line = capsys.readouterr().out
     config = line.split("--node-config ", 1)[1].split(" --isolation", 1)[0]
     assert parse_config_args([config]) == {"data": str(tmp_path.absolute()), "label-column": "income"}
+
+
+def test_the_launcher_hands_the_nodes_own_limits_to_flower(capsys, tmp_path):
+    """`headway supernode` passes the node's reader and label limits into its node config, where
+    core/sources.py and core/labels.py read them (the run config cannot raise them); a bad value exits 2."""
+    from flwr.common.config import parse_config_args
+
+    from core.labels import node_limit
+    from core.sources import limits_from_node_config
+    from headway.deploy import main
+
+    argv = ["supernode", "--superlink", "srv:9092", "--data", str(tmp_path), "--insecure", "--dry-run"]
+    main([*argv, "--max-image-pixels", "1000", "--max-array-bytes", "2048", "--follow-symlinks", "--max-label-values", "7"])
+    line = capsys.readouterr().out
+    config = parse_config_args([line.split("--node-config ", 1)[1].split(" --isolation", 1)[0]])
+    limits = limits_from_node_config(config)
+    assert (limits.max_image_pixels, limits.max_array_bytes, limits.follow_symlinks) == (1000, 2048, True)
+    assert node_limit(config, "max-label-values", 100) == 7 and "max-numeric-label-values" not in config
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--max-array-bytes", "0"])
+    assert exc.value.code == 2
