@@ -100,7 +100,7 @@ def test_fedlog_over_tls_with_supernode_authentication_across_hosts(tmp_path, da
         )
         run_config = (
             "algorithm='fedlog' dataset='mnist' num-clients=3 num-server-rounds=2 train-fraction=0.01 local-epochs=1 "
-            "batch-size=10 partition='pathological' feature-dim=50 sample-timeout=60.0 round-timeout=120.0 "
+            "batch-size=10 partition='pathological' feature-dim=50 sample-timeout=60.0 round-timeout=240.0 "
             "secure-aggregation='secagg+' fedlog-clip=4.0"
         )
         out = c.submit("lab", run_config, results, host="server")
