@@ -569,7 +569,8 @@ def _hf_images(ds: Any, column: str, where: str, root: Path, limits: ReaderLimit
     """The image column as lazy :class:`HFImage` rows, each header read (and checked) one batch at a time,
     never the pixels: a split of large images costs what its headers and one batch of bytes cost."""
     table = ds.cast_column(column, hf.Image(decode=False))
-    items, info = [], []
+    items: list[HFImage] = []
+    info: list[Any] = []
     for batch in table.select_columns([column]).iter(batch_size=32):
         for cell in batch[column]:
             item = HFImage(table, column, len(items), where, root, limits)

@@ -13,6 +13,7 @@ import zipfile
 import zlib
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -196,7 +197,12 @@ def test_a_huggingface_image_dataset_is_decoded_lazily_like_a_folder(tmp_path, m
     root = _hf_save(tmp_path / "hf", [Image.fromarray(im) for im in x[:20]], [int(v) for v in y[:20]])
     loads = []
     real_load = Image.Image.load
-    monkeypatch.setattr(Image.Image, "load", lambda im: (loads.append(im.size), real_load(im))[1])
+
+    def counted_load(im: Image.Image) -> object:
+        loads.append(im.size)
+        return real_load(im)
+
+    monkeypatch.setattr(Image.Image, "load", counted_load)
     opts = SourceOptions(test_fraction=0.25)
     raw = read_source(root, opts)
     assert loads == [] and raw.format == "huggingface"
@@ -209,7 +215,7 @@ def test_a_huggingface_image_dataset_is_decoded_lazily_like_a_folder(tmp_path, m
 @needs_data("cifar10")
 def test_a_corrupt_image_in_a_huggingface_dataset_names_its_row(tmp_path):
     x, y = _cifar_images()
-    images = [Image.fromarray(im) for im in x[:6]]
+    images: list[Any] = [Image.fromarray(im) for im in x[:6]]
     images[4] = {"bytes": b"\x89PNG\r\n\x1a\n not really a png", "path": None}
     root = _hf_save(tmp_path / "hf", images, [int(v) for v in y[:6]])
     with pytest.raises(SourceError) as err:

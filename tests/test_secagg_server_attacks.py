@@ -6,6 +6,8 @@ Item 7 (first bullet): secure-aggregation with fewer than 3 clients a round is r
 
 from __future__ import annotations
 
+from typing import Any
+
 import flwr.simulation
 import numpy as np
 import pytest
@@ -36,18 +38,18 @@ def train(_: RecordDict) -> RecordDict:
     return reply({"stats": VALUES}, None, 0)
 
 
-def stage(name: str, base: RecordDict | None = None, **fields) -> RecordDict:
-    out = RecordDict(dict(base.items())) if base is not None else RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})})
-    out[P.SECAGG] = ConfigRecord({P.SECAGG_STAGE: name, **fields})
-    return out
+def stage(name: str, **fields: Any) -> RecordDict:
+    """A round-1 stage message with ``fields``, as a server that sends what it likes would write it."""
+    return RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1}), P.SECAGG: ConfigRecord({P.SECAGG_STAGE: name, **fields})})
 
 
 def collect(texts: dict[int, bytes]) -> RecordDict:
     fields = {P.IDS: list(texts), P.CIPHERTEXTS: list(texts.values()), P.SUM_NAMES: ["stats"], P.FRAC_BITS: FRAC}
-    return stage(P.STAGE_COLLECT, RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})}), **fields, **{P.SUM_UPDATE_NORM: 0.0})
+    return stage(P.STAGE_COLLECT, **fields, **{P.SUM_UPDATE_NORM: 0.0})
 
 
-def config_of(out: RecordDict) -> ConfigRecord:
+def config_of(out: RecordDict) -> Any:
+    """A reply's config record, its values as the stage wrote them (untyped: each stage's own fields)."""
     return out.config_records[P.CONFIG]
 
 
@@ -207,7 +209,7 @@ def test_two_invented_holders_still_unmask_a_client_as_the_trust_model_says():
     sent = {v: config_of(answer(stage(P.STAGE_SHARE, **share), v, 0, states[v], train, run_config)) for v in real}
     texts = {v: dict(zip(sent[v][P.IDS], sent[v][P.CIPHERTEXTS], strict=True)) for v in real}
     held = {f: S.open_shares(f, k, pk, {v: texts[v][f] for v in real}, 3) for f, k in fakes.items()}
-    masked = {}
+    masked: dict[int, np.ndarray] = {}
     for v in real:
         relay = {u: texts[u][v] for u in real if u != v} | {f: invented(k, pk[v][1], f, v) for f, k in fakes.items()}
         masked[v] = answer(collect(relay), v, 0, states[v], train, run_config).array_records[P.ARRAYS][P.MASKED].numpy()

@@ -183,7 +183,7 @@ def test_fedlog_a_liar_at_the_bounds_is_accepted_and_just_past_them_refused(task
     or a negative feature sum under ReLU bodies is refused."""
     strategy = fedlog()
     probe, _, most = run_round(strategy, Nodes(fedlog_train))
-    honest = sum(fedlog_stats(p) for p in range(CLIENTS) if p != LIAR)
+    honest = np.sum([fedlog_stats(p) for p in range(CLIENTS) if p != LIAR], axis=0)
     made = most + extra_count - honest[:, 0].sum()  # the examples the liar invents
 
     def lie(content: RecordDict, names: list[str]) -> np.ndarray:
@@ -245,6 +245,7 @@ def test_summary_epsilon_is_the_accountants_for_the_stated_withholding_and_says_
     keys = {"algorithm": "fedlog", "num-clients": 3, "secure-aggregation": "secagg+", "fedlog-clip": 1.0, "fedlog-epsilon": 10.0}
     cfg = resolve({**keys, **DP, "fedlog-epsilon": 10.0, "num-server-rounds": 10, "fedlog-dp-withholding": withholding})
     report = fedlog_dp_report(cfg, 51)
+    assert report is not None
     sensitivity = fedlog_sensitivity(51, 1.0)
     noise_left = share_sigma(cfg, 51) * np.sqrt(3 - withholding)  # the smallest accepted sum, the stated skippers out
     assert report["epsilon_rdp"] == pytest.approx(rdp_epsilon(noise_left / sensitivity, releases(cfg), cfg["fedlog-delta"])[0], rel=1e-12)
