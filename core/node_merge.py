@@ -5,14 +5,20 @@ A description is the node's own word: its row counts, column moments and names. 
 
 - **rows** count for nothing in the schema: every node's moments weigh the same, and one that
   declares more examples than ``max-client-examples`` allows is left out at once;
-- **numeric columns**: the centre is the median of the nodes' means, the scale the square root of
-  the median of their second moments about that centre (``var_i + (mean_i - centre)^2``), so it
-  keeps the spread between nodes; a node whose mean lies more than :data:`OUTLIER_SCALES` scales
-  from the centre, or whose own spread is more than that many scales, is left out;
+- **numeric columns**: the centre is the median of the nodes' means, the scale the median over
+  the nodes whose values vary about that centre of the root of their second moment about it
+  (``var_i + (mean_i - centre)^2``; nodes constant at the centre encode 0 whatever the scale, so
+  they do not pull it to 0 and get a node with a real spread left out). With 3 or more descriptions,
+  a column that fewer than :data:`MIN_COLUMN_NODES` of them hold values of is unused (std 0, encoded
+  0 by every node): a median of two would be set by either of them. A node whose mean lies more
+  than :data:`OUTLIER_SCALES` scales from the centre, or whose own spread is more than that many
+  scales, is left out;
 - **class names and categorical levels**: a name enters the schema when at least :data:`SUPPORT`
   descriptions declare it, or when it is one of at most :data:`MAX_NEW_NAMES` names a node alone
   declares (a site may hold classes no other holds; a node with more lone names adds none of them:
-  its classes make it left out, its levels are dropped); one description alone gives its own names;
+  its classes make it left out, its levels are dropped). For levels the cap is over all of a node's
+  categorical columns together, so a liar cannot add it to every column; one description alone
+  gives its own names;
 - the schema is recomputed without the nodes left out, until no node is left out (a fixpoint), so
   a node that is left out has shaped nothing; registration applies the same checks
   (:func:`description_problem`) to what a node registers with.
@@ -34,6 +40,7 @@ from core.sources import STD_EPS, DataSchema, SourceError, SourceOptions, fits, 
 SUPPORT = 2  # descriptions that declare a class or level for it to enter the schema without counting against a node's cap
 MAX_NEW_NAMES = 64  # classes (or levels of one column) one node may add that no other node declares
 OUTLIER_SCALES = 100.0  # a node's column mean or spread beyond this many pooled scales: left out
+MIN_COLUMN_NODES = 3  # descriptions holding values of a numeric column for a median one of them cannot set
 
 
 def _moments(spec: Mapping[str, Any]) -> tuple[float, float] | None:
@@ -46,27 +53,34 @@ def _moments(spec: Mapping[str, Any]) -> tuple[float, float] | None:
 
 
 def robust_moments(moments: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """(centre, scale) of one column from the nodes' (mean, variance): the median of the means,
-    and the root of the median second moment about it; each node weighs the same."""
+    """(centre, scale) of one column from the nodes' (mean, variance): the median of the means, and
+    the root of the median second moment about it over the nodes whose values vary about it (0 when
+    none do); each node weighs the same."""
     if not moments:
         return 0.0, 0.0
     centre = statistics.median(m for m, _ in moments)
-    return centre, math.sqrt(statistics.median(v + (m - centre) ** 2 for m, v in moments))
+    spread = [second for m, v in moments if (second := v + (m - centre) ** 2) > 0]
+    return centre, math.sqrt(statistics.median(spread)) if spread else 0.0
 
 
-def supported(names_per_node: Sequence[Sequence[str]]) -> set[str]:
-    """Names that enter the schema: those at least :data:`SUPPORT` nodes declare, and each node's
-    lone names (declared by no other node) when it has at most :data:`MAX_NEW_NAMES` of them; so
-    one node adds at most that many names, and an honest site's own classes still count."""
+def lone_names(names_per_node: Sequence[Sequence[str]]) -> list[set[str]]:
+    """Each node's names that no other node declares (none when a single node declares them all)."""
     sets = [set(names) for names in names_per_node]
     if len(sets) == 1:
-        return sets[0]
+        return [set()]
     counts = Counter(n for s in sets for n in s)
-    out = {n for n, k in counts.items() if k >= SUPPORT}
-    for names in sets:
-        lone = names - out
-        if len(lone) <= MAX_NEW_NAMES:
-            out |= lone
+    return [{n for n in names if counts[n] < SUPPORT} for names in sets]
+
+
+def supported(names_per_node: Sequence[Sequence[str]], barred: Sequence[bool] = ()) -> set[str]:
+    """Names that enter the schema: those at least :data:`SUPPORT` nodes declare, and each node's
+    lone names when it has at most :data:`MAX_NEW_NAMES` of them and is not ``barred`` (over its
+    budget elsewhere); so one node adds at most that many names, and an honest site's own classes count."""
+    lone = lone_names(names_per_node)
+    out = set().union(*(set(names) for names in names_per_node)) - set().union(*lone)
+    for i, mine in enumerate(lone):
+        if len(mine) <= MAX_NEW_NAMES and not (i < len(barred) and barred[i]):
+            out |= mine
     return out
 
 
@@ -86,12 +100,15 @@ def robust_schema(profiles: Sequence[dict], opts: SourceOptions) -> DataSchema:
     numeric = []
     for col, _, _ in base.numeric:
         found = [m for p in profiles if (m := _moments(p["columns"][col])) is not None]
+        if not found or len(found) < MIN_COLUMN_NODES <= len(profiles):
+            numeric.append((col, 0.0, 0.0))  # unused: too few nodes hold values for a median no one node sets
+            continue
         centre, scale = robust_moments(found)
         numeric.append((col, centre, scale + STD_EPS))
-    categorical = []
-    for col, _ in base.categorical:
-        levels = supported([p["columns"][col]["levels"] for p in profiles])
-        categorical.append((col, tuple(sorted(levels))))
+    levels_of = {col: [p["columns"][col]["levels"] for p in profiles] for col, _ in base.categorical}
+    lone_levels = [sum(len(lone_names(per_node)[i]) for per_node in levels_of.values()) for i in range(len(profiles))]
+    barred = [count > MAX_NEW_NAMES for count in lone_levels]  # the cap is over all of a node's columns together
+    categorical = [(col, tuple(sorted(supported(per_node, barred)))) for col, per_node in levels_of.items()]
     width = len(numeric) + sum(len(levels) for _, levels in categorical)
     if width == 0:
         raise SourceError("no numeric column, and no level of a categorical column is declared by enough nodes: nothing to train on")
@@ -103,7 +120,7 @@ def moments_problem(profile: Mapping[str, Any], schema: DataSchema) -> str | Non
     schema's centre and scale allow (:data:`OUTLIER_SCALES`), or None."""
     for col, centre, scale in schema.numeric:
         found = _moments(profile["columns"][col])
-        if found is None:
+        if found is None or scale == 0:  # no values here, or a column the run leaves unused
             continue
         mean, var = found
         allowed = OUTLIER_SCALES * max(scale, 1e-9 * (1.0 + abs(centre)))

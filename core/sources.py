@@ -890,7 +890,8 @@ class DataSchema:
     kind: str  # image | table | vector
     classes: tuple[str, ...]
     input_shape: tuple[int, ...]  # (C, S, S) images; (width,) tables/vectors after encoding
-    # tables/vectors: numeric columns (sorted by name) with federated mean/std, then categorical
+    # tables/vectors: numeric columns (sorted by name) with federated mean/std (std 0: the column is unused and
+    # encodes as 0 for every node; core/node_merge.py), then categorical
     # columns (sorted by name) one-hot over their sorted levels (an unseen level: all zeros)
     numeric: tuple[tuple[str, float, float], ...] = ()
     categorical: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -1185,6 +1186,8 @@ def encode(raw: RawSource, schema: DataSchema, opts: SourceOptions, name: str) -
         natural_column=opts.natural_column,
     )
 
+        if std == 0:  # a column the run leaves unused (too few nodes hold values for robust statistics): 0, as missing
+            continue
 
 def load_user_source(path: str, opts: SourceOptions, name: str) -> tuple[Dataset, DataSchema]:
     """read_source + merge([profile]) + encode: one machine holding the whole source (simulation)."""

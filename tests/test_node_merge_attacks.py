@@ -351,3 +351,80 @@ def test_the_launcher_hands_the_nodes_own_limits_to_flower(capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
         main([*argv, "--max-array-bytes", "0"])
     assert exc.value.code == 2
+
+
+def _profiles(folders: list[Path]) -> list[dict]:
+    """The real descriptions the nodes' readers make of their folders (what the ClientApp sends)."""
+    from core.sources import options_from_config, profile, read_source
+
+    opts = options_from_config({"label-column": "income"})
+    return [profile(read_source(f, opts), opts) for f in folders]
+
+
+def _merge(profiles: list[dict]) -> tuple[Any, dict[int, str]]:
+    from core.node_merge import merge_robustly
+    from core.sources import options_from_config
+
+    return merge_robustly(dict(enumerate(profiles)), options_from_config({"label-column": "income"}), 1_000_000)
+
+
+def _constant(profile: dict, column: str) -> dict:
+    spec = profile["columns"][column]
+    spec["sum"], spec["sumsq"] = 0.0, 0.0  # every value 0, as capital-loss is at many real Adult sites
+    return profile
+
+
+def test_nodes_constant_in_a_column_do_not_leave_out_an_honest_node_whose_values_vary(adult_nodes):
+    """Two sites whose capital-loss is all 0 (true of most small Adult samples) and one whose isn't: the
+    median second moment is 0, and the scale must come from the site that varies, not leave it out (the
+    outside probe's finding; a liar copying a constant site's description did the same)."""
+    a, b, c = _profiles(adult_nodes)
+    liar = _constant(copy_of(a), "capital-loss")  # a liar that copies a constant site's description
+    schema, out = _merge([_constant(a, "capital-loss"), b, liar])
+    assert out == {} and schema is not None, out
+    spec = b["columns"]["capital-loss"]
+    second = spec["sumsq"] / spec["n"]  # about the centre 0, the median of the means
+    assert dict((n, s) for n, _, s in schema.numeric)["capital-loss"] == pytest.approx(second**0.5, rel=1e-6)
+    schema, out = _merge([a, b, _constant(c, "capital-loss")])
+    assert out == {}, out  # three honest sites, two of them constant: nobody is left out
+
+
+def copy_of(profile: dict) -> dict:
+    return json.loads(json.dumps(profile))
+
+
+def test_a_column_too_few_nodes_hold_is_unused_so_a_liar_cannot_set_it(adult_nodes):
+    """One honest site has hours-per-week all missing; the liar's hours are 1e14. A median of the two
+    that hold values would be the liar's to set (the honest site's hours encoded to one constant):
+    the column is unused instead, and the lying description shapes nothing an honest one would not."""
+    from core.sources import encode, options_from_config, read_source
+
+    a, b, c = _profiles(adult_nodes)
+    a["columns"]["hours-per-week"].update(n=0, sum=0.0, sumsq=0.0)
+    liar = copy_of(c)
+    hours = liar["columns"]["hours-per-week"]
+    hours["sum"], hours["sumsq"] = 1e14 * hours["n"], 1e28 * hours["n"]
+    lied, out = _merge([a, b, liar])
+    honest, _ = _merge([a, b, c])
+    assert lied == honest and dict((n, s) for n, _, s in lied.numeric)["hours-per-week"] == 0.0, out
+    opts = options_from_config({"label-column": "income"})
+    x = encode(read_source(adult_nodes[1], opts), lied, opts, "node-1").x_train
+    assert not x[:, [n for n, _, _ in lied.numeric].index("hours-per-week")].any()  # unused: 0 for every row
+    assert x[:, [n for n, _, _ in lied.numeric].index("age")].std() > 0.5  # the other columns as ever
+
+
+def test_a_nodes_lone_levels_are_capped_over_all_its_columns(adult_nodes):
+    """A liar adding 64 invented values (the per-node cap) to every categorical column widened the input
+    from 91 to 532: the cap holds over all of a node's columns together, so none of them enter."""
+    from core.node_merge import MAX_NEW_NAMES
+
+    a, b, c = _profiles(adult_nodes)
+    honest, _ = _merge([a, b, c])
+    for spec in c["columns"].values():
+        if spec["type"] == "categorical":
+            spec["levels"] = sorted([*spec["levels"], *(f"made-up-{i}" for i in range(MAX_NEW_NAMES))])
+    lied, _ = _merge([a, b, c])
+    levels = {col: set(values) for col, values in lied.categorical}
+    assert not any(v.startswith("made-up-") for values in levels.values() for v in values)
+    assert all(levels[col] <= set(values) for col, values in honest.categorical)  # over its budget: none of its lone values
+    assert lied.input_shape[0] <= honest.input_shape[0] < 91
