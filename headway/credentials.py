@@ -162,6 +162,10 @@ def make_node_key(out: Path, name: str = "supernode", overwrite: bool = False) -
     ``overwrite``, and symlinks or other users' files always."""
     if not KEY_NAME.fullmatch(name):
         raise ValueError(f"--name {name!r} is not a plain file name (letters, digits, '.', '_', '-'; 64 at most)")
+    if name.lower().endswith(".pub"):  # its private key would be called NAME.pub, the name of a key one may hand out
+        raise ValueError(
+            f"--name {name!r} ends in .pub, the name a public key has: the private key is written to NAME, give NAME without .pub"
+        )
     _folder(out)
     private, public = out / name, out / f"{name}.pub"
     _refuse_existing([private, public], overwrite, "remove it, pick another --name, or pass --overwrite")

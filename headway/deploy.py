@@ -208,7 +208,9 @@ def write_connection(name: str, address: str, insecure: bool, root_cert: str | N
     path.parent.mkdir(parents=True, exist_ok=True)
     text = path.read_text() if path.exists() else "[superlink]\n"
     if f"[superlink.{name}]" in text:
-        raise SystemExit(f"{path} already defines [superlink.{name}]; pick another name or edit the file")
+        raise ValueError(
+            f"{path} already defines [superlink.{name}]: pick another connection name, or remove that block from the file to redefine it"
+        )
     if "[superlink]" not in tomllib.loads(text) and not text.startswith("[superlink]"):
         text = "[superlink]\n" + text
     if simulation is not None:
@@ -402,7 +404,8 @@ def _split(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(
-        f"wrote {len(folders)} node folders ({args.format}) to {args.out}: give each SuperNode its folder (supernode --data {args.out}/node-K)"
+        f"wrote {len(folders)} node folders ({args.format}) to {args.out}: give each SuperNode its folder "
+        f"(supernode --data {Path(args.out) / 'node-K'})"
     )
     return 0
 
@@ -462,6 +465,11 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
         if args.address and not (args.insecure or args.root_cert):
             print("error: a remote connection needs --insecure or --root-cert", file=sys.stderr)
             return 2
+        if args.root_cert and not args.insecure and not Path(args.root_cert).is_file():
+            print(
+                f"error: --root-cert {args.root_cert} is not a file: copy ca.crt from the SuperLink's machine and name it", file=sys.stderr
+            )
+            return 2
         sim = (
             {"num-supernodes": args.num_supernodes, "num-cpus": args.client_cpus, "num-gpus": args.client_gpus} if args.simulation else None
         )
@@ -472,6 +480,13 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
             return 2
         print(f"added [superlink.{args.name}] to {path}; submit runs with: flwr run . {args.name} --stream")
         return 0
+    if args.cmd == "supernode" and args.label_column and not args.data:
+        print(
+            "error: --label-column pins the label column of the node's own data and needs --data PATH; "
+            "a --partition-id node reads the run's data set: drop --label-column",
+            file=sys.stderr,
+        )
+        return 2
     cmd = superlink_command(args) if args.cmd == "superlink" else supernode_command(args)
     if args.dry_run:
         print(" ".join(cmd))

@@ -194,3 +194,55 @@ def test_what_the_docs_commands_write_is_git_ignored():
     paths += ["docker/certs/server.key", "docker/nodes/node-1/data.npz", "elsewhere/ca.key"]
     out = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True, text=True)
     assert sorted(out.stdout.split()) == sorted(paths)
+
+
+# --- the outside tester's second pass (issue 37 follow-up): key names, connect, supernode, split --------------
+
+
+def test_a_key_named_like_a_public_key_is_refused(tmp_path, capsys):
+    """`headway keys --name node1.pub` wrote the PRIVATE key to node1.pub (the name one hands out)."""
+    out = tmp_path / "keys"
+    assert main(["keys", str(out), "--name", "node1.pub"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --name 'node1.pub' ends in .pub") and err.count("\n") == 1, err
+    assert not out.exists() or not any(out.iterdir())
+    assert main(["keys", str(out), "--name", "node1"]) == 0 and sorted(p.name for p in out.iterdir()) == ["node1", "node1.pub"]
+
+
+def test_connect_refuses_a_root_certificate_that_does_not_exist(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    assert main(["connect", "lab", "--address", "10.0.0.5:8000", "--root-cert", str(tmp_path / "missing.crt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --root-cert ") and "is not a file" in err and err.count("\n") == 1, err
+    assert "lab" not in _connections(tmp_path)
+
+
+def test_connect_to_a_name_already_defined_is_one_error_line_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    assert main(["connect", "lab", "--address", "10.0.0.5:8000", "--insecure"]) == 0
+    before = (tmp_path / "config.toml").read_text()
+    capsys.readouterr()
+    assert main(["connect", "lab", "--address", "10.0.0.6:8000", "--insecure"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "already defines [superlink.lab]" in err and "pick another connection name" in err, err
+    assert err.count("\n") == 1 and (tmp_path / "config.toml").read_text() == before
+
+
+def test_supernode_refuses_a_label_column_pin_it_would_drop(capsys):
+    """With --partition-id the node reads the run's data set: the pin was silently left out of its node config."""
+    argv = ["supernode", "--superlink", "h:9092", "--insecure", "--partition-id", "0", "--num-partitions", "2", "--dry-run"]
+    assert main([*argv, "--label-column", "income"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --label-column") and "--data" in err and err.count("\n") == 1, err
+    assert main(argv) == 0 and "label-column" not in capsys.readouterr().out
+
+
+def test_split_names_node_folders_without_a_double_slash(tmp_path, capsys):
+    rows = [[str(i), f"c{i % 3}", "a" if i % 2 else "b"] for i in range(40)]
+    src = tmp_path / "t.csv"
+    src.write_text("x,color,label\n" + "".join(",".join(r) + "\n" for r in rows))
+    out = f"{tmp_path / 'nodes'}/"
+    assert main(["split", str(src), "--num-clients", "2", "--format", "csv", "--out", out]) == 0
+    printed = capsys.readouterr().out
+    assert "//" not in printed and f"--data {tmp_path / 'nodes' / 'node-K'})" in printed, printed
+    assert (tmp_path / "nodes" / "node-1" / "train.csv").is_file()
