@@ -7,8 +7,10 @@ before anything is sent, by rules its operator sets in the node config:
 
 - ``label-column``: pins the column; a run that asks for another is refused;
 - ``max-label-values`` (default 100): more distinct values than this is no class column;
-- ``max-numeric-label-values`` (default 20): where every value is a number, at most this many,
-  and all whole (a value like 3.5 is a measurement).
+- ``max-numeric-label-values`` (default 20): where at least 90 % of the distinct values are numbers
+  (also written ``122,177``, ``$5``, ``15%`` or top-coded ``90+``), at most this many, and all whole (a
+  value like 3.5 is a measurement); and whatever the type, more distinct values than this that are
+  also more than half the rows is an identifier, no class column.
 
 Only where the run config names the column (tables, Hugging Face data sets); an image folder's
 classes are its folder names. Plain functions, no Flower.
@@ -17,6 +19,7 @@ classes are its folder names. Plain functions, no Flower.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,11 @@ DEFAULT_MAX_LABEL_VALUES = 100
 DEFAULT_MAX_NUMERIC_LABEL_VALUES = 20
 CHOSEN_LABEL_FORMATS = ("csv", "parquet", "huggingface")  # sources whose label column the run config names
 NODE_LABEL_KEYS = ("label-column", "max-label-values", "max-numeric-label-values")
+
+
+CURRENCY = "$€£¥₹"
+THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:[,'_ ]\d{3})+(?:\.\d+)?")  # 122,177 / 1'234'567.5 / 1 000
+NUMERIC_SHARE = 0.9  # a column whose distinct values are at least this share numbers-like is held to the numeric rule
 
 
 def _number(text: str) -> float | None:
@@ -36,18 +44,34 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def number_like(text: str) -> float | None:
+    """``text`` as a number once written the way people write amounts: thousands separators
+    (``122,177``), a currency sign, a trailing ``%`` or a top-coding ``+`` (``90+``); else None."""
+    t = text.strip().strip(CURRENCY).strip().removesuffix("%").removesuffix("+").strip().lstrip(CURRENCY)
+    if THOUSANDS.fullmatch(t):
+        t = re.sub(r"[,'_ ]", "", t)
+    return _number(t)
+
+
 def label_problem(labels: Iterable[str], column: str, max_values: int, max_numeric: int) -> str | None:
-    """Why the values ``labels`` of ``column`` are no classes by the node's rule (more than
-    ``max_values`` distinct; or all numbers, and some not whole or more than ``max_numeric``
-    distinct), or None."""
-    distinct = set(labels)
+    """Why the values ``labels`` (one a row) of ``column`` are no classes by the node's rule, or None:
+    more than ``max_values`` distinct; more than ``max_numeric`` distinct that are also more than half
+    the rows (an identifier, whatever its type); or at least NUMERIC_SHARE of the distinct values
+    numbers-like (:func:`number_like`) and some of those not whole or more than ``max_numeric`` of them."""
+    rows = list(labels)
+    distinct = set(rows)
     fix = "set run-config key 'label-column' to a column of classes (a node operator who means it raises {key} in the node config)"
     if len(distinct) > max_values:
         return f"label column '{column}' has {len(distinct)} distinct values, more than max-label-values={max_values}: " + fix.format(
             key="max-label-values"
         )
-    numbers = [x for v in distinct if (x := _number(v)) is not None]
-    if not distinct or len(numbers) < len(distinct):
+    if len(distinct) > max_numeric and 2 * len(distinct) > len(rows):
+        return (
+            f"label column '{column}' has {len(distinct)} distinct values in {len(rows)} rows (more than half the rows, and more "
+            f"than max-numeric-label-values={max_numeric}), an identifier or a measurement: " + fix.format(key="max-numeric-label-values")
+        )
+    numbers = [x for v in distinct if (x := number_like(v)) is not None]
+    if not distinct or len(numbers) < NUMERIC_SHARE * len(distinct):
         return None
     fractional = sorted(x for x in numbers if not x.is_integer())
     if fractional:
@@ -56,7 +80,8 @@ def label_problem(labels: Iterable[str], column: str, max_values: int, max_numer
         )
     if len(numbers) > max_numeric:
         return (
-            f"label column '{column}' holds {len(numbers)} distinct numbers, more than max-numeric-label-values={max_numeric}: "
+            f"label column '{column}' holds {len(numbers)} distinct numbers (of {len(distinct)} distinct values; written with "
+            f"separators, signs or '+' they count too), more than max-numeric-label-values={max_numeric}: "
             + fix.format(key="max-numeric-label-values")
         )
     return None

@@ -309,6 +309,52 @@ def test_a_node_that_pins_its_label_column_refuses_another(task_identity, adult_
     }
 
 
+def _adult_folder(root: Path, rows: list[list[str]]) -> Path:
+    root.mkdir(parents=True)
+    with open(root / "train.csv", "w", newline="") as dst:
+        w = csv.writer(dst)
+        w.writerow(ADULT)
+        w.writerows(rows)
+    return root
+
+
+def _describe(cfg: dict[str, Any], folder: Path) -> Message:
+    """The real ClientApp's answer to a server asking ``folder``'s node to describe its data."""
+    content = RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 0, P.PHASE: P.PHASE_DESCRIBE})})
+    return NodesGrid(cfg, [folder]).send_and_receive([Message(content=content, dst_node_id=201, message_type=MessageType.QUERY)])[0]
+
+
+def test_numbers_written_as_people_write_them_are_no_label_column(task_identity, tmp_path):
+    """The tester's bypasses, as a server asking for the column: 'age' of 400 real Adult rows with one
+    top-coded '90+' (59 distinct ages: before, accepted as text); 'fnlwgt' written '120,000' (rounded to
+    ten thousands: fewer distinct than half the rows, the numbers-like rule); 'fnlwgt' with commas at a node
+    of 80 rows (79 distinct: before, 64 classes sent). Each node answers with an error, no description;
+    its real class columns still describe."""
+    src = data_root() / "uci-adult" / "adult.data"
+    if not src.is_file():
+        pytest.skip(f"UCI Adult not found at {src}: set HEADWAY_DATA_DIR")
+    with open(src) as fh:
+        rows = [r for r in csv.reader(fh, skipinitialspace=True) if len(r) == len(ADULT)][:400]
+    top = [list(r) for r in rows]
+    top[0][0] = "90+"
+    thousands = [[f"{round(int(c), -4):,}" if j == 2 else c for j, c in enumerate(r)] for r in rows]
+    commas = [[f"{int(c):,}" if j == 2 else c for j, c in enumerate(r)] for r in rows[:80]]
+    assert len({r[2] for r in thousands}) < 200 and len({r[0] for r in top}) > 20
+    cases = [
+        ("age", top, "holds 60 distinct numbers"),
+        ("fnlwgt", thousands, "distinct numbers (of"),
+        ("fnlwgt", commas, "distinct values in 80 rows (more than half the rows"),
+    ]
+    for i, (column, data, why) in enumerate(cases):
+        reply = _describe(adult_cfg(**{"label-column": column}), _adult_folder(tmp_path / f"n{i}", data))
+        assert reply.has_error() and not reply.has_content(), column
+        reason = str(reply.error.reason)
+        assert readable(reason) and f"this node refuses the run's label column: label column '{column}'" in reason and why in reason, reason
+    for column in ("income", "education", "race"):  # classes, even in the same altered files
+        reply = _describe(adult_cfg(**{"label-column": column}), tmp_path / "n0")
+        assert not reply.has_error(), str(reply.error.reason) if reply.has_error() else column
+
+
 def test_the_label_rule_itself():
     from core.labels import label_problem
 
@@ -318,6 +364,10 @@ def test_the_label_rule_itself():
     assert "more than max-numeric-label-values=20" in str(label_problem([str(a) for a in range(17, 60)], "age", 100, 20))
     assert "more than max-label-values=100" in str(label_problem([f"id{i}" for i in range(101)], "id", 100, 20))
     assert label_problem([str(a) for a in range(17, 60)], "age", 100, 50) is None  # an operator who means it
+    assert "distinct numbers" in str(label_problem([f"${a},000" for a in range(100, 130)] * 3, "pay", 100, 20))  # currency, separators
+    assert "not whole" in str(label_problem(["10%", "12.5%"] * 10, "rate", 100, 20))
+    assert label_problem(["a", "b", "c"], "tiny", 100, 20) is None  # few classes at a tiny node: not an identifier
+    assert "more than half the rows" in str(label_problem([f"user{i}" for i in range(30)], "user", 100, 20))
 
 
 def test_the_launcher_pins_the_label_column_in_the_node_config(capsys, tmp_path):
