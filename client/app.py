@@ -25,6 +25,7 @@ from client.state_store import restore_state, save_state, state_path
 from core import protocol as P
 from core.config import body_for, scores_with_train
 from core.run_data import node_profile
+from core.secagg import pinned_floor
 from core.sources import limits_from_node_config
 
 log = logging.getLogger("headway")
@@ -97,6 +98,7 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
         else:
             procedure = PROCEDURES[env.cfg["algorithm"]]
             handler = procedure.train if kind == "train" else procedure.evaluate
+            floor_cfg = pinned_floor(env.cfg, context.node_config) if kind == "train" else env.cfg  # the node's own pins
             scores = None
             if kind == "train" and scores_with_train(env.cfg, round_of(msg.content)):  # the model received, scored before training
                 scores = procedure.evaluate(env, msg.content, context.state).metric_records[P.METRICS]
@@ -109,7 +111,7 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
                     env.partition_id,
                     context.state,
                     lambda c: handler(env, c, context.state),
-                    env.cfg,  # the floor this client holds the server to comes from its own run config
+                    floor_cfg,  # the floor this client holds the server to: its run config, raised by its node's pins
                 )
             else:
                 content = handler(env, msg.content, context.state)

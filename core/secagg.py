@@ -41,6 +41,7 @@ import os
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
@@ -159,6 +160,36 @@ def client_floor(cfg: Mapping[str, object]) -> Floor:
     smallest = max(MIN_CLIENTS, int(cfg["min-replies"]))  # type: ignore[call-overload]
     k = share_count(smallest, int(cfg["secagg-shares"]))  # type: ignore[call-overload]
     return Floor(k, threshold_for(k - 1, fraction), fraction)
+
+
+NODE_PINS = ("secure-aggregation", "min-replies", "secagg-shares", "secagg-threshold")  # node-config keys a node may pin
+
+
+def pinned_floor(cfg: Mapping[str, Any], node_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``cfg`` with this node's own pins (its node config, which whoever submits the run cannot change)
+    applied: the stricter of the run's and the node's ``min-replies``, ``secagg-shares`` and
+    ``secagg-threshold``. SecAggError when the node pins ``secure-aggregation=secagg+`` and the run is
+    not under it, or when a pin is not a number."""
+    pinned = str(node_config.get("secure-aggregation", "") or "").strip()
+    if pinned not in ("", "off", "secagg+"):
+        raise SecAggError(f"node config 'secure-aggregation' must be 'secagg+' (or left out), got {pinned!r}")
+    if pinned == "secagg+" and cfg["secure-aggregation"] != "secagg+":
+        raise SecAggError(
+            f"this node pins secure-aggregation='secagg+' in its node config and the run has {cfg['secure-aggregation']!r}: "
+            "it sends nothing in the clear; submit the run with secure-aggregation='secagg+'"
+        )
+    out = dict(cfg)
+    for key, kind in (("min-replies", int), ("secagg-shares", int), ("secagg-threshold", float)):
+        if key not in node_config:
+            continue
+        try:
+            value = kind(node_config[key])
+        except (TypeError, ValueError):
+            raise SecAggError(f"node config '{key}' must be a number, got {node_config[key]!r}") from None
+        if not (math.isfinite(value) and value >= 0):
+            raise SecAggError(f"node config '{key}' must be a finite number >= 0, got {node_config[key]!r}")
+        out[key] = max(out[key], value)
+    return out
 
 
 def check_threshold(floor: Floor, threshold: int) -> None:

@@ -34,6 +34,7 @@ import tomllib
 from pathlib import Path
 
 from core.labels import NODE_LABEL_KEYS
+from core.secagg import NODE_PINS
 from core.sources import NODE_LIMIT_KEYS
 from headway.processes import stop_pid, supervise
 
@@ -100,10 +101,11 @@ def supernode_command(args: argparse.Namespace) -> list[str]:
             if "'" in value or '"' in value:
                 raise SystemExit(f"error: --{key} must not contain quotes: {value!r}")
             node_config += f"{' ' if node_config else ''}{key}='{value}'"
-    for key in NODE_LIMITS:  # the node's own limits on what it reads and discloses: the server cannot raise them
+    for key in (*NODE_LIMITS, *NODE_PINS):  # the node's own limits and pins: whoever submits the run cannot change them
         value = getattr(args, key.replace("-", "_"), None)
         if value is not None:
-            node_config += f"{' ' if node_config else ''}{key}={str(value).lower() if isinstance(value, bool) else value}"
+            text = str(value).lower() if isinstance(value, bool) else f"'{value}'" if isinstance(value, str) else value
+            node_config += f"{' ' if node_config else ''}{key}={text}"
     cmd = [
         "flower-supernode",
         "--superlink",
@@ -304,6 +306,11 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
     limits.add_argument(
         "--max-numeric-label-values", type=_positive, default=None, help="most distinct numbers a numeric label column may have"
     )
+    pins = node.add_argument_group("what this node requires of a run (the run config is the submitter's: docs/secure-aggregation.md)")
+    pins.add_argument("--secure-aggregation", choices=("secagg+",), default=None, help="send training replies only under SecAgg+")
+    pins.add_argument("--min-replies", type=_positive, default=None, help="hold the server to the SecAgg+ floor of this many clients")
+    pins.add_argument("--secagg-shares", type=_positive, default=None, help="least SecAgg+ neighbourhood size it accepts")
+    pins.add_argument("--secagg-threshold", type=float, default=None, help="least fraction of its share holders a threshold must exceed")
     node.add_argument("--port", type=int, default=9094, help="local port of the SuperNode's ClientApp API")
     node.add_argument("--auth-key", default="", help="this SuperNode's private key (see `keys`), when the SuperLink authenticates nodes")
     node.add_argument("--max-retries", type=int, default=None, help="give up after this many failed tries to reach the SuperLink")

@@ -22,6 +22,7 @@ from client.secure_aggregation import SESSION, answer
 from core import protocol as P
 from core import secagg as S
 from core.config import ConfigError, resolve
+from tests.conftest import needs_data
 from tests.fakes import reply
 
 VALUES = (np.arange(1, 11, dtype=np.float32) * 0.5).reshape(1, 10)  # the victim's statistics
@@ -228,3 +229,67 @@ def test_two_invented_holders_still_unmask_a_client_as_the_trust_model_says():
             pairwise = S.mask(S.pair_key(sk1, pk[peer][0]), vec.size)
             vec = vec - pairwise if S.pair_sign(A, peer) > 0 else vec + pairwise
     np.testing.assert_allclose(S.decode(vec, FRAC), VALUES.ravel(), atol=1e-5)
+
+
+def _adult_client(node_config: dict, **keys: Any) -> tuple[Any, Any]:
+    """The real ClientApp of a UCI Adult run submitted with ``keys``, and the context of a node whose operator set ``node_config``."""
+    from flwr.app import Context
+
+    from client.app import build_client_app
+
+    cfg = resolve({"algorithm": "fedavg", "dataset": "uci-adult", "body": "mlp", "num-clients": 3, "local-epochs": 1, **keys})
+    ctx = Context(
+        run_id=1, node_id=A, node_config={"partition-id": 0, "num-partitions": 3, **node_config}, state=RecordDict(), run_config={}
+    )
+    return build_client_app(cfg), ctx
+
+
+def _ask(app: Any, ctx: Any, content: RecordDict) -> Any:
+    from flwr.app import Message, MessageType
+
+    return app(Message(content=content, dst_node_id=A, message_type=MessageType.TRAIN, group_id="1"), ctx)
+
+
+@needs_data("uci-adult")
+def test_a_node_that_pins_secure_aggregation_refuses_a_run_submitted_without_it(task_identity):
+    """The run config is the submitter's: a server that wants plain updates submits secure-aggregation=off.
+    A node whose operator pinned secure-aggregation=secagg+ in its node config sends nothing in the clear."""
+    from flwr.app import ArrayRecord
+
+    plain = RecordDict({P.ARRAYS: ArrayRecord(), P.CONFIG: ConfigRecord({P.ROUND: 1, P.PHASE: P.PHASE_TRAIN})})
+    app, ctx = _adult_client({"secure-aggregation": "secagg+"})
+    reply = _ask(app, ctx, plain)
+    assert reply.has_error() and "pins secure-aggregation='secagg+'" in str(reply.error.reason)
+    assert not reply.has_content()
+    app, ctx = _adult_client({})  # without the pin the same message is answered in the clear, as the run asks
+    assert not _ask(app, ctx, plain).has_error()
+
+
+@needs_data("uci-adult")
+def test_a_node_pinned_floor_outranks_a_lax_run_config(task_identity):
+    """A submitter who lowers min-replies to 1 gets the protocol's floor (threshold 2) from the run config;
+    a node that pins min-replies=5 holds the server to 5 clients' floor (threshold 3) whatever the run says."""
+    keys = {"secure-aggregation": "secagg+", "min-replies": 1}
+    app, ctx = _adult_client({"min-replies": 5}, **keys)
+    reply = _ask(app, ctx, stage(P.STAGE_SETUP, **{P.SECAGG_THRESHOLD: 2}))
+    assert reply.has_error() and "threshold 2, below the 3" in str(reply.error.reason)
+    app, ctx = _adult_client({}, **keys)
+    assert not _ask(app, ctx, stage(P.STAGE_SETUP, **{P.SECAGG_THRESHOLD: 2})).has_error()
+    with pytest.raises(S.SecAggError, match="must be a number"):
+        S.pinned_floor(cfg(), {"secagg-threshold": "half"})
+    assert S.pinned_floor(cfg(**{"num-clients": 9, "min-replies": 7}), {"min-replies": "5"})["min-replies"] == 7  # the stricter one
+
+
+def test_the_launcher_writes_the_nodes_secure_aggregation_pins(capsys):
+    """`headway supernode --secure-aggregation secagg+ --min-replies 5` puts both pins in the node config, where the ClientApp reads them."""
+    from flwr.common.config import parse_config_args
+
+    from headway.deploy import main
+
+    argv = ["supernode", "--superlink", "srv:9092", "--partition-id", "0", "--num-partitions", "3", "--insecure", "--dry-run"]
+    main([*argv, "--secure-aggregation", "secagg+", "--min-replies", "5"])
+    line = capsys.readouterr().out
+    node_config = parse_config_args([line.split("--node-config ", 1)[1].split(" --isolation", 1)[0]])
+    with pytest.raises(S.SecAggError, match="pins secure-aggregation"):
+        S.pinned_floor(resolve({"algorithm": "fedavg", "num-clients": 3}), node_config)
+    assert S.client_floor(S.pinned_floor(cfg(), node_config)).threshold == 3
