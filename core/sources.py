@@ -42,6 +42,8 @@ MAX_IMAGE_SIZE = 1_024  # pixels a side the images' own size may set (image-size
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 DEFAULT_MAX_IMAGE_PIXELS = 8_192 * 8_192  # of one image (h x w), from its header: 192 MiB decoded as RGB, one image at a time
 DEFAULT_MAX_ARRAY_BYTES = 256 * 2**20  # decompressed bytes of one npz array, one CSV file, one Parquet file or HF table split
+MAX_CELL_BYTES = 131_072  # of one text cell in a table (Python's csv field limit, applied to Parquet and HF tables too)
+PARQUET_BATCH_ROWS = 4_096  # rows of a Parquet file decoded at a time (text kept dictionary-encoded until counted)
 MAX_MEAN_SQUARE = 1e30  # of a numeric column (values up to about 1e15): beyond it, not data a float32 encoder keeps
 INSTALL_HINT = "pip install -e '.[data]'"
 
@@ -369,20 +371,82 @@ def _read_csv(file: Path, limits: ReaderLimits) -> dict[str, list[str]]:
 
 def _read_parquet(file: Path, limits: ReaderLimits) -> dict[str, list]:
     """A Parquet file as {column: values}, its decompressed size (from the footer) checked against the
-    node's max-array-bytes before any column is read; pyarrow is imported only here."""
+    node's max-array-bytes before any column is read, then read batch by batch with text kept
+    dictionary-encoded, each batch's decoded size counted (:func:`_batch_bytes`) before it is expanded:
+    a small file whose dictionary repeats one long string is refused before it costs its decoded size.
+    pyarrow is imported only here."""
     pq = _require("pyarrow.parquet", file, "Parquet")
     try:
         meta = pq.ParquetFile(str(file)).metadata
         encoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         size = max(encoded, meta.num_rows * meta.num_columns * 8)  # run-length encoded zeros still decode to 8 B a cell
         if size <= limits.max_array_bytes:
-            return pq.read_table(str(file)).to_pydict()
+            return _parquet_columns(pq, file, limits)
+    except SourceError:
+        raise
     except Exception as exc:  # pyarrow raises its own error types for a damaged file
         raise SourceError(f"{file}: not a readable Parquet file ({_one_line(exc)})") from None
     raise SourceError(
         f"{file}: a Parquet file of {meta.num_rows} rows x {meta.num_columns} columns, at least {size} bytes decoded, more than "
         f"this node's limit of {limits.max_array_bytes}: split the data over nodes, or raise node-config key 'max-array-bytes'"
     )
+
+
+def _parquet_columns(pq: Any, file: Path, limits: ReaderLimits) -> dict[str, list]:
+    """Every column of a Parquet file, read PARQUET_BATCH_ROWS rows at a time with text columns as
+    dictionaries; SourceError once the decoded bytes pass max-array-bytes or a text cell passes MAX_CELL_BYTES."""
+    import pyarrow as pa
+
+    names = pq.ParquetFile(str(file)).schema_arrow
+    text = [f.name for f in names if _is_text_type(pa, f.type)]
+    reader = pq.ParquetFile(str(file), read_dictionary=text)
+    columns: dict[str, list] = {name: [] for name in reader.schema_arrow.names}
+    decoded, first_row = 0, 0
+    for batch in reader.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+        for name, array in zip(batch.schema.names, batch.columns):
+            cells, longest, at = _batch_bytes(pa, array)
+            if longest > MAX_CELL_BYTES:
+                raise SourceError(
+                    f"{file}: row {first_row + at}, column '{name}': a text cell of {longest} bytes, more than {MAX_CELL_BYTES} "
+                    "(the CSV reader's field limit): shorten or drop the value, a feature is no document"
+                )
+            decoded += cells
+        if decoded > limits.max_array_bytes:
+            raise SourceError(
+                f"{file}: decodes to more than {decoded} bytes by row {first_row + batch.num_rows} of {reader.metadata.num_rows}, more "
+                f"than this node's limit of {limits.max_array_bytes} (its footer declares less): split the data over nodes, "
+                "or raise node-config key 'max-array-bytes'"
+            )
+        for name, values in batch.to_pydict().items():
+            columns[name].extend(values)
+        first_row += batch.num_rows
+    return columns
+
+
+def _is_text_type(pa: Any, kind: Any) -> bool:
+    """Whether an Arrow type holds variable-length text or bytes (also as a dictionary's values)."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind))
+
+
+def _batch_bytes(pa: Any, array: Any) -> tuple[int, int, int]:
+    """(bytes the column ``array`` of one batch decodes to, its longest text cell, that cell's row in the
+    batch): 8 a cell plus each text cell's length, a dictionary's values counted once per row that uses them."""
+    import pyarrow.compute as pc
+
+    if not _is_text_type(pa, array.type):
+        return 8 * len(array), 0, 0
+    if pa.types.is_dictionary(array.type):
+        lengths = pc.binary_length(array.dictionary).take(array.indices)
+    else:
+        lengths = pc.binary_length(array)
+    lengths = lengths.fill_null(0)
+    if not len(lengths):
+        return 0, 0, 0
+    longest = int(pc.max(lengths).as_py() or 0)
+    at = int(pc.index(lengths, longest).as_py()) if longest > MAX_CELL_BYTES else 0
+    return 8 * len(array) + int(pc.sum(lengths).as_py() or 0), longest, at
 
 
 def _table_split(columns: Mapping[str, Sequence[Any]], where: str, opts: SourceOptions) -> RawSplit:
@@ -406,11 +470,14 @@ def _table_split(columns: Mapping[str, Sequence[Any]], where: str, opts: SourceO
 
 def _text_problem(values: Any, what: str) -> str | None:
     """Why a column's text cells (its categorical levels, or natural-column values) cannot be names: the first
-    cell holding a control character, by row; None for numeric arrays and clean text."""
+    cell holding a control character or longer than MAX_CELL_BYTES (any table reader), by row; None for numeric
+    arrays and clean text."""
     if isinstance(values, np.ndarray) and values.dtype.kind in "biuf":
         return None
     for i, v in enumerate(values):
         text = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+        if isinstance(text, str) and len(text) > MAX_CELL_BYTES:
+            return f"{what} row {i}: a text cell of {len(text)} characters, more than {MAX_CELL_BYTES}: shorten or drop the value"
         if isinstance(text, str) and CONTROL.search(text):
             return _control_problem(text, f"{what} row {i}: value")
     return None
@@ -770,12 +837,22 @@ def _numbers(values: Any, strict: bool) -> np.ndarray | None:
     return out
 
 
-def _column_profile(values: Any) -> dict:
-    """A numeric column's count, sum and sum of squares, or a categorical column's sorted levels."""
+def _column_profile(values: Any, col: str = "", where: str = "") -> dict:
+    """A numeric column's count, sum and sum of squares, or a categorical column's sorted levels;
+    SourceError (naming ``where``, the column and its largest value's row) when the sums are not finite
+    or their mean square passes MAX_MEAN_SQUARE: the node refuses what the server would leave out."""
     numbers = _numbers(values, strict=True)
     if numbers is not None:
         present = numbers[~np.isnan(numbers)]
-        return {"type": "numeric", "n": int(len(present)), "sum": float(present.sum()), "sumsq": float((present * present).sum())}
+        with np.errstate(over="ignore"):
+            total, squares = float(present.sum()), float((present * present).sum())
+        if not (math.isfinite(total) and math.isfinite(squares)) or (len(present) and squares / len(present) > MAX_MEAN_SQUARE):
+            row = int(np.nanargmax(np.abs(numbers)))
+            raise SourceError(
+                f"{where}: row {row}, column '{col}' holds {numbers[row]:g}: its column's sum of squares is {squares:g}, beyond "
+                f"{MAX_MEAN_SQUARE:g} a row (values up to about 1e15 are kept): fix or drop the value"
+            )
+        return {"type": "numeric", "n": int(len(present)), "sum": total, "sumsq": squares}
     return {"type": "categorical", "levels": sorted({_label_name(v) for v in values if not _is_missing(v)})}
 
 
@@ -803,7 +880,8 @@ def profile(raw: RawSource, opts: SourceOptions) -> dict:
     if raw.kind == "image":
         out["channels"], out["size"] = _image_profile(raw)
     else:
-        out["columns"] = {c: _column_profile(raw.train.x[c]) for c in sorted(raw.train.x, key=_column_key)}
+        where = f"{raw.path} (train)"
+        out["columns"] = {c: _column_profile(raw.train.x[c], c, where) for c in sorted(raw.train.x, key=_column_key)}
     return out
 
 
@@ -1119,6 +1197,8 @@ def _encode_table(split: RawSplit, schema: DataSchema, where: str) -> np.ndarray
         raise SourceError(f"{where}: lacks the run's columns {missing[:10]}: every node needs the same columns")
     out = np.zeros((len(split), schema.input_shape[0]), dtype=np.float32)
     for j, (col, mean, std) in enumerate(schema.numeric):
+        if std == 0:  # a column the run leaves unused (too few nodes hold values for robust statistics): 0, as missing
+            continue
         z = (_numbers(split.x[col], strict=False) - mean) / std
         out[:, j] = np.where(np.isnan(z), 0.0, z)
     j = len(schema.numeric)
@@ -1186,8 +1266,6 @@ def encode(raw: RawSource, schema: DataSchema, opts: SourceOptions, name: str) -
         natural_column=opts.natural_column,
     )
 
-        if std == 0:  # a column the run leaves unused (too few nodes hold values for robust statistics): 0, as missing
-            continue
 
 def load_user_source(path: str, opts: SourceOptions, name: str) -> tuple[Dataset, DataSchema]:
     """read_source + merge([profile]) + encode: one machine holding the whole source (simulation)."""

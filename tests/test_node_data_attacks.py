@@ -131,6 +131,27 @@ def test_1e200_in_held_out_csv_rows_is_refused_not_encoded_as_inf(tmp_path):
     assert np.isfinite(clean.x_test).all() and np.isfinite(clean.x_train).all()
 
 
+@needs_data("uci-adult")
+def test_1e200_in_training_rows_is_refused_by_the_node_naming_column_and_row(tmp_path):
+    """The value sits in a training row: before, the node sent a description whose sum of squares was
+    inf and the server left it out as 'node data profile 0 is malformed', naming neither file nor row.
+    Now the node's own description refuses, naming the file, the split, the row and the column."""
+    rows = _adult_rows()
+    held = set(int(i) for i in _hold_out([r[-1] for r in rows], ADULT.test_fraction, ADULT.seed))
+    target = next(i for i in range(len(rows)) if i not in held)
+    rows[target][0] = "1e200"  # age
+    path = _write_csv(tmp_path / "adult.csv", rows)
+    raw = read_source(path, ADULT)
+    row = [i for i, v in enumerate(raw.train.x["age"]) if v == "1e200"]
+    with pytest.raises(SourceError) as err:
+        profile(raw, ADULT)
+    text = str(err.value)
+    assert "\n" not in text and f"{path} (train): row {row[0]}, column 'age' holds 1e+200" in text and "inf" in text, text
+    rows[target][0] = "1e15"  # large, and still a profile the server accepts
+    prof = profile(read_source(_write_csv(tmp_path / "ok.csv", rows), ADULT), ADULT)
+    assert np.isfinite(prof["columns"]["age"]["sumsq"]) and merge([prof], ADULT).numeric
+
+
 # --- decompression bombs: one pixel and byte limit for every reader ----------------------------
 
 
@@ -184,6 +205,61 @@ def test_csv_and_parquet_are_held_to_max_array_bytes(tmp_path):
         match=r"t\.parquet: a Parquet file of 200000 rows x 2 columns, at least 3200000 bytes decoded, more than this node's limit",
     ):
         read_source(tmp_path / "t.parquet", SourceOptions(), ReaderLimits(max_array_bytes=1_000_000))
+
+
+def _parquet_dictionary_bomb(path: Path, rows: list[list[str]], cell: int) -> Path:
+    """Real Adult rows plus a column 'note' holding one string of ``cell`` bytes in every row, written
+    dictionary-encoded: the file stores the string once, its footer declares about that much, and
+    every row decodes to its own copy (the tester's 1,482-byte file: 150 rows x 2 MB = 300 MB)."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    columns: dict[str, Any] = {name: [r[j] for r in rows] for j, name in enumerate(ADULT_COLUMNS)}
+    columns["note"] = pa.array(["x" * cell] * len(rows)).dictionary_encode()
+    pq.write_table(pa.table(columns), str(path), compression="zstd")
+    return path
+
+
+@needs_data("uci-adult")
+def test_a_parquet_dictionary_bomb_is_refused_by_its_cell_before_it_is_expanded(tmp_path):
+    """150 Adult rows each with the same dictionary-encoded 2 MB note: under 10 kB on disk and a footer
+    under max-array-bytes, 300 MB decoded. Refused naming file, row 0 and column 'note' while the read
+    allocates under 16 MB of Python objects (before: every row got its own 2 MB string, 468 MB peak)."""
+    bomb = _parquet_dictionary_bomb(tmp_path / "train.parquet", _adult_rows(150), 2 * 2**20)
+    assert bomb.stat().st_size < 10_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(SourceError) as err:
+            read_source(bomb, ADULT)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    text = str(err.value)
+    assert str(bomb) in text and "row 0, column 'note': a text cell of 2097152 bytes, more than 131072" in text, text
+    assert peak < 16 * 2**20, peak
+
+
+@needs_data("uci-adult")
+def test_a_parquet_dictionary_bomb_of_short_cells_is_refused_by_its_decoded_size(tmp_path):
+    """Cells under the cell limit (100 kB) in 2,000 real Adult rows: 200 MB decoded from a small file whose footer
+    declares far less than the node's 50 MB limit; refused once the counted bytes pass it, before expansion.
+    The same rows without the note read."""
+    rows = _adult_rows(2000)
+    bomb = _parquet_dictionary_bomb(tmp_path / "train.parquet", rows, 100_000)
+    limits = ReaderLimits(max_array_bytes=50 * 2**20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(SourceError) as err:
+            read_source(bomb, ADULT, limits)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    text = str(err.value)
+    assert "train.parquet: decodes to more than" in text and f"limit of {50 * 2**20}" in text and "'max-array-bytes'" in text, text
+    assert peak < 16 * 2**20, peak
+    pq, pa = pytest.importorskip("pyarrow.parquet"), pytest.importorskip("pyarrow")
+    pq.write_table(pa.table({n: [r[j] for r in rows] for j, n in enumerate(ADULT_COLUMNS)}), str(tmp_path / "ok.parquet"))
+    raw = read_source(tmp_path / "ok.parquet", ADULT, limits)
+    assert len(raw.train) + len(raw.test) == 2000 and raw.train.x["age"][0] == rows[0][0]
 
 
 # --- Hugging Face image datasets: lazy, and a corrupt row named ------------------------------
