@@ -208,11 +208,11 @@ class StatsCheck:
             return f"class counts sum to {per_class.sum():.6g}, not the reported count {count:g}"
         if not self.count_known:  # the noised count row is all there is: bound it by what the client can hold
             if np.any(per_class > max_count + slack):
-                return f"a class count ({per_class.max():.6g}) exceeds the {max_count:g} examples this client can hold plus 8 noise std ({slack:.4g})"
+                return f"a class count ({per_class.max():.6g}) exceeds the {max_count:g} examples the sender (one client, or those in a secure sum) can hold plus 8 noise std ({slack:.4g})"
             total, spread = per_class.sum(), slack * math.sqrt(self.num_classes)  # the total's noise has std σ√C
             if total > max_count + spread:
                 return (
-                    f"class counts sum to {total:.6g}, beyond the {max_count:g} examples this client can hold "
+                    f"class counts sum to {total:.6g}, beyond the {max_count:g} examples the sender (one client, or those in a secure sum) can hold "
                     f"plus 8 noise std of the sum ({spread:.4g})"
                 )
             if total < -spread:  # each class may dip to -8σ by noise, but not all of them at once

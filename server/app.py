@@ -164,6 +164,12 @@ def never_aggregated(rounds: list[dict[str, Any]], cfg: Mapping[str, Any]) -> st
     if not flags or any(flags):
         return None
     most = max((int(r.get("clients") or 0) for r in rounds), default=0)
+    if most >= cfg["min-replies"]:  # replies enough, and still every round kept the model: say why, from the rounds' own reasons
+        first = next((r["failure_reasons"][0] for r in rounds if r.get("failure_reasons")), "no reason recorded")
+        return (
+            f"no round aggregated: each of the {len(rounds)} rounds kept the model it started from (first reason: {first}); "
+            "see failure_reasons in rounds.jsonl"
+        )
     return (
         f"no round aggregated: in each of the {len(rounds)} rounds fewer than min-replies={cfg['min-replies']} valid replies arrived "
         f"(at most {most}), so the model never changed from its initialization; see failure_reasons in rounds.jsonl"

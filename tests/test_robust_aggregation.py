@@ -479,3 +479,16 @@ def test_in_a_simulation_two_attackers_of_eleven_drag_the_mean_but_not_the_media
         # measured: mean 1.90, 1.89, 1.97 in rounds 1-3; median, trimmed-mean, bulyan 0.03-0.08, krum 0.05-0.14, multi-krum 0
         assert distance["mean"] > 1.5, (rnd, distance)
         assert all(distance[r] < 0.3 for r in RULES), (rnd, distance)
+
+
+def test_a_run_whose_rounds_all_kept_the_model_says_why_not_a_min_replies_shortfall():
+    """An outside probe's run (trimmed-mean, 2 valid replies a round, min-replies 1) failed with "fewer than
+    min-replies=1 valid replies arrived (at most 2)", which contradicts itself: the reason is the rounds' own."""
+    from server.app import never_aggregated
+
+    why = "train: aggregation=trimmed-mean with trimmed-mean-beta=0.34 cuts floor(0.34 x 2) = 0 of 2 valid replies at each end"
+    kept = [{"aggregated": False, "clients": 2, "failure_reasons": [why]}] * 3
+    reason = never_aggregated(kept, {"min-replies": 1})
+    assert reason is not None and why in reason and "fewer than min-replies" not in reason
+    short = [{"aggregated": False, "clients": 1, "failure_reasons": ["train: 1 valid replies, fewer than min-replies=3"]}] * 2
+    assert "fewer than min-replies=3 valid replies arrived (at most 1)" in str(never_aggregated(short, {"min-replies": 3}))
