@@ -262,6 +262,23 @@ def test_a_parquet_dictionary_bomb_of_short_cells_is_refused_by_its_decoded_size
     assert len(raw.train) + len(raw.test) == 2000 and raw.train.x["age"][0] == rows[0][0]
 
 
+@needs_data("uci-adult")
+def test_a_huggingface_table_cell_longer_than_a_csv_field_is_refused(tmp_path):
+    """The CSV reader refuses a 300 kB field (Python's csv limit); a Hugging Face table with one such cell
+    among real Adult rows is held to the same 131,072-character limit, naming the row and column."""
+    hf = pytest.importorskip("datasets")
+    rows = _adult_rows(50)
+    columns: dict[str, Any] = {name: [r[j] for r in rows] for j, name in enumerate(ADULT_COLUMNS)}
+    columns["note"] = ["ok"] * 50
+    columns["note"][7] = "y" * 300_000
+    hf.Dataset.from_dict(columns).save_to_disk(str(tmp_path / "hf"))
+    with pytest.raises(SourceError, match=r"column 'note' row 7: a text cell of 300000 characters, more than 131072"):
+        read_source(tmp_path / "hf", ADULT)
+    columns["note"][7] = "y" * 1000
+    hf.Dataset.from_dict(columns).save_to_disk(str(tmp_path / "ok"))
+    assert read_source(tmp_path / "ok", ADULT).train.x["note"]
+
+
 # --- Hugging Face image datasets: lazy, and a corrupt row named ------------------------------
 
 
