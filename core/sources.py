@@ -922,7 +922,7 @@ def _column_problem(col: str, spec: Any, rows: int) -> str | None:
     return next((p for p in (_name_problem(v, f"column '{col}' level") for v in levels) if p), None)
 
 
-def _profile_problem(prof: Any) -> str | None:
+def profile_problem(prof: Any) -> str | None:
     """Why a profile (sent by a node that need not be trusted) is malformed, or None."""
     if not isinstance(prof, dict):
         return f"a profile must be a dict, got {type(prof).__name__}"
@@ -1075,7 +1075,7 @@ def merge(profiles: list[dict], opts: SourceOptions) -> DataSchema:
     if not profiles:
         raise SourceError("no data profiles to merge: at least one node must report its data")
     for i, prof in enumerate(profiles):
-        problem = _profile_problem(prof)
+        problem = profile_problem(prof)
         if problem:
             raise SourceError(f"node data profile {i} is malformed: {problem}")
     kinds = [p["kind"] for p in profiles]
@@ -1102,7 +1102,7 @@ def merge(profiles: list[dict], opts: SourceOptions) -> DataSchema:
 
 def fits(prof: dict, schema: DataSchema) -> str | None:
     """Why a node's profile cannot take part in a run with `schema` (one line), or None."""
-    problem = _profile_problem(prof)
+    problem = profile_problem(prof)
     if problem:
         return f"malformed profile: {problem}"
     if prof["kind"] != schema.kind:

@@ -120,15 +120,16 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
 def _agreeing(described: list[tuple[str, int, dict[str, Any]]], opts: Any, left_out: list[str]) -> dict[int, dict[str, Any]]:
     """The descriptions that merge with each other (same kind, columns and types, classes
     within a pinned list), the largest group of agreeing ones first; the others go to ``left_out``."""
-    from core.sources import fits, merge
+    from core.sources import fits, merge, profile_problem
 
     profiles: list[dict[str, Any]] = []
     kept: dict[int, dict[str, Any]] = {}
     groups = Counter(_shape(p, opts) for _, _, p in described)
     # the largest group of agreeing descriptions first, then a canonical order: one set of descriptions, one schema
     for _, node, profile in sorted(described, key=lambda d: (-groups[_shape(d[2], opts)], d[0])):
-        try:
-            problem = fits(profile, merge(profiles + [profile], opts))
+        try:  # a malformed description is named by itself, not by its place in the merge
+            problem = profile_problem(profile)
+            problem = f"malformed: {problem}" if problem else fits(profile, merge(profiles + [profile], opts))
         except Exception as exc:
             problem = f"{type(exc).__name__}: {exc}"
         if problem:

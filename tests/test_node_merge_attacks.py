@@ -478,3 +478,18 @@ def test_a_nodes_lone_levels_are_capped_over_all_its_columns(adult_nodes):
     assert not any(v.startswith("made-up-") for values in levels.values() for v in values)
     assert all(levels[col] <= set(values) for col, values in honest.categorical)  # over its budget: none of its lone values
     assert lied.input_shape[0] <= honest.input_shape[0] < 91
+
+
+def test_a_malformed_description_is_left_out_under_its_own_node_id(task_identity, tmp_path, adult_nodes):
+    """A node whose description sums overflow (1e200, inf) is left out by the server with a reason that names
+    that node and what is wrong, not "node data profile 0", a position in the server's merge."""
+
+    def overflowing(profile: dict) -> dict:
+        profile["columns"]["fnlwgt"].update(sum=1e200, sumsq=float("inf"))
+        return profile
+
+    cfg = adult_cfg()
+    summary, rounds = run(tmp_path, cfg, NodesGrid(cfg, adult_nodes, lies={2: overflowing}), "malformed")
+    assert summary["status"] == "complete" and rounds[-1]["clients"] == 2, summary.get("reason")
+    (reason,) = summary["discovery"]["left_out"]
+    assert reason.startswith("node 203:") and "malformed" in reason and "fnlwgt" in reason and "profile 0" not in reason, reason
