@@ -85,7 +85,7 @@ def test_local_dp_count_row_is_bounded_by_what_the_client_can_hold(task_identity
     engine = engine_for(s, FakeGrid(3, answer))
     step = s.train_round(1, s.initial_arrays(), engine)
     assert step.clients == 2, engine.meter.failures
-    assert len(engine.meter.failures) == 1 and "this client can hold" in engine.meter.failures[0]
+    assert len(engine.meter.failures) == 1 and "the sender (one client, or those in a secure sum) can hold" in engine.meter.failures[0]
     # honest noised rows pass many times over (8 std of slack); a count far beyond the size does not
     check = s.checker
     for _ in range(200):
