@@ -190,7 +190,7 @@ def test_toml_strings_cannot_end_their_line():
 def test_what_the_docs_commands_write_is_git_ignored():
     """`headway certs certs`, `headway keys keys --name node0`, `headway split ... --out nodes/`
     (and the docker/ variants) run from the repository root leave no untracked secrets or data."""
-    paths = ["certs/ca.key", "certs/server.key", "keys/node0", "keys/node0.pub", "nodes/node-0/data.npz"]
+    paths = ["certs/ca.key", "certs/server.key", "keys/node0", "keys/node0.pub", "nodes/node-0/data.npz", "superlink.pid"]
     paths += ["docker/certs/server.key", "docker/nodes/node-1/data.npz", "elsewhere/ca.key"]
     out = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True, text=True)
     assert sorted(out.stdout.split()) == sorted(paths)
