@@ -26,26 +26,11 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from client.app import JOINED, build_client_app
 from core import protocol as P
 from core.config import resolve
+from core.data import ADULT_COLUMNS
 from tests.conftest import data_root
 from tests.fakes import GridStub
 
-ADULT = [
-    "age",
-    "workclass",
-    "fnlwgt",
-    "education",
-    "education-num",
-    "marital-status",
-    "occupation",
-    "relationship",
-    "race",
-    "sex",
-    "capital-gain",
-    "capital-loss",
-    "hours-per-week",
-    "native-country",
-    "income",
-]
+ADULT = list(ADULT_COLUMNS)  # UCI Adult's columns, as core/data.py reads them
 ROWS = 300  # per node: a few seconds of FedLog on an MLP
 
 
