@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.app.typing import ConfigRecordValues, MetricRecordValues
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 
 from core import protocol as P
@@ -207,6 +208,51 @@ def _short(reason: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+WAIT_REPORT_EVERY = 10.0  # seconds between "waiting for clients" lines while the count stays the same
+
+
+def waiting_line(connected: int, wanted: int, key: str, waited: float, limit: float, final: bool = False) -> str:
+    """The line a user reads while the server waits for clients (``final``: when it stops
+    waiting): how many are connected of how many ``key`` asks for, how long is left, and the fix."""
+    more = wanted - connected
+    if connected == 0:
+        hint = "no SuperNode is connected: start them (headway supernode --superlink HOST:PORT ...) or check their --superlink address"
+    else:
+        hint = (
+            f"if {connected} SuperNode{'s are' if connected != 1 else ' is'} all you run, set {key}={connected} "
+            f'(--run-config "{key}={connected}"), or start {more} more SuperNode{"s" if more != 1 else ""}'
+        )
+    if final:
+        return f"only {connected} of {wanted} clients ({key}={wanted}) connected after {waited:.0f} s; going on with them; {hint}"
+    return (
+        f"waiting for clients: {connected} of {wanted} connected ({key}={wanted}); going on with those connected "
+        f"in {max(limit - waited, 0.0):.0f} s (sample-timeout={limit:g}); {hint}"
+    )
+
+
+def superlink_errors(sent: Iterable[Message], replies: Iterable[Message]) -> dict[int, str]:
+    """Node id -> what the SuperLink answered in that node's place. Flower's SuperLink replies
+    itself (source node 1, an error such as NODE_UNAVAILABLE) when a node stops sending
+    heartbeats or a reply expires; such a reply names the message it answers, not the node."""
+    to = {m.metadata.message_id: m.metadata.dst_node_id for m in sent if m.metadata.message_id}
+    out: dict[int, str] = {}
+    for r in replies:
+        node = to.get(r.metadata.reply_to_message_id)
+        if node is not None and r.metadata.src_node_id == SUPERLINK_NODE_ID and r.has_error():
+            out[node] = f"the SuperLink answered for it: error {r.error.code}: {_short(r.error.reason or '')}"
+    return out
+
+
+def silence(told: str | None, waited: float, timeout: float) -> str:
+    """Why a node's reply is missing, as true as the engine knows it: what the SuperLink said,
+    else the deadline it missed, else (Flower stopped waiting early) how long was waited."""
+    if told is not None:
+        return f"no reply; {told} (after {waited:.1f} s of the {timeout:g} s deadline)"
+    if waited >= timeout - 0.5:
+        return f"no reply within {timeout:g} s"
+    return f"no reply; Flower stopped waiting after {waited:.1f} s of the {timeout:g} s deadline"
+
+
 class Engine:
     """Exchanges of one run with its clients (see the module docstring)."""
 
@@ -217,8 +263,10 @@ class Engine:
         services: Services,
         clock: Callable[[], float] = time.monotonic,
         admit: Callable[[str], str | None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         self.grid = grid
+        self.sleep = sleep  # between polls for connected nodes (tests pass a fake that moves their clock)
         self.admit = admit  # why a node's declared body cannot take part in this run, or None
         self.cfg = cfg
         self.services = services
@@ -250,18 +298,26 @@ class Engine:
     # ----- who takes part ---------------------------------------------------------
     def wait_for_clients(self) -> list[int]:
         """Before round 1: wait up to ``sample-timeout`` for ``min-available-clients``
-        (0: ``num-clients``) to connect; returns the connected node ids."""
-        wanted = self.cfg["min-available-clients"] or self.cfg["num-clients"]
-        deadline = self.clock() + self.cfg["sample-timeout"]
+        (0: ``num-clients``) to connect; returns the connected node ids. Says at once how many
+        are expected and connected, again each time the count changes (at most every
+        :data:`WAIT_REPORT_EVERY` seconds otherwise), with what to change if it never adds up."""
+        key = "min-available-clients" if self.cfg["min-available-clients"] else "num-clients"
+        wanted, limit = int(self.cfg[key]), float(self.cfg["sample-timeout"])
+        start = self.clock()
+        said: tuple[int, float] | None = None  # (count, when) of the last line
         while True:
             nodes = sorted(self.grid.get_node_ids())
-            if len(nodes) >= wanted or self.clock() >= deadline:
-                if len(nodes) < wanted:
-                    log.warning(
-                        "only %d of %d clients connected after %.0f s; going on with them", len(nodes), wanted, self.cfg["sample-timeout"]
-                    )
+            now = self.clock()
+            if len(nodes) >= wanted:
+                log.info("clients: %d of %d connected%s", len(nodes), wanted, "" if said is None else f" after {now - start:.0f} s")
                 return nodes
-            time.sleep(0.5)
+            if now - start >= limit:
+                log.warning("%s", waiting_line(len(nodes), wanted, key, now - start, limit, final=True))
+                return nodes
+            if said is None or said[0] != len(nodes) or now - said[1] >= WAIT_REPORT_EVERY:
+                log.info("%s", waiting_line(len(nodes), wanted, key, now - start, limit))
+                said = (len(nodes), now)
+            self.sleep(0.5)
 
     def register(self, nodes: list[int]) -> None:
         """Ask ``nodes`` for their partition id and body (one query each, within one deadline).
@@ -401,7 +457,9 @@ class Engine:
 
     # ----- exchanges --------------------------------------------------------------
     def _send(self, phase: str, contents: Mapping[int, RecordDict], kind: str, timeout: float | None = None) -> list[Message]:
-        """Send, wait until all answered or the deadline; meter down; count the silent."""
+        """Send, wait until all answered or the deadline; meter down; count the silent, each
+        with what really happened: the SuperLink's word about the node (e.g. it stopped sending
+        heartbeats), or how long was waited of which deadline."""
         if not contents:
             return []
         timeout = self.cfg["round-timeout"] if timeout is None else timeout
@@ -409,14 +467,18 @@ class Engine:
         if phase == P.PHASE_TRAIN:
             self.meter.selected.update(c.partition_id for n, c in self.registry.clients.items() if n in contents)
         self.meter.add(phase, down=sum(self.wire.message(m) for m in messages), values_down=sum(self.wire.values(m) for m in messages))
+        started = self.clock()
         replies = list(self.grid.send_and_receive(messages, timeout=max(timeout, 0.0)))
-        answered = {r.metadata.src_node_id for r in replies}
+        waited = self.clock() - started
+        ours = [r for r in replies if r.metadata.src_node_id in contents]
+        answered = {r.metadata.src_node_id for r in ours}
+        told = superlink_errors(messages, replies)
         for node in contents:
             if node not in answered:
                 self.missed.add(node)
                 self.registry.failed(node)
-                self.meter.fail(f"{phase}: {self._who(node)}: no reply within {timeout:.0f} s")
-        return [r for r in replies if r.metadata.src_node_id in contents]
+                self.meter.fail(f"{phase}: {self._who(node)}: {silence(told.get(node), waited, timeout)}")
+        return ours
 
     def _who(self, node: int) -> str:
         pid = self.registry.partition(node)

@@ -41,7 +41,9 @@ class GridStub(Grid):
 class FakeGrid(GridStub):
     """Nodes 101, 102, … register as partitions 0, 1, … (body from ``bodies``) and answer
     other messages with ``answer(partition_id, message)``: a RecordDict, an Error, or None
-    (silence). Every message sent is kept in ``sent``."""
+    (silence). Every message sent is kept in ``sent``. ``clock`` is the time the engine reads
+    (:func:`engine_for` passes it): an exchange with a silent node spends its whole timeout,
+    as Flower's grid does."""
 
     def __init__(self, n: int = 3, answer: Answer | None = None, bodies: list[str] | None = None):
         self.nodes = [101 + i for i in range(n)]
@@ -49,14 +51,19 @@ class FakeGrid(GridStub):
         self.bodies = bodies  # None: the bodies the run config gives each partition (set by engine_for)
         self.sent: list[Message] = []
         self.timeouts: list[float] = []
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
 
     def get_node_ids(self):
         return list(self.nodes)
 
     def send_and_receive(self, messages, *, timeout=None):
         self.timeouts.append(timeout)
-        out = []
+        out, asked = [], 0
         for msg in messages:
+            asked += 1
             self.sent.append(msg)
             pid = msg.metadata.dst_node_id - 101
             if msg.metadata.message_type == MessageType.QUERY:
@@ -72,6 +79,8 @@ class FakeGrid(GridStub):
                 out.append(Message(content, reply_to=msg))
             elif content is not None:
                 out.append(Message(content=content, reply_to=msg))
+        if len(out) < asked:  # someone stayed silent: Flower's grid waits out the whole timeout
+            self.now += timeout or 0.0
         return out
 
 
@@ -100,6 +109,6 @@ def engine_for(strategy, grid: FakeGrid, server_round: int = 1) -> Engine:
     register with the bodies the run config gives them unless ``grid`` names others."""
     if grid.bodies is None:
         grid.bodies = [body_for(strategy.cfg, pid) for pid in range(len(grid.nodes))]
-    engine = Engine(grid, strategy.cfg, strategy.services, admit=strategy.body_problem)
+    engine = Engine(grid, strategy.cfg, strategy.services, clock=grid.clock, admit=strategy.body_problem)
     engine.begin_round(server_round)
     return engine
