@@ -14,7 +14,7 @@
 #                    data (server-data='/server-data'); no server_data note is then expected
 #     --no-build     use the existing $HEADWAY_IMAGE instead of building it
 # Environment: HEADWAY_BASE_IMAGE (build base; offline: headway-base:bookworm, see
-# docker/README.md), HEADWAY_IMAGE (headway:latest), HEADWAY_DATA_DIR (../shared/data beside
+# docs/docker.md, "Offline"), HEADWAY_IMAGE (headway:latest), HEADWAY_DATA_DIR (../shared/data beside
 # the checkout: MNIST for the host-side split), PYTHON (the host venv's python, .venv/bin/python), E2E_KEEP=1 (keep the
 # temporary folder with results and logs), E2E_TIMEOUT (seconds for the run, 900).
 # Exit codes: 0 passed, 1 failed, 2 usage or missing tools, 3 no Docker engine.
@@ -45,13 +45,13 @@ if [[ ! -x $PYTHON || ! -x $FLWR ]]; then
     exit 2
 fi
 if ! command -v docker >/dev/null; then
-    echo "error: no docker command. Install Docker (docker/README.md), e.g. on Debian: apt-get install -y docker.io docker-compose" >&2
+    echo "error: no docker command. Install Docker (docs/docker.md), e.g. on Debian: apt-get install -y docker.io docker-compose" >&2
     exit 3
 fi
 if ! docker info >/dev/null 2>&1; then
     cat >&2 <<EOF
 error: no Docker engine is reachable (docker info failed${DOCKER_HOST:+ for DOCKER_HOST=$DOCKER_HOST}).
-Start one and run this again, e.g. (as root; see docker/README.md, "Offline"):
+Start one and run this again, e.g. (as root; see docs/docker.md, "Offline"):
   setsid nohup dockerd >/var/log/dockerd.log 2>&1 &                        # overlay2 storage
   setsid nohup dockerd --storage-driver=vfs >/var/log/dockerd.log 2>&1 &   # where overlay is refused
 or: systemctl start docker. Without Docker Hub, make a base image first:

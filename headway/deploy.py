@@ -6,7 +6,7 @@ Server machine (TLS and SuperNode authentication are the defaults):
     headway certs certs --host SERVER_HOST              # CA + SuperLink certificate
     headway superlink --certs certs                     # Fleet API :9092, Control API 127.0.0.1:8000
     headway connect lab --address 127.0.0.1:8000 --root-cert certs/ca.crt
-    headway register node0.pub lab                      # once per SuperNode key
+    headway register keys/node0.pub lab                 # once per SuperNode key (the .pub from the client)
     flwr run . lab --stream --run-config "algorithm='fedlog' num-clients=2"
 Client machine:
     headway keys keys --name node0                      # send keys/node0.pub to the server
@@ -23,11 +23,13 @@ SIGINT or `headway stop --pid-file F` (see :mod:`headway.processes`).
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import math
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tomllib
@@ -52,7 +54,7 @@ def superlink_command(args: argparse.Namespace) -> list[str]:
     cmd = [
         "flower-superlink",
         "--fleet-api-address",
-        f"{args.bind}:{args.fleet_port}",
+        fleet_address(args.bind, args.fleet_port),
         "--host",
         args.control_bind,
         "--port",
@@ -129,6 +131,73 @@ def supernode_command(args: argparse.Namespace) -> list[str]:
     return cmd
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on ``host`` that nothing listens on now, as the system picks one (bind to port
+    0): two SuperNodes started side by side get different ones, unlike Flower's fixed 9094."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on ``host:port`` now (in use, an address not on this
+    machine); None if it could. Binds and closes a socket, as Flower will moments later."""
+    host = host.removeprefix("[").removesuffix("]")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Flower's servers: a closed port's TIME_WAIT is no clash
+            s.bind((host, port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return f"{host}:{port} is already in use (another SuperLink or SuperNode on this machine?)"
+        return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
+def check_ports(args: argparse.Namespace) -> str | None:
+    """What stands in the way of the ports the launched command will listen on, as one line
+    (Flower would die with a traceback), or None. Picks a free ClientApp port for a
+    SuperNode given no --port."""
+    if args.cmd == "supernode":
+        problem = port_problem("127.0.0.1", args.port)
+        return f"--port {args.port}: {problem}: pick another --port, or leave it out for a free one" if problem else None
+    host, _, port = fleet_address(args.bind, args.fleet_port).rpartition(":")
+    for flag, where in (
+        ("--bind/--fleet-port", (host, int(port))),
+        ("--control-bind/--control-port", (args.control_bind, args.control_port)),
+    ):
+        problem = port_problem(*where)
+        if problem:
+            return f"{flag}: {problem}: stop what holds it, or pick another port"
+    return None
+
+
+def key_not_found(public_key: str) -> str:
+    """The error for `register` given a public key path that is no file: where `keys` puts
+    keys, and the public keys found there."""
+    name = Path(public_key).name
+    found = sorted(str(p) for folder in {Path("keys"), Path(public_key).parent} if folder.is_dir() for p in folder.glob("*.pub"))
+    hint = f" (found here: {', '.join(found[:5])})" if found else ""
+    return (
+        f"{public_key} is not a file: give the path of the public key `headway keys DIR --name NAME` wrote as DIR/NAME.pub, "
+        f"e.g. headway register keys/{name if name.endswith('.pub') else 'NAME.pub'} CONNECTION{hint}"
+    )
+
+
+# What flower-supernode prints when the SuperLink refuses it, and what to do (the launcher adds it)
+SUPERNODE_HINTS = {
+    "Failed to activate SuperNode": (
+        "the SuperLink refused this SuperNode's key ([code: 2004]): it is not registered there, or a SuperNode "
+        "with the same key is online already. On the server machine: headway register {key}.pub CONNECTION "
+        "(see flwr supernode ls CONNECTION), then start this node again"
+    ),
+    "All SuperNodes must be registered via the CLI": (
+        "the SuperLink authenticates SuperNodes and this one has no key: `headway keys keys --name NAME` here, "
+        "`headway register keys/NAME.pub CONNECTION` on the server machine, then start with --auth-key keys/NAME"
+    ),
+}
+
+
 def check_files(args: argparse.Namespace) -> str | None:
     """What is missing for the TLS or authentication files named on the command line."""
     if args.cmd == "superlink" and not args.insecure:
@@ -163,23 +232,63 @@ def check_address(address: str) -> str:
         raise ValueError(f"--address {address!r} is not HOST:PORT (e.g. 10.0.0.5:8000, lab.example.org:8000, [::1]:8000)")
     if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
         raise ValueError(f"--address {address!r}: the port must be a number from 1 to 65535")
+    problem = host_problem(host)
+    if problem:
+        raise ValueError(f"--address {address!r}: {problem} ([::1]:8000)")
+    return address
+
+
+def host_problem(host: str) -> str | None:
+    """What is wrong with ``host`` as a host name, an IPv4 address or a bracketed IPv6
+    address; None if nothing."""
     if host.startswith("[") and host.endswith("]"):
         try:
             ipaddress.IPv6Address(host[1:-1])
         except ValueError:
-            raise ValueError(f"--address {address!r}: {host} is not an IPv6 address") from None
-        return address
+            return f"{host} is not an IPv6 address"
+        return None
     try:
         ipaddress.IPv4Address(host)
-        return address
+        return None
     except ValueError:
         pass
     labels = host.removesuffix(".").split(".")
     if len(host) > 253 or not host.isascii() or not all(_HOST_LABEL.fullmatch(label) for label in labels) or labels[-1].isdigit():
-        raise ValueError(
-            f"--address {address!r}: {host!r} is neither a host name, an IPv4 address nor a bracketed IPv6 address ([::1]:8000)"
-        )
-    return address
+        return f"{host!r} is neither a host name, an IPv4 address nor a bracketed IPv6 address"
+    return None
+
+
+def fleet_address(bind: str, fleet_port: int | None) -> str:
+    """The Fleet API's HOST:PORT from ``--bind`` (an address, or ADDRESS:PORT) and
+    ``--fleet-port``; ValueError when the address is not one, the port is not 1..65535, or
+    the two name different ports (``--bind 127.0.0.1:9092`` once became ``127.0.0.1:9092:9092``)."""
+    host, port = bind, None
+    if bind.startswith("["):  # [IPv6] or [IPv6]:PORT
+        end = bind.find("]")
+        host, rest = bind[: end + 1], bind[end + 1 :]
+        if end < 0 or (rest and not rest.startswith(":")):
+            raise ValueError(f"--bind {bind!r} is not ADDRESS or ADDRESS:PORT (e.g. 0.0.0.0, 10.0.0.5:9092, [::]:9092)")
+        port = rest[1:] if rest else None
+    elif bind.count(":") > 1:  # a bare IPv6 address, or a port given twice (127.0.0.1:9092:9092)
+        try:
+            host = f"[{ipaddress.IPv6Address(bind)}]"
+        except ValueError:
+            raise ValueError(f"--bind {bind!r} is not ADDRESS or ADDRESS:PORT (e.g. 0.0.0.0, 10.0.0.5:9092, [::]:9092)") from None
+    elif ":" in bind:
+        host, port = bind.split(":")
+    problem = host_problem(host)
+    if problem:
+        raise ValueError(f"--bind {bind!r}: {problem} (e.g. 0.0.0.0, 10.0.0.5:9092, [::]:9092)")
+    if port is not None:
+        if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"--bind {bind!r}: the port must be a number from 1 to 65535")
+        if fleet_port is not None and fleet_port != int(port):
+            raise ValueError(f"--bind {bind!r} names port {port} and --fleet-port {fleet_port}: give the port once")
+        return f"{host}:{int(port)}"
+    port_number = FLEET_PORT if fleet_port is None else fleet_port
+    if not 1 <= port_number <= 65535:
+        raise ValueError(f"--fleet-port {port_number}: the port must be a number from 1 to 65535")
+    return f"{host}:{port_number}"
 
 
 def toml_string(value: str) -> str:
@@ -262,25 +371,42 @@ COMMANDS = {  # subcommand: what it does (its --help and `headway --help` say it
 }
 
 
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's help with each option's default, "(default: X)", where there is one to
+    show: not for switches that are off, options unset unless given, or help that says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        unset = action.default is None or action.default is False or action.default in ("", [], argparse.SUPPRESS)
+        if unset or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parser(prog: str = "headway") -> argparse.ArgumentParser:
     """The deployment subcommands, as `headway SUBCOMMAND` parses them."""
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def add(name: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=COMMANDS[name], description=COMMANDS[name])
+        return sub.add_parser(name, help=COMMANDS[name], description=COMMANDS[name], formatter_class=DefaultsHelp)
 
     link = add("superlink")
     tls = link.add_mutually_exclusive_group()
     tls.add_argument("--insecure", action="store_true", help="no TLS and no SuperNode authentication (trusted networks only)")
-    tls.add_argument("--certs", default="certs", help="folder with ca.crt, server.crt, server.key (see `certs`; default ./certs)")
+    tls.add_argument("--certs", default="certs", help="folder with ca.crt, server.crt, server.key (see `certs`)")
     link.add_argument("--no-supernode-auth", action="store_true", help="with TLS, accept any SuperNode (default: only registered keys)")
-    link.add_argument("--bind", default="0.0.0.0", help="address of the Fleet API, where SuperNodes connect (default all interfaces)")
     link.add_argument(
-        "--control-bind", default="127.0.0.1", help="address of the Control API, where `flwr run` submits code (default 127.0.0.1)"
+        "--bind",
+        default="0.0.0.0",
+        help="address the Fleet API listens on, where SuperNodes connect (0.0.0.0: all interfaces); ADDRESS:PORT sets the port too",
     )
-    link.add_argument("--fleet-port", type=int, default=FLEET_PORT)
-    link.add_argument("--control-port", type=int, default=CONTROL_PORT)
+    link.add_argument(
+        "--control-bind", default="127.0.0.1", help="address of the Control API, where `flwr run` submits code (keep it local)"
+    )
+    link.add_argument(
+        "--fleet-port", type=int, default=None, help=f"port of the Fleet API, where SuperNodes connect (default: {FLEET_PORT})"
+    )
+    link.add_argument("--control-port", type=int, default=CONTROL_PORT, help="port of the Control API, where `flwr run` submits runs")
     link.add_argument("--database", default="", help="SQLite state file (default: in memory)")
     node = add("supernode")
     node.add_argument("--superlink", required=True, help="HOST:PORT of the SuperLink's Fleet API")
@@ -291,9 +417,11 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
     share.add_argument(
         "--partition-id", type=int, default=None, help="a demo: this node's share of one data set every node holds (with --num-partitions)"
     )
-    node.add_argument("--num-partitions", type=int, default=None)
-    node.add_argument("--body", default="", help="this client's body architecture (overrides the run config)")
-    node.add_argument("--data-dir", default="", help="this machine's data directory")
+    node.add_argument("--num-partitions", type=int, default=None, help="with --partition-id: how many shares the data set is cut into")
+    node.add_argument("--body", default="", help="this client's body architecture (default: the run config's)")
+    node.add_argument(
+        "--data-dir", default="", help="this machine's folder of built-in data sets (default: $HEADWAY_DATA_DIR, else the user cache)"
+    )
     node.add_argument("--state-dir", default="", help="keep the client's local state (bodies, heads) here, so it survives a restart")
     node.add_argument(
         "--label-column", default="", help="with --data: the only label column this node accepts (a run naming another is refused)"
@@ -311,9 +439,20 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
     pins.add_argument("--min-replies", type=_positive, default=None, help="hold the server to the SecAgg+ floor of this many clients")
     pins.add_argument("--secagg-shares", type=_positive, default=None, help="least SecAgg+ neighbourhood size it accepts")
     pins.add_argument("--secagg-threshold", type=float, default=None, help="least fraction of its share holders a threshold must exceed")
-    node.add_argument("--port", type=int, default=9094, help="local port of the SuperNode's ClientApp API")
+    node.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="local port (on 127.0.0.1) of the SuperNode's ClientApp API (default: a free port the system picks, "
+        "so several SuperNodes share a machine; a port in use is refused)",
+    )
     node.add_argument("--auth-key", default="", help="this SuperNode's private key (see `keys`), when the SuperLink authenticates nodes")
-    node.add_argument("--max-retries", type=int, default=None, help="give up after this many failed tries to reach the SuperLink")
+    node.add_argument(
+        "--max-retries",
+        type=int,
+        default=None,
+        help="give up after this many failed tries to reach the SuperLink (default: no limit but --max-wait-time)",
+    )
     node.add_argument("--max-wait-time", type=float, default=600.0, help="give up after this many seconds without the SuperLink (0: never)")
     ntls = node.add_mutually_exclusive_group(required=True)
     ntls.add_argument("--insecure", action="store_true", help="no TLS (trusted networks only)")
@@ -323,7 +462,7 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
         sp.add_argument("--grace", type=float, default=10.0, help="seconds Flower's processes get to exit on stop before SIGKILL")
         sp.add_argument("--dry-run", action="store_true", help="print Flower's command instead of running it")
     conn = add("connect")
-    conn.add_argument("name")
+    conn.add_argument("name", help="the connection's name, as in `flwr run . NAME` (letters, digits, '_', '-')")
     ctls = conn.add_mutually_exclusive_group(required=True)
     ctls.add_argument("--address", help="HOST:PORT of a SuperLink's Control API")
     ctls.add_argument("--simulation", action="store_true", help="Flower's local simulation (`flwr run . NAME`)")
@@ -339,27 +478,27 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
     )
     keys = add("keys")
     keys.add_argument("out", help="folder to write NAME (private key) and NAME.pub")
-    keys.add_argument("--name", default="supernode", help="file name of the key (default supernode)")
+    keys.add_argument("--name", default="supernode", help="file name of the key: OUT/NAME and OUT/NAME.pub")
     for sp in (certs, keys):
         sp.add_argument(
             "--overwrite", action="store_true", help="replace existing files of ours (default: refuse); symlinks and others' files never"
         )
     reg = add("register")
-    reg.add_argument("public_key", help="the SuperNode's NAME.pub")
+    reg.add_argument("public_key", help="path of the SuperNode's public key, as `keys` wrote it (e.g. keys/node0.pub)")
     reg.add_argument("connection", help="the connection name given to `connect`")
     spl = add("split")
     spl.add_argument(
         "source", help="a built-in data set (mnist, uci-adult, ...) or a user path (image folder, .csv, .parquet, .npz, HF folder)"
     )
     spl.add_argument("--out", required=True, help="folder to write node-0/, node-1/, ... into")
-    spl.add_argument("--format", default="npz", choices=("npz", "images", "csv"), help="npz (default), images (PNG class folders) or csv")
+    spl.add_argument("--format", default="npz", choices=("npz", "images", "csv"), help="npz, images (PNG class folders) or csv")
     spl.add_argument("--partition", help="run-config 'partition' (default: the run config's)")
     spl.add_argument("--num-clients", type=int, help="run-config 'num-clients': number of node folders")
     spl.add_argument("--seed", type=int, help="run-config 'seed'")
     spl.add_argument("--train-fraction", type=float, help="run-config 'train-fraction' (default 0.05, as in a run)")
     spl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any other run-config key (repeat)")
     stop = add("stop")
-    stop.add_argument("--pid-file", required=True)
+    stop.add_argument("--pid-file", required=True, help="the file a launcher's --pid-file wrote")
     stop.add_argument("--timeout", type=float, default=45.0, help="seconds to wait (the launcher may take 2 × --grace + 15)")
     return p
 
@@ -451,6 +590,9 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
     if args.cmd == "split":
         return _split(args)
     if args.cmd == "register":
+        if not Path(args.public_key).is_file():
+            print(f"error: {key_not_found(args.public_key)}", file=sys.stderr)
+            return 2
         return _flwr(["supernode", "register", args.public_key, args.connection])
     if args.cmd == "stop":
         try:
@@ -494,11 +636,17 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
             file=sys.stderr,
         )
         return 2
-    cmd = superlink_command(args) if args.cmd == "superlink" else supernode_command(args)
+    if args.cmd == "supernode" and args.port is None:
+        args.port = free_port()
+    try:
+        cmd = superlink_command(args) if args.cmd == "superlink" else supernode_command(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.dry_run:
         print(" ".join(cmd))
         return 0
-    problem = check_files(args)
+    problem = check_files(args) or check_ports(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -515,4 +663,9 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
             "that runs on this machine and every SuperNode" + (" (and TLS is off)" if args.insecure else ""),
             file=sys.stderr,
         )
-    return supervise([exe, *cmd[1:]], grace=args.grace, pid_file=args.pid_file, env=flower_env())
+    hints = None
+    if args.cmd == "supernode":
+        key = args.auth_key or "keys/NAME"
+        hints = {text: hint.format(key=key) for text, hint in SUPERNODE_HINTS.items()}
+        print(f"[headway] SuperNode's ClientApp API on 127.0.0.1:{args.port}", file=sys.stderr, flush=True)
+    return supervise([exe, *cmd[1:]], grace=args.grace, pid_file=args.pid_file, env=flower_env(), hints=hints)

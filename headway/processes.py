@@ -17,9 +17,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 import psutil
 
@@ -120,16 +122,35 @@ def _parent(proc: psutil.Process) -> int | None:
         return None
 
 
+def _relay(stream: IO[bytes], hints: Mapping[str, str], seen: list[str]) -> None:
+    """Copy the child's stderr to ours line by line, noting in ``seen`` the hint of every
+    ``hints`` key (a text Flower prints) that appears."""
+    out = getattr(sys.stderr, "buffer", None)
+    for line in iter(stream.readline, b""):
+        if out is not None:
+            out.write(line)
+            out.flush()
+        else:  # a stderr without bytes (pytest's capture): the text
+            sys.stderr.write(line.decode(errors="replace"))
+        text = line.decode(errors="replace")
+        seen.extend(hint for needle, hint in hints.items() if needle in text and hint not in seen)
+    stream.close()
+
+
 class _Stop(Exception):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
 
 
-def supervise(cmd: list[str], grace: float = 10.0, pid_file: str = "", env: Mapping[str, str] | None = None) -> int:
+def supervise(
+    cmd: list[str], grace: float = 10.0, pid_file: str = "", env: Mapping[str, str] | None = None, hints: Mapping[str, str] | None = None
+) -> int:
     """Run ``cmd`` (with environment ``env``; None: this process's) until it exits or this
     process is told to stop; then stop every process it left. Returns the command's exit
-    code, or 128 + the signal that stopped us."""
+    code, or 128 + the signal that stopped us. With ``hints`` (text the command may print
+    on stderr: a line of advice), the command's stderr passes through this process, and
+    when it fails having printed one of those texts, the advice follows Flower's lines."""
     subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
     stopping: list[int] = []  # the first stop signal; once set, later ones are ignored
 
@@ -139,6 +160,8 @@ def supervise(cmd: list[str], grace: float = 10.0, pid_file: str = "", env: Mapp
             raise _Stop(signum)
 
     child: subprocess.Popen | None = None
+    relay: threading.Thread | None = None
+    seen: list[str] = []  # the hints whose text the command printed
     killed: list[int] = []
     previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     try:
@@ -152,7 +175,11 @@ def supervise(cmd: list[str], grace: float = 10.0, pid_file: str = "", env: Mapp
             preexec_fn=_die_with_parent,
             process_group=0 if subreaper else None,
             start_new_session=not subreaper,
+            stderr=subprocess.PIPE if hints else None,
         )
+        if hints and child.stderr is not None:
+            relay = threading.Thread(target=_relay, args=(child.stderr, hints, seen), daemon=True)
+            relay.start()
         rc = child.wait()
         stopping.append(0)  # cleaning up after the command: no signal interrupts that
     except _Stop as stop:
@@ -176,6 +203,11 @@ def supervise(cmd: list[str], grace: float = 10.0, pid_file: str = "", env: Mapp
             signal.signal(s, handler)
         if pid_file:
             Path(pid_file).unlink(missing_ok=True)
+        if relay is not None:  # every holder of the pipe is gone now: its end is near
+            relay.join(timeout=5.0)
+    if rc not in (0, *(128 + s for s in STOP_SIGNALS)):
+        for hint in seen:
+            print(f"[headway] {hint}", file=sys.stderr, flush=True)
     return rc
 
 

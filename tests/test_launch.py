@@ -253,3 +253,117 @@ def test_superlink_starts_from_the_venvs_python_with_a_path_that_lacks_the_venv(
         log.close()
         if netns is not None:
             netns.close()
+
+
+def test_bind_takes_an_address_or_an_address_and_port_and_refuses_a_port_twice(capsys):
+    """Issue 38 item 7: `--bind 127.0.0.1:9092` became `--fleet-api-address 127.0.0.1:9092:9092`."""
+    for bind, extra, address in (
+        ("127.0.0.1:9092", [], "127.0.0.1:9092"),
+        ("127.0.0.1", ["--fleet-port", "9300"], "127.0.0.1:9300"),
+        ("10.0.0.5:9400", ["--fleet-port", "9400"], "10.0.0.5:9400"),
+        ("::", [], "[::]:9092"),
+        ("[::1]:9300", [], "[::1]:9300"),
+    ):
+        assert main(["superlink", "--insecure", "--bind", bind, *extra, "--dry-run"]) == 0
+        assert f"--fleet-api-address {address} " in capsys.readouterr().out
+    for bind, extra, said in (
+        ("127.0.0.1:9092:9092", [], "is not ADDRESS or ADDRESS:PORT"),
+        ("127.0.0.1:9092", ["--fleet-port", "9300"], "names port 9092 and --fleet-port 9300"),
+        ("127.0.0.1:port", [], "the port must be a number"),
+        ("no such host", [], "is neither a host name"),
+    ):
+        assert main(["superlink", "--insecure", "--bind", bind, *extra, "--dry-run"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and said in captured.err and captured.err.count("\n") == 1, captured
+
+
+def test_every_launcher_option_says_what_it_does_and_shows_its_default():
+    """Issue 38 item 11: --fleet-port, --control-port, --grace, --num-partitions, --port and
+    connect's name had no help or no default shown."""
+    import argparse
+
+    from headway.deploy import parser
+
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sp in sub.choices.items():
+        text = " ".join(sp.format_help().split())
+        for action in sp._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"{name} {action.dest} has no help"
+            shown = action.default not in (None, "", [], argparse.SUPPRESS) and action.default is not False
+            if shown:
+                assert f"(default: {action.default})" in text, f"{name} {action.option_strings} hides its default {action.default!r}"
+    link = " ".join(sub.choices["superlink"].format_help().split())
+    node = " ".join(sub.choices["supernode"].format_help().split())
+    assert "(default: 9092)" in link and "(default: 8000)" in link and "(default: 10.0)" in link
+    assert "default: a free port the system picks" in node
+
+
+def test_supernode_ports_are_free_by_default_and_a_taken_port_is_one_line(tmp_path):
+    """Issue 38 item 3: two SuperNodes on one machine both took 9094, and the second died with
+    Flower's traceback. By default each gets a port of its own; a --port in use is refused
+    before Flower starts."""
+    import re
+    import socket
+    import subprocess
+    import sys
+
+    from tests.cluster import free_port
+
+    node = ["supernode", "--insecure", "--superlink", f"127.0.0.1:{free_port()}", "--partition-id", "0", "--num-partitions", "2"]
+    ports = set()
+    with socket.socket() as held:  # an earlier SuperNode's port, or anything else listening
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        for _ in range(3):
+            out = subprocess.run([sys.executable, "-m", "headway", *node, "--dry-run"], cwd=ROOT, capture_output=True, text=True)
+            ports.add(int(re.search(r"--port (\d+)", out.stdout).group(1)))
+        assert len(ports) == 3 and taken not in ports and 9094 not in ports, ports
+        out = subprocess.run(
+            [sys.executable, "-m", "headway", *node, "--port", str(taken), "--max-wait-time", "5"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.startswith(f"error: --port {taken}: 127.0.0.1:{taken} is already in use") and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_register_names_where_the_keys_are_when_the_file_is_not_there(tmp_path, monkeypatch, capsys):
+    """Issue 38 item 7: `headway register node0.pub lab` failed where `keys` had written keys/node0.pub."""
+    from headway.credentials import make_node_key
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    make_node_key(tmp_path / "keys", "node0")
+    assert main(["register", "node0.pub", "lab"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: node0.pub is not a file") and "headway register keys/node0.pub CONNECTION" in err
+    assert "found here: keys/node0.pub" in err and err.count("\n") == 1
+
+
+def test_a_refused_supernode_gets_a_hint_naming_headway_register(tmp_path, capfd):
+    """What flower-supernode prints for a key the SuperLink does not know ([code: 2004]) is
+    followed by the launcher's line naming `headway register` and the key; Flower's exit code 1
+    is kept. A command that failed otherwise, or was stopped, gets no hint."""
+    import sys
+
+    from headway.deploy import SUPERNODE_HINTS
+    from headway.processes import supervise
+
+    hints = {text: hint.format(key="keys/node7") for text, hint in SUPERNODE_HINTS.items()}
+    flower = (
+        "import sys; print('ERROR :   Exit Code: 305', file=sys.stderr); "
+        "print('Failed to initialize the connection to the SuperLink.', file=sys.stderr); "
+        "print('[code: 2004] Failed to activate SuperNode.', file=sys.stderr); sys.exit(1)"
+    )
+    assert supervise([sys.executable, "-c", flower], grace=2, hints=hints) == 1
+    err = capfd.readouterr().err
+    assert "[code: 2004] Failed to activate SuperNode." in err  # Flower's own lines still pass through
+    assert err.rstrip().splitlines()[-1].startswith("[headway] the SuperLink refused this SuperNode's key")
+    assert "headway register keys/node7.pub CONNECTION" in err
+    assert supervise([sys.executable, "-c", "import sys; print('other trouble', file=sys.stderr); sys.exit(1)"], grace=2, hints=hints) == 1
+    assert "[headway]" not in capfd.readouterr().err
