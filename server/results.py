@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from server.tracking import EVENT_FILE_GLOB, Trackers
+
 log = logging.getLogger("headway")
 
 # What a run writes into its folder; --overwrite removes these, and nothing else.
@@ -42,11 +44,10 @@ def clear_results(out_dir: str | Path) -> list[str]:
     files and subfolders stay. Returns the names removed."""
     out = Path(out_dir)
     removed = []
-    for name in RESULT_FILES:
-        path = out / name
+    for path in [out / name for name in RESULT_FILES] + sorted(out.glob(EVENT_FILE_GLOB)):
         if path.is_file() or path.is_symlink():
             path.unlink()
-            removed.append(name)
+            removed.append(path.name)
     return removed
 
 
@@ -66,7 +67,8 @@ class Recorder:
 
     ``out_dir`` must be new or empty; with ``overwrite`` an earlier run's result files
     there are removed first. Otherwise :class:`ResultsFolderError` is raised and nothing
-    is written.
+    is written. Each round record and the summary also go to the run's trackers
+    (:mod:`server.tracking`: TensorBoard event files here, MLflow where configured).
     """
 
     def __init__(self, out_dir: str | Path, cfg: dict[str, Any], overwrite: bool = False):
@@ -83,6 +85,7 @@ class Recorder:
         self.started = time.monotonic()
         (self.out / "config.json").write_text(json.dumps(_clean(cfg), indent=2, sort_keys=True))
         (self.out / "rounds.jsonl").write_text("")
+        self.trackers = Trackers.for_run(self.out, cfg)
 
     @classmethod
     def reopen(cls, out_dir: str | Path, cfg: dict[str, Any], started: float | None = None) -> Recorder:
@@ -97,6 +100,7 @@ class Recorder:
         self.rounds, self.cumulative = [], 0
         self.bytes_to_target = self.round_to_target = None
         self.started = time.monotonic() if started is None else started
+        self.trackers = Trackers([])  # the run's own Recorder fed its trackers the rounds; a second run there would only confuse them
         if not (self.out / "config.json").exists():
             (self.out / "config.json").write_text(json.dumps(_clean(cfg), indent=2, sort_keys=True))
         path = self.out / "rounds.jsonl"
@@ -126,15 +130,18 @@ class Recorder:
         self.rounds.append(record)
         with open(self.out / "rounds.jsonl", "a") as fh:
             fh.write(json.dumps(_clean(record)) + "\n")
+        self.trackers.round(_clean(record))
         acc_s = "n/a" if acc is None else f"{acc:.4f}"
         log.info(
-            "round %d  accuracy %s  bytes %d (cumulative %d)  failures %d  %.1f s",
+            "round %d/%d  accuracy %s  bytes %d (cumulative %d)  failures %d  %.1f s  %s",
             record["round"],
+            self.cfg.get("num-server-rounds", record["round"]),
             acc_s,
             record["bytes_down"] + record["bytes_up"],
             self.cumulative,
             record["failures"],
             record["seconds"],
+            progress(self.rounds, int(self.cfg.get("num-server-rounds", record["round"])), time.monotonic() - self.started),
         )
 
     def finish(self, extra: dict[str, Any] | None = None, status: str = "complete", reason: str | None = None) -> dict[str, Any]:
@@ -178,12 +185,38 @@ class Recorder:
         summary.update(extra or {})
         summary["status"], summary["reason"] = status, reason  # after extra: never overridden
         (self.out / "summary.json").write_text(json.dumps(_clean(summary), indent=2))
+        self.trackers.finish(_clean(summary))
         if self.rounds:
             try:
-                plot_curves({self.cfg["algorithm"]: self.rounds}, self.out, f"{self.cfg['algorithm']} on {self.cfg['dataset']}")
+                plot_curves(
+                    {self.cfg["algorithm"]: self.rounds}, self.out, plot_title(self.cfg), target=self.cfg.get("target-accuracy") or None
+                )
             except Exception as exc:  # a plot must never lose a run's numbers
                 log.warning("plotting failed: %s", exc)
         return summary
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as a person reads it: 42 s, 3 min 05 s, 2 h 07 min."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def progress(rounds: list[dict[str, Any]], total: int, elapsed: float) -> str:
+    """The round line's tail: time since the run began and, while rounds remain, the time
+    left at the pace (mean ``seconds``) of the last five rounds, round 1 left out once others
+    exist: it carries the start-up (workers, data loading, FedLog's statistics round)."""
+    done = len(rounds)
+    shown = f"elapsed {format_duration(elapsed)}"
+    if done >= total or done == 0:
+        return shown
+    recent = (rounds[1:] if done > 1 else rounds)[-5:]
+    pace = sum(float(r.get("seconds") or 0.0) for r in recent) / len(recent)
+    return f"{shown}, about {format_duration(pace * (total - done))} left"
 
 
 def values_totals(rounds: list[dict[str, Any]], round_to_target: int | None) -> dict[str, int | None]:
@@ -235,31 +268,86 @@ def participation_by_noise(rounds: list[dict[str, Any]], cfg: dict[str, Any]) ->
     return {kind: sum(taken[p] for p in pids) / len(pids) for kind, pids in sorted(members.items())}
 
 
-def plot_curves(series: dict[str, list[dict[str, Any]]], out: Path, title: str) -> None:
-    """accuracy_vs_round.png and accuracy_vs_bytes.png in ``out``, one line per series."""
+ACCURACY_LABEL = "test accuracy (sample-weighted over clients' test splits)"
+
+
+def plot_title(cfg: dict[str, Any]) -> str:
+    """What the user ran: the method on a built-in data set's name, their data's folder or file
+    name, or "node-local data" where every node read its own (dataset=local)."""
+    from core.config import dataset_kind
+
+    name = str(cfg["dataset"])
+    kind = dataset_kind(name)
+    data = {"local": "node-local data", "path": Path(name.rstrip("/\\")).name or name}.get(kind or "", name)
+    return f"{cfg['algorithm']} on {data}"
+
+
+def troubled_rounds(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The scored rounds in which some client failed, was refused, or was missing (registered, not connected)."""
+    return [r for r in rounds if r.get("accuracy") is not None and (r.get("failures") or r.get("absent"))]
+
+
+def plot_curves(series: dict[str, list[dict[str, Any]]], out: Path, title: str, target: float | None = None) -> dict[str, Any]:
+    """accuracy_vs_round.png and accuracy_vs_bytes.png in ``out``, one line per series;
+    ``target`` (an accuracy) is drawn as a labelled dashed line, and rounds with failed or
+    missing clients are marked. Returns the two figures by file name (closed; for tests)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter, LogLocator, MaxNLocator, NullFormatter
 
-    for key, name, label, logx in (
-        ("round", "accuracy_vs_round.png", "round", False),
-        ("cumulative_bytes", "accuracy_vs_bytes.png", "cumulative bytes (up + down)", True),
+    figures = {}
+    for key, name, label in (
+        ("round", "accuracy_vs_round.png", "round"),
+        ("cumulative_bytes", "accuracy_vs_bytes.png", "cumulative bytes, up + down"),
     ):
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        xs_all: list[float] = []
+        marked = False
         for label_s, rounds in series.items():
             pts = [(r[key], r["accuracy"]) for r in rounds if r.get("accuracy") is not None]
-            if pts:
-                xs, ys = zip(*pts)
-                ax.plot(xs, ys, label=label_s, marker="." if len(xs) < 40 else None)
+            if not pts:
+                continue
+            xs, ys = zip(*pts)
+            xs_all += xs
+            ax.plot(xs, ys, label=label_s, marker="." if len(xs) < 40 else None)
+            bad = troubled_rounds(rounds)
+            if bad:
+                ax.plot(
+                    [r[key] for r in bad],
+                    [r["accuracy"] for r in bad],
+                    linestyle="none",
+                    marker="x",
+                    color="tab:red",
+                    markersize=8,
+                    label=None if marked else "client failed or missing",
+                    gid="troubled",
+                )
+                marked = True
+        if target:
+            ax.axhline(target, linestyle="--", color="tab:gray", linewidth=1, label=f"target {target:g}", gid="target")
         ax.set_xlabel(label)
-        ax.set_ylabel("mean client test accuracy")
-        if logx:
+        ax.set_ylabel(ACCURACY_LABEL, fontsize=9)
+        if key == "round":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        elif xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 10:  # a log axis only where it spans a decade
             ax.set_xscale("log")
+            ax.set_xlabel(label + " (log scale)")
+            decades = math.log10(max(xs_all) / min(xs_all))
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 3 else (1.0,), numticks=12))
+            ax.xaxis.set_minor_locator(LogLocator(base=10, subs=tuple(range(1, 10)), numticks=12))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.xaxis.set_major_formatter(EngFormatter(unit="B", places=0, sep=" "))
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
+            ax.xaxis.set_major_formatter(EngFormatter(unit="B", sep=" "))
         ax.set_title(title)
         ax.grid(alpha=0.3)
-        if len(series) > 1:
-            ax.legend()
+        if len(series) > 1 or target or marked:
+            ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out / name, dpi=120)
         plt.close(fig)
+        figures[name] = fig
+    return figures
