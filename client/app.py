@@ -24,6 +24,7 @@ from client.secure_aggregation import answer, is_stage
 from client.state_store import restore_state, save_state, state_path
 from core import protocol as P
 from core.config import body_for, scores_with_train
+from core.console import quiet_http_clients
 from core.run_data import node_profile
 from core.secagg import pinned_floor
 from core.sources import limits_from_node_config
@@ -132,6 +133,7 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
     resolved config here because ``run_simulation`` has no run-config argument.
     """
     overrides = dict(overrides or {})
+    quiet_http_clients()  # Flower's HTTP client logs each request at INFO wherever the root logger is at INFO (a body's basicConfig)
     client_app = ClientApp()
     faults = fault_mod(overrides, partition_of)  # test fault injection (client/faults.py): inert unless fault-clients names this node
 

@@ -14,6 +14,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from core.config import LOCAL, ConfigError, check_against_spec, check_bodies, resolve
+from core.console import figure, show_headway_log
 from core.extractors import input_spec
 from core.methods import METHODS
 from core.run_data import dataset_label, run_spec
@@ -91,7 +92,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     A run that stops early still writes summary.json, with status "failed" or
     "interrupted" and the reason, beside the rounds it completed.
     """
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    show_headway_log()  # headway's lines at INFO; not basicConfig(INFO): it turned on every library's INFO (httpx: a line per request)
     cfg = resolve(run_config)
     out = Path(out_dir) if out_dir else default_out_dir(cfg)
     try:
@@ -141,8 +142,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     summary = recorder.finish(extra)
     log.info(
         "headway: final accuracy %s, best %s, total bytes %d, %.1f s",
-        summary["final_accuracy"],
-        summary["best_accuracy"],
+        figure(summary["final_accuracy"]),
+        figure(summary["best_accuracy"]),
         summary["total_bytes"],
         summary["wall_seconds"],
     )

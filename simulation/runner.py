@@ -4,6 +4,7 @@ and a last-resort summary.json when a run stops without writing one."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -12,12 +13,15 @@ import sys
 import threading
 import time
 import tomllib
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from core.config import LOCAL, ConfigError, check_against_spec, dataset_kind, resolve
+from core.console import show_headway_log, significant
 from core.data import DatasetMissingError
 from core.run_data import load_run_dataset, run_spec
 from core.sources import SourceError
@@ -32,6 +36,33 @@ EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
 INTERRUPTED = "interrupted by Ctrl-C (SIGINT) in the simulation runner"
 TERMINATED = "interrupted by SIGTERM (e.g. timeout, docker stop or a job scheduler) in the simulation runner"
 STOP_REASONS = {signal.SIGINT: INTERRUPTED, signal.SIGTERM: TERMINATED}
+# What a default run does not print (--verbose does): Flower's banner that run_simulation is deprecated
+# (see quiet_engine for why the runner still calls it) and Ray's tip that it may one day stop hiding
+# GPUs from clients given none (it still does; headway relies on that: client-num-gpus=0 trains on the CPU)
+DEPRECATION_BANNER = ("DEPRECATED FEATURE", "`run_simulation` function is deprecated")
+RAY_GPU_TIP = r"Tip: In future versions of Ray, Ray will no longer override accelerator visible devices"
+
+DESCRIPTION = """\
+Run one experiment in Flower's simulation engine: num-clients virtual clients (Flower
+SuperNodes on Ray) and the server in this process, then write the results folder --out.
+
+CONFIG.toml holds run-config keys, at top level or under [run-config] (the papers' setups:
+benchmarks/configs/); --set KEY=VALUE overrides one (values parse as TOML; repeatable).
+Every key with its default: docs/configuration.md."""
+
+EPILOG = """\
+examples:
+  {prog} benchmarks/configs/mnist-table1.toml --set num-server-rounds=2 --set num-clients=10 --out results/smoke
+  {prog} --set algorithm=fedavg --set dataset=path/to/images --out results/mine
+
+results (--out): config.json, rounds.jsonl (a line per round), summary.json (final and best
+accuracy, bytes, status, reason) and the plots; every field: docs/results.md. The runner prints
+headway's round lines and Flower's warnings; the summary at the end is summary.json with figures
+to 4 significant digits (the file keeps them whole).
+
+Checks that stop a run before Ray starts (bad key or value, data set not found, results folder
+not empty without --overwrite, ...) print one "error:" line. Exit codes: 0 complete, 1 failed,
+2 refused before starting, 130 interrupted by Ctrl-C, 143 by SIGTERM; summary.json says why."""
 
 
 def parse_value(text: str) -> Any:
@@ -137,6 +168,42 @@ def ray_address(value: str) -> str:
     return found
 
 
+class _DeprecationBanner(logging.Filter):
+    """Drops Flower's one warning that run_simulation is deprecated, and nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # a record that cannot be formatted is not the banner
+            return True
+        return not all(part in text for part in DEPRECATION_BANNER)
+
+
+@contextlib.contextmanager
+def quiet_engine(verbose: bool) -> Iterator[None]:
+    """For the run (unless ``verbose``): without Flower's banner that ``run_simulation`` is
+    deprecated and Ray's FutureWarning about GPU visibility; every other warning stays.
+    The supported entry point Flower names, `flwr run`, goes through a SuperLink and a
+    separate flwr-simulation process that loads the apps from a FAB: it cannot take this
+    process's ServerApp and ClientApp built from the resolved config (with --out and
+    --overwrite), nor run with the engine fixes (:mod:`simulation.flower_fixes`), the
+    signal handling and the error capture that live here; so the runner keeps
+    ``run_simulation`` (still in Flower 1.39) and hides only its banner. Flower's DEBUG
+    lines are its console handler's business: ``verbose_logging`` turns them on."""
+    if verbose:
+        yield
+        return
+    flwr_log = logging.getLogger("flwr")
+    banner = _DeprecationBanner()
+    flwr_log.addFilter(banner)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=RAY_GPU_TIP, category=FutureWarning)
+            yield
+    finally:
+        flwr_log.removeFilter(banner)
+
+
 def simulate(
     cfg: dict[str, Any], out_dir: str | Path, verbose: bool = False, overwrite: bool = False, *, check: bool = True
 ) -> dict[str, Any]:
@@ -174,8 +241,10 @@ def simulate(
     flwr_log = logging.getLogger("flwr")
     flwr_log.addHandler(errors)
     started = time.monotonic()
+    show_headway_log()
     try:
-        with faster_simulation_engine():  # Flower 1.39's extractor pass and poll waits, fixed: docs/flower-extractor.md
+        # faster: Flower 1.39's extractor pass and poll waits (docs/flower-extractor.md); quiet: two banners, unless --verbose
+        with faster_simulation_engine(), quiet_engine(verbose):
             run_simulation(
                 server_app=build_server_app(cfg, out, overwrite=overwrite),
                 client_app=build_client_app(cfg),
@@ -264,13 +333,19 @@ def main(argv: list[str] | None = None, prog: str = "headway run") -> int:
     pre-flight check (one ``error:`` line on stderr), 130 interrupted by Ctrl-C (SIGINT),
     143 by SIGTERM (a stop by signal ends the process with that code at once)."""
     parser = argparse.ArgumentParser(
-        prog=prog, description=sys.modules["simulation"].__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=DESCRIPTION, epilog=EPILOG.format(prog=prog), formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("config", nargs="?", help="TOML file of run-config keys")
-    parser.add_argument("--out", required=True, help="results folder to write: new or empty, unless --overwrite")
+    parser.add_argument(
+        "config", nargs="?", metavar="CONFIG.toml", help="TOML file of run-config keys (optional: defaults and --set alone)"
+    )
+    parser.add_argument("--out", required=True, metavar="DIR", help="results folder to write: new or empty, unless --overwrite")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key (repeatable)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an earlier run's result files in --out")
-    parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier run's result files in --out (nothing else there)")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print Flower's DEBUG lines (with timestamps), its deprecation banner and Ray's FutureWarning",
+    )
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.set)
@@ -302,7 +377,7 @@ def main(argv: list[str] | None = None, prog: str = "headway run") -> int:
         undo_ray()
         for sig, before in previous.items():
             signal.signal(sig, before if before is not None else signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
-    print(json.dumps(summary, indent=2))
+    print(json.dumps(significant(summary), indent=2))  # 4 significant digits on screen; summary.json keeps them whole
     if summary.get("status", "complete") != "complete":
         print(f"error: the run {summary.get('status')} after {summary.get('rounds')} round(s): {summary.get('reason')}", file=sys.stderr)
         return EXIT_FAILED
