@@ -15,10 +15,12 @@ from pathlib import Path
 PROG = "headway"
 RUN = "run one experiment in Flower's simulation engine and write its results folder"
 GENERATE = "write the files derived from the run-config schema (--check: fail if one is stale)"
+SUBMIT = "submit a run to a deployment (or follow one: --run-id), show its log, exit 0 complete / 1 failed / 130, 143 interrupted"
 BENCH = "run benchmarks/NAME.py of a source checkout with ARGS (headway bench NAME [ARGS...])"
 EPILOG = (
-    "`headway COMMAND --help` shows a command's options. On a deployment, runs are submitted with\n"
-    "`flwr run . CONNECTION --stream` (a connection that `headway connect` writes)."
+    "`headway COMMAND --help` shows a command's options. On a deployment, submit runs with\n"
+    "`headway submit CONNECTION [--run-config ...]` (a connection that `headway connect` writes): it streams\n"
+    "the log like `flwr run . CONNECTION --stream` and exits with the run's status, which `flwr run` does not."
 )
 
 
@@ -26,7 +28,7 @@ def commands() -> dict[str, str]:
     """Every subcommand with its one-line description, in the order `headway --help` lists them."""
     from headway.deploy import COMMANDS as DEPLOY  # light: the deployment code imports its heavy parts when it runs
 
-    return {"run": RUN, **DEPLOY, "generate": GENERATE, "bench": BENCH}
+    return {"run": RUN, **DEPLOY, "submit": SUBMIT, "generate": GENERATE, "bench": BENCH}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -89,6 +91,10 @@ def dispatch(name: str, argv: list[str]) -> int:
         return int(generate(argv) or 0)
     if name == "bench":
         return bench(argv)
+    if name == "submit":
+        from headway.submit import main as submit
+
+        return submit(argv, prog=f"{PROG} submit")
     from headway.deploy import main as deploy
 
     return deploy([name, *argv], prog=PROG)

@@ -177,16 +177,26 @@ def never_aggregated(rounds: list[dict[str, Any]], cfg: Mapping[str, Any]) -> st
     )
 
 
-def build_server_app(overrides: Mapping[str, Any] | None = None, out_dir: str | Path | None = None, overwrite: bool = False) -> ServerApp:
-    """A ServerApp running :func:`run_server` with the Flower run config plus ``overrides``."""
+class RunFailed(RuntimeError):
+    """A run that ended without raising but whose summary.json says it failed (e.g. no round aggregated)."""
+
+
+def build_server_app(
+    overrides: Mapping[str, Any] | None = None, out_dir: str | Path | None = None, overwrite: bool = False, strict: bool = False
+) -> ServerApp:
+    """A ServerApp running :func:`run_server` with the Flower run config plus ``overrides``;
+    ``strict``: a summary that is not complete raises :class:`RunFailed`, so that Flower's run
+    status (`flwr ls`, `headway submit`) says failed too, not completed."""
     overrides = dict(overrides or {})
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_server(grid, {**dict(context.run_config), **overrides}, out_dir, overwrite)
+        summary = run_server(grid, {**dict(context.run_config), **overrides}, out_dir, overwrite)
+        if strict and summary.get("status", "complete") != "complete":
+            raise RunFailed(f"headway: the run {summary.get('status')}: {summary.get('reason')}")
 
     return server_app
 
 
-app = build_server_app()
+app = build_server_app(strict=True)  # deployments and `flwr run`: Flower's status follows summary.json
