@@ -22,13 +22,13 @@ $(STAMP): pyproject.toml
 run: setup
 	$(VENV)/bin/headway run benchmarks/configs/mnist-table1.toml --set algorithm=fedlog --out results/main --overwrite
 
-# Everything but the slow fault tests (about 15 minutes on 2 cores).
+# Everything but the slow system tests: unit, Flower simulation and loopback deployment tests (7–13 minutes on 2 cores, by the machine).
 test: setup
 	$(PY) -m pytest -q -m "not system" --durations=15
 
 # Faults survived by real processes: a SuperNode killed mid-round and restarted, a hung ClientApp,
 # a SuperLink restarted on its database, an unknown body, SIGTERM, node-local refusals; FedProf on a
-# second data set; the gRPC byte probe and FedPFT's chain over gRPC (about 15 minutes; CI runs it after `test`).
+# second data set; the gRPC byte probe and FedPFT's chain over gRPC (15–22 minutes on 2 cores; CI runs it after `test`).
 test-system: setup
 	$(PY) -m pytest -q -m system
 

@@ -129,3 +129,18 @@ def test_a_default_run_prints_headways_lines_and_verbose_brings_flowers_back(tmp
     verbose = headway_run(tmp_path, data_dir, "verbose", "--verbose", "--set", "num-server-rounds=1")
     assert re.search(r"DEBUG .*ServerApp finished running", verbose.stderr) and "DEPRECATED FEATURE" in verbose.stderr
     assert "INFO headway: round 1" in verbose.stderr
+
+
+def comment_minutes(makefile: str, target: str) -> str:
+    """The 'N–M minutes' of the comment block just above ``target:`` in the Makefile."""
+    block = makefile[: makefile.index(f"\n{target}: ")].rsplit("\n\n", 1)[-1]
+    found = re.findall(r"(\d+–\d+) minutes", block)
+    assert found, f"no time in the comment above `{target}:`"
+    return found[-1]
+
+
+def test_the_makefile_and_the_readme_give_the_same_test_times():
+    makefile, readme = (ROOT / "Makefile").read_text(), (ROOT / "README.md").read_text()
+    for target in ("test", "test-system"):
+        line = next(x for x in readme.splitlines() if x.startswith(f"make {target} "))
+        assert re.findall(r"(\d+–\d+) minutes", line) == [comment_minutes(makefile, target)], (target, line)
