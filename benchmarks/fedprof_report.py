@@ -63,10 +63,12 @@ def client_sizes(cfg: dict[str, Any]) -> np.ndarray:
 
 def profile_width(cfg: dict[str, Any]) -> int:
     """q, the width of the profiled feature layer (the body's output)."""
+    from core.config import fitted_body
     from core.extractors import input_spec
     from core.models import common_width
 
-    return common_width([cfg["body"]], input_spec(cfg).input_shape, cfg["feature-dim"])
+    shape = input_spec(cfg).input_shape
+    return common_width([fitted_body(cfg, shape)], shape, cfg["feature-dim"])
 
 
 def simulated_costs(task: str, cfg: dict[str, Any], rounds: list[dict[str, Any]], sizes: np.ndarray) -> tuple[list[float], list[float]]:

@@ -64,7 +64,7 @@ def local_sizes(size: int, rounds: int, data_dir: str = "") -> list[dict]:
     from core.models import build_model
     from core.training import task_loss, train_epochs
 
-    cfg = resolve({})
+    cfg = resolve({"body": "mnist-cnn"})
     ds = load_dataset("mnist", data_dir, 0)
     order = np.random.default_rng(0).permutation(len(ds.y_train))
     clients = [to_tensors(ds, ds.x_train[order[i * size : (i + 1) * size]], ds.y_train[order[i * size : (i + 1) * size]]) for i in range(3)]

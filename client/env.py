@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from core import seeds
-from core.config import LOCAL, body_for, resolve
+from core.config import LOCAL, body_for, fit_body, resolve
 from core.data import Dataset, to_tensors
 from core.labels import check_label_column
 from core.models import Net, build_model, resolve_device
@@ -111,13 +111,14 @@ def _make_env(
         x_raw = corrupt(x_raw, kind, np.random.default_rng([int(cfg["seed"]), partition_id, seeds.NOISE]))
     xtr, ytr = to_tensors(ds, x_raw, train[1])
     xte, yte = to_tensors(ds, *test)
-    body = body_for(cfg, partition_id, body_override or None)
     device = resolve_device(cfg["device"])
     if cfg["inputs"] == "features":  # the frozen extractor's features stand in for the inputs (noise applied before)
         from core.extractors import configured_features
 
         xtr, xte = configured_features(cfg, ds.name, xtr, device), configured_features(cfg, ds.name, xte, device)
         ds = replace(ds, input_shape=(xtr.shape[1],), augment=False)  # a view: same arrays, models see vectors
+    fit_body(cfg, ds.input_shape)  # body=auto: the body that fits the inputs (the server picks the same from the same shape)
+    body = body_for(cfg, partition_id, body_override or None)
     return ClientEnv(cfg, partition_id, body, ds, xtr, ytr, xte, yte, device)
 
 

@@ -57,6 +57,7 @@ MAX_IMAGE_SIZE = 1024  # image-size: 1024² x 3 B = 3 MiB an image; 8000 had Ray
 MAX_FEATURE_DIM = 16384  # 12x the widest body here (EfficientNet-Lite0, 1280); a FedLog reply is classes x (m+1) floats
 
 LOCAL = "local"  # dataset value: every SuperNode reads its own data (node config 'data')
+AUTO_BODY = "auto"  # body value: the body that fits the data's input shape (core.models.auto_body), fixed once the shape is known
 PATH_SUFFIXES = (".csv", ".parquet", ".npz")
 
 
@@ -169,7 +170,11 @@ SCHEMA: dict[str, Key] = {
     "lr": positive("local learning rate", 1e-3),
     "lr-decay": Key(1.0, "learning rate of round r: lr · lr-decay^(r-1)", check=lambda v: 0 < v <= 1, rule="in (0, 1]"),
     "optimizer": Key("adam", "local optimizer", choices=OPTIMIZERS),
-    "body": Key("mnist-cnn", "default body architecture"),
+    "body": Key(
+        "auto",
+        "body architecture; auto: the one that fits the data (images: mnist-cnn at 28×28, MNIST's, cifar-cnn at 32×32, "
+        "image-cnn at other sizes; tables: mlp), recorded in config.json",
+    ),
     "inputs": Key(
         "raw",
         "what clients train and are scored on: raw (the data set's inputs) or features (the frozen fedpft-extractor's features of them, "
@@ -339,6 +344,8 @@ def _check_combinations(cfg: Mapping[str, Any], import_bodies: bool = True) -> N
     from core.models import BodyError, body_factory, is_custom_body  # local import: models pulls in torch
 
     for body in body_names(cfg):  # a registry name, torchvision:<arch>[@weights] or an import path that imports
+        if body == AUTO_BODY and body_key(cfg, body) == "body":
+            continue  # chosen from the data's shape once it is known (fit_body)
         if not import_bodies and is_custom_body(body):
             continue  # built, and so imported, only by the clients that run it
         try:
@@ -536,18 +543,47 @@ def check_bodies(cfg: Mapping[str, Any], input_shape: tuple[int, ...]) -> None:
     from core.models import BodyError, build_body, output_width
 
     shape = tuple(input_shape)
-    for body in body_names(cfg):
+    for body in [fitted_body(cfg, shape) if b == AUTO_BODY else b for b in body_names(cfg)]:
         try:
             built = build_body(body, shape, cfg["feature-dim"], cfg["seed"], cfg["body-dropout"])
             output_width(body, built, shape, cfg["feature-dim"])
         except BodyError as exc:
-            raise ConfigError(f"run-config key '{body_key(cfg, body)}': {exc}") from None
+            raise ConfigError(f"run-config key '{body_key(cfg, body)}': {exc}{_fitting_note(cfg, shape)}") from None
         except Exception as exc:  # a registry body that refuses these inputs or this feature-dim
             text = " ".join(str(exc).split())
             raise ConfigError(
                 f"run-config key '{body_key(cfg, body)}': body {body!r} cannot be built for inputs of shape {shape} "
-                f"with feature-dim={cfg['feature-dim']}: {type(exc).__name__}: {text}"
+                f"with feature-dim={cfg['feature-dim']}: {type(exc).__name__}: {text}{_fitting_note(cfg, shape)}"
             ) from None
+
+
+def _fitting_note(cfg: Mapping[str, Any], shape: tuple[int, ...]) -> str:
+    """The tail of a body refusal: which built-in bodies do fit ``shape`` (and feature-dim), and that leaving body unset picks one."""
+    from core.models import fitting_bodies
+
+    fitting = fitting_bodies(shape, cfg["feature-dim"])
+    if not fitting:
+        return f"; no built-in body fits inputs of shape {shape} with feature-dim={cfg['feature-dim']}"
+    return f"; bodies that fit inputs of shape {shape}: {', '.join(fitting)} (or leave body unset: body=auto picks one)"
+
+
+def fitted_body(cfg: Mapping[str, Any], input_shape: tuple[int, ...]) -> str:
+    """The run's ``body``: as named, or for body=auto the one that fits ``input_shape`` (core.models.auto_body:
+    the same on the server and every client, since all see the same input shape); ConfigError when none does."""
+    if cfg["body"] != AUTO_BODY:
+        return str(cfg["body"])
+    from core.models import BodyError, auto_body
+
+    try:
+        return auto_body(tuple(input_shape), cfg["feature-dim"])
+    except BodyError as exc:
+        raise ConfigError(f"run-config key 'body': {exc}") from None
+
+
+def fit_body(cfg: dict[str, Any], input_shape: tuple[int, ...]) -> str:
+    """Replace body=auto in ``cfg`` by :func:`fitted_body` (in place, so config.json names the body that ran)."""
+    cfg["body"] = fitted_body(cfg, input_shape)
+    return cfg["body"]
 
 
 def body_key(cfg: Mapping[str, Any], body: str) -> str:

@@ -26,8 +26,11 @@ class CNN(nn.Module):
 
     nonnegative_features = True  # its features leave a ReLU: a summary implying a negative one is not real
 
-    def __init__(self, convs: list[nn.Module], fcs: list[nn.Linear], conv_dropout: float = 0.0, feature_dropout: float = 0.0):
+    def __init__(
+        self, convs: list[nn.Module], fcs: list[nn.Linear], conv_dropout: float = 0.0, feature_dropout: float = 0.0, pool_to: int = 0
+    ):
         super().__init__()
+        self.pool_to = pool_to  # > 0: the last maps are average-pooled to pool_to x pool_to (any image size gives one width)
         self.convs = nn.ModuleList(convs)
         self.fcs = nn.ModuleList(fcs)
         self.conv_dropout = nn.Dropout2d(conv_dropout) if conv_dropout else nn.Identity()
@@ -45,6 +48,8 @@ class CNN(nn.Module):
             if i == last:
                 x = self.conv_dropout(x)
             x = torch.max_pool2d(torch.relu(x), 2)
+        if self.pool_to:
+            x = nn.functional.adaptive_avg_pool2d(x, self.pool_to)
         x = x.flatten(1)
         for fc in self.fcs:
             x = torch.relu(fc(x))
@@ -85,6 +90,13 @@ def lenet5(input_shape: tuple[int, ...], m: int) -> nn.Module:
     channels; 28×28 inputs padded to 32×32), then 400 -> 120 -> m (84)."""
     pad = 2 if input_shape[-1] == 28 else 0
     return CNN([nn.Conv2d(input_shape[0], 6, 5, padding=pad), nn.Conv2d(6, 16, 5)], [nn.Linear(400, 120), nn.Linear(120, m or 84)])
+
+
+def image_cnn(input_shape: tuple[int, ...], m: int) -> nn.Module:
+    """The CIFAR CNN's layers for images of any size (side >= 4): its two 5×5 convolutions padded
+    (6, 16 channels), the maps average-pooled to 5×5, then 400 -> 120 -> m (100)."""
+    convs: list[nn.Module] = [nn.Conv2d(input_shape[0], 6, 5, padding=2), nn.Conv2d(6, 16, 5, padding=2)]
+    return CNN(convs, [nn.Linear(400, 120), nn.Linear(120, m or 100)], pool_to=5)
 
 
 class MLP(nn.Module):
@@ -204,6 +216,7 @@ BODIES: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "cifar-cnn": cifar_cnn,
     "cifar-cnn-small": cifar_cnn_small,
     "lenet5": lenet5,
+    "image-cnn": image_cnn,
     "shufflenet-v2": shufflenet_v2,
     "linear": linear,
     "mlp": mlp,
@@ -485,6 +498,44 @@ def build_model(name: str, input_shape: tuple[int, ...], m: int, outputs: int, s
     body = build_body(name, input_shape, m, seed, dropout)
     torch.manual_seed(seed + seeds.HEAD)
     return Net(body, nn.Linear(body_width(body), outputs)).eval()
+
+
+# ----- the body a run gets when it names none (body=auto) -----------------------------------
+AUTO = "auto"
+# what auto picks on images, the first that fits: the papers' bodies on their inputs (28×28: MNIST's, 32×32: CIFAR's), else
+# one sized for any image; on anything else (a table's feature vector) an MLP
+AUTO_IMAGE_BODIES = ("mnist-cnn", "cifar-cnn", "image-cnn")
+AUTO_OTHER_BODY = "mlp"
+
+
+def fits(name: str, input_shape: tuple[int, ...], m: int = 0) -> bool:
+    """Whether registry body ``name`` builds for ``input_shape`` and outputs m features (m > 0) on a
+    zero batch of it: a body declares what it accepts by running on it. Leaves torch's RNG as it was."""
+    try:
+        with torch.random.fork_rng(devices=[]):
+            output_width(name, build_body(name, tuple(input_shape), m), tuple(input_shape), m)
+    except Exception:  # any refusal: a size mismatch, too small an image, a width other than m
+        return False
+    return True
+
+
+def fitting_bodies(input_shape: tuple[int, ...], m: int = 0) -> list[str]:
+    """The registry bodies that fit ``input_shape`` with feature-dim ``m``, sorted (for error messages)."""
+    return [name for name in sorted(BODIES) if fits(name, input_shape, m)]
+
+
+def auto_body(input_shape: tuple[int, ...], m: int = 0) -> str:
+    """The body a run gets when it names none: on images (channels, height, width) the first of
+    AUTO_IMAGE_BODIES that fits, on anything else AUTO_OTHER_BODY. Deterministic: the same shape
+    gives the same body on the server and on every client. BodyError when none fits."""
+    shape = tuple(input_shape)
+    candidates = AUTO_IMAGE_BODIES if len(shape) == 3 else (AUTO_OTHER_BODY,)
+    for name in candidates:
+        if fits(name, shape, m):
+            return name
+    raise BodyError(
+        f"no built-in body fits inputs of shape {shape} with feature-dim={m} (tried {', '.join(candidates)}); name one in 'body' ({FORMS})"
+    )
 
 
 def resolve_device(choice: str) -> torch.device:

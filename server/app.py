@@ -13,7 +13,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from core.config import LOCAL, ConfigError, check_against_spec, check_bodies, resolve
+from core.config import LOCAL, ConfigError, check_against_spec, check_bodies, fit_body, resolve
 from core.console import figure, show_headway_log
 from core.extractors import input_spec
 from core.methods import METHODS
@@ -41,6 +41,7 @@ def build_strategy(cfg: dict[str, Any], schema: Any = None, described: dict[int,
     data_spec = run_spec(cfg, schema)
     check_against_spec(cfg, data_spec)
     spec = input_spec(cfg, data_spec)
+    fit_body(cfg, spec.input_shape)  # body=auto: the body that fits these inputs, written into cfg (config.json records it)
     check_bodies(cfg, spec.input_shape)
     method = STRATEGIES[cfg["algorithm"]]
     method.check_config(cfg, spec)

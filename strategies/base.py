@@ -43,7 +43,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from core import protocol as P
-from core.config import body_names, scores_with_train
+from core.config import body_names, fit_body, scores_with_train
 from core.data import DatasetSpec
 from core.methods import METHODS
 from core.models import BODIES, build_model, common_width, is_custom_body
@@ -139,6 +139,7 @@ class HeadwayStrategy:
     eval_metrics: tuple[str, ...] = ()  # extra "correct-<how>" counts an evaluation reply may carry
 
     def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
+        fit_body(cfg, spec.input_shape)  # body=auto: the body that fits these inputs (server.app.build_strategy did it already)
         self.cfg = cfg
         self.spec = spec
         self.services = services

@@ -14,6 +14,7 @@ SHAPES = {
     "lenet5": (1, 28, 28),
     "shufflenet-v2": (3, 32, 32),
     "linear": (16,),
+    "image-cnn": (3, 45, 37),  # any size
 }
 
 

@@ -37,9 +37,9 @@ def no_engine(monkeypatch):
         (["algorithm=fedprof", "fedprof-layer=nope"], "'fedprof-layer'"),
         (["algorithm=fedprof", "fedprof-layer=body.fcs"], "'fedprof-layer'"),  # a container: it has no output of its own
         (
-            ["algorithm=fedprof", "dataset=cifar10"],
+            ["algorithm=fedprof", "dataset=cifar10", "body=mnist-cnn"],
             "'body'",
-        ),  # mnist-cnn cannot take 3x32x32 images: FedProf's profile would fail at round 0
+        ),  # mnist-cnn cannot take 3x32x32 images: FedProf's profile would fail at round 0 (no body named: cifar-cnn fits)
         (["algorithm=fedprof", "fedprof-val-size=1e8"], "'fedprof-val-size'"),
         (["algorithm=fedprof", "fedprof-val-size=59999"], "'fedprof-val-size'"),  # leaves rows, but not one per client after train-fraction
         (["algorithm=fedavg", "server-holdout=60000"], "'server-holdout'"),
