@@ -264,5 +264,52 @@ def test_mlflow_run_holds_every_rounds_figures(tmp_path):
 
 
 def test_round_scalars_group_and_skip_what_is_not_a_number():
-    record = {"round": 3, "accuracy": None, "aggregated": True, "failure_reasons": ["x"], "fedprof_scores": {"0": 1.0}, "solve_seconds": 0.2}
+    record = {
+        "round": 3,
+        "accuracy": None,
+        "aggregated": True,
+        "failure_reasons": ["x"],
+        "fedprof_scores": {"0": 1.0},
+        "solve_seconds": 0.2,
+    }
     assert round_scalars(record) == {"clients/aggregated": 1.0, "time/solve_seconds": 0.2}
+
+
+# -- a real run -----------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_real_fedprof_run_writes_event_files_tensorboard_reads_back(tmp_path, data_dir):
+    """FedProf on MNIST through Flower's simulation, partition 1 sending NaN: TensorBoard reads
+    back every round's figures from the results folder, its scores as a histogram, and the
+    failures the plots mark."""
+    from simulation import simulate
+
+    cfg = resolve(
+        {
+            "algorithm": "fedprof",
+            "dataset": "mnist",
+            "data-dir": data_dir,
+            "num-clients": 4,
+            "num-server-rounds": 3,
+            "fraction-train": 0.5,
+            "train-fraction": 0.02,
+            "local-epochs": 1,
+            "fedprof-val-size": 200,
+            "fault-clients": "1",
+            "target-accuracy": 0.5,
+            "sample-timeout": 30.0,
+        }
+    )
+    summary = simulate(cfg, tmp_path)
+    rounds = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert summary["rounds"] == 3 and len(rounds) == 3
+    acc = events(tmp_path)
+    assert [(e.step, pytest.approx(e.value)) for e in acc.Scalars("accuracy/accuracy")] == [(r["round"], r["accuracy"]) for r in rounds]
+    assert [e.value for e in acc.Scalars("clients/failures")] == [r["failures"] for r in rounds]
+    assert [e.value for e in acc.Scalars("bytes/bytes_up")] == [r["bytes_up"] for r in rounds]
+    assert [h.step for h in acc.Histograms("fedprof/scores")] == [1, 2, 3]
+    assert [h.histogram_value.num for h in acc.Histograms("fedprof/scores")] == [len(r["fedprof_scores"]) for r in rounds]
+    assert acc.Scalars("summary/rounds")[0].value == 3
+    assert (tmp_path / "accuracy_vs_round.png").exists() and (tmp_path / "accuracy_vs_bytes.png").exists()
