@@ -19,6 +19,7 @@ from core.extractors import input_spec
 from core.methods import METHODS
 from core.run_data import dataset_label, run_spec
 from server.results import Recorder
+from server.tracking import check_trackers
 from strategies.base import HeadwayStrategy
 from strategies.discovery import DiscoveryFailed, discover
 from strategies.registry import STRATEGIES
@@ -83,7 +84,9 @@ def check_partition(cfg: Mapping[str, Any], dataset: Any) -> None:
 
 def check_strategy(cfg: dict[str, Any]) -> None:
     """Every check that needs no client: the config against the data set's spec and the
-    method (bodies, feature widths, shared layers). Raises ConfigError naming the key."""
+    method (bodies, feature widths, shared layers), and the trackers it names (mlflow installed).
+    Raises ConfigError naming the key."""
+    check_trackers(cfg)
     build_strategy(cfg)
 
 
@@ -95,6 +98,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     """
     show_headway_log()  # headway's lines at INFO; not basicConfig(INFO): it turned on every library's INFO (httpx: a line per request)
     cfg = resolve(run_config)
+    check_trackers(cfg)  # before discovery: a missing mlflow is said at once, not after the nodes are asked
     out = Path(out_dir) if out_dir else default_out_dir(cfg)
     try:
         found = discover(grid, cfg) if cfg["dataset"] == LOCAL else None  # nodes that own their data agree on a schema first

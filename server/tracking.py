@@ -193,6 +193,12 @@ def require_mlflow() -> Any:
     return mlflow
 
 
+def check_trackers(cfg: Mapping[str, Any]) -> None:
+    """ConfigError when the run config names a tracker this install cannot write to (mlflow missing)."""
+    if cfg.get("mlflow-tracking-uri"):
+        require_mlflow()
+
+
 class Trackers:
     """The run's sinks, fed each round record and the summary; one that raises is warned
     about once and dropped (a tracker must never stop a run or lose its results)."""
@@ -206,8 +212,7 @@ class Trackers:
         asked for it); a tracker that cannot start is a warning, and the run goes on."""
         sinks: list[Sink] = []
         uri = str(cfg.get("mlflow-tracking-uri") or "")
-        if uri:
-            require_mlflow()
+        check_trackers(cfg)
         starts: list[tuple[str, Any]] = []
         if cfg.get("tensorboard", True):
             starts.append(("tensorboard", lambda: TensorBoardSink(out, cfg)))

@@ -244,6 +244,23 @@ def test_mlflow_uri_without_mlflow_names_the_extra(tmp_path, monkeypatch):
         Recorder(tmp_path, resolve({**CFG, "mlflow-tracking-uri": "http://127.0.0.1:5000"}))
 
 
+def test_headway_run_refuses_an_mlflow_uri_without_mlflow_before_the_engine(tmp_path, capsys, monkeypatch, data_dir):
+    import flwr.simulation
+
+    import simulation
+
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    monkeypatch.setattr(flwr.simulation, "run_simulation", lambda **kw: pytest.fail("the simulation engine started"))
+    out = tmp_path / "out"
+    code = simulation.main(["--out", str(out), "--set", f"data-dir={data_dir}", "--set", "mlflow-tracking-uri=sqlite:///m.db"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and not out.exists()
+    assert err.splitlines() == [
+        "error: run-config key 'mlflow-tracking-uri' is set, but mlflow is not installed: pip install 'headway[mlflow]' "
+        "(or pip install mlflow-skinny), or leave the key empty"
+    ]
+
+
 def test_mlflow_run_holds_every_rounds_figures(tmp_path):
     pytest.importorskip("mlflow", reason="mlflow is an optional extra: pip install 'headway[mlflow]' (or mlflow-skinny)")
     from mlflow.tracking import MlflowClient
