@@ -57,6 +57,7 @@ MAX_IMAGE_SIZE = 1024  # image-size: 1024² x 3 B = 3 MiB an image; 8000 had Ray
 MAX_FEATURE_DIM = 16384  # 12x the widest body here (EfficientNet-Lite0, 1280); a FedLog reply is classes x (m+1) floats
 
 LOCAL = "local"  # dataset value: every SuperNode reads its own data (node config 'data')
+BUILTIN_TRAIN_FRACTION = 0.05  # train-fraction=0 on a built-in data set: FedLog's Table 1 subset (5 % of MNIST), not a user's data
 AUTO_BODY = "auto"  # body value: the body that fits the data's input shape (core.models.auto_body), fixed once the shape is known
 PATH_SUFFIXES = (".csv", ".parquet", ".npz")
 
@@ -130,7 +131,13 @@ SCHEMA: dict[str, Key] = {
         "training rows kept from every client before partitioning (FedProf uses fedprof-val-size instead); set it equal to compare a method with FedProf on the same client data",
         0,
     ),
-    "train-fraction": fraction("fraction of the training set used, drawn before partitioning", 0.05),
+    "train-fraction": Key(
+        0.0,
+        "fraction of the training rows used, drawn (stratified) before partitioning; 0: all the rows of your own data (a path, "
+        f"or dataset=local), {BUILTIN_TRAIN_FRACTION:g} of a built-in data set's (FedLog's Table 1 setting). config.json shows the value used",
+        check=lambda v: 0 <= v <= 1,
+        rule="in (0, 1], or 0 for the data set's default",
+    ),
     "num-server-rounds": positive("federated rounds", 100),
     "fraction-train": fraction("fraction of clients sampled per round", 1.0),
     "client-sampling": Key(
@@ -336,8 +343,19 @@ def resolve(run_config: Mapping[str, Any] | None = None, import_bodies: bool = T
         if key.check is not None and not key.check(value):
             raise ConfigError(f"run-config key '{name}' is {value!r}; it must be {key.rule}")
         out[name] = value
+    out["train-fraction"] = train_fraction(out)
     _check_combinations(out, import_bodies)
     return out
+
+
+def train_fraction(cfg: Mapping[str, Any]) -> float:
+    """The share of the training rows a run uses: ``train-fraction`` as set, or where it is 0 (the
+    default) all of a user's own data (a path, dataset=local) and BUILTIN_TRAIN_FRACTION of a built-in,
+    so a user's folder is never silently cut to the papers' 5 %."""
+    value = float(cfg["train-fraction"])
+    if value > 0:
+        return value
+    return BUILTIN_TRAIN_FRACTION if dataset_kind(cfg["dataset"]) == "builtin" else 1.0
 
 
 def _check_combinations(cfg: Mapping[str, Any], import_bodies: bool = True) -> None:

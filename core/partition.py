@@ -45,6 +45,20 @@ def subsample(labels: np.ndarray, fraction: float, rng: np.random.Generator, str
     return np.sort(np.concatenate(keep))
 
 
+FEW_CLIENTS = 12  # up to this many clients a counts line lists every one; beyond it, min / median / max
+
+
+def counts_line(counts: list[int] | tuple[int, ...], what: str = "training rows", who: str = "client") -> str:
+    """One line saying how many rows each client got: every count when there are few clients, else
+    the total and min / median / max (what a run and `headway split` print, so a cut is never silent)."""
+    if not counts:
+        return f"{what}: no {who}s"
+    total, n = int(sum(counts)), len(counts)
+    if n <= FEW_CLIENTS:
+        return f"{what} per {who}: {', '.join(str(int(c)) for c in counts)} ({total} over {n} {who}s)"
+    return f"{what} per {who}: {total} over {n} {who}s, min {int(min(counts))}, median {float(np.median(counts)):g}, max {int(max(counts))}"
+
+
 def iid(n: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Equal-size random shares."""
     return [np.sort(p) for p in np.array_split(rng.permutation(n), num_clients)]

@@ -495,7 +495,12 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
     spl.add_argument("--partition", help="run-config 'partition' (default: the run config's)")
     spl.add_argument("--num-clients", type=int, help="run-config 'num-clients': number of node folders")
     spl.add_argument("--seed", type=int, help="run-config 'seed'")
-    spl.add_argument("--train-fraction", type=float, help="run-config 'train-fraction' (default 0.05, as in a run)")
+    spl.add_argument(
+        "--train-fraction",
+        type=float,
+        help="run-config 'train-fraction': share of the training rows split (default, as in a run: all of a user path's, 0.05 of a built-in's)",
+    )
+    spl.add_argument("--overwrite", action="store_true", help="empty node-k folders that already hold files first (default: refuse)")
     spl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any other run-config key (repeat)")
     stop = add("stop")
     stop.add_argument("--pid-file", required=True, help="the file a launcher's --pid-file wrote")
@@ -533,7 +538,7 @@ def _flwr(args: list[str]) -> int:
 
 def _split(args: argparse.Namespace) -> int:
     """The `split` subcommand: run-config items from --set and the flags, then headway.split."""
-    from headway.split import run_config, split  # local import: loads numpy, torch and the data code
+    from headway.split import report, run_config, split_nodes  # local import: loads numpy, torch and the data code
 
     settings = {}
     for item in args.set:
@@ -545,14 +550,16 @@ def _split(args: argparse.Namespace) -> int:
     flags = {"partition": args.partition, "num-clients": args.num_clients, "seed": args.seed, "train-fraction": args.train_fraction}
     settings.update({k: v for k, v in flags.items() if v is not None})
     try:
-        folders = split(args.source, run_config(args.source, settings), args.out, args.format)
+        cfg = run_config(args.source, settings)
+        folders, part, available = split_nodes(args.source, cfg, args.out, args.format, args.overwrite)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(
-        f"wrote {len(folders)} node folders ({args.format}) to {args.out}: give each SuperNode its folder "
+        f"wrote {len(folders)} node folders ({args.format}) to {Path(args.out)}: give each SuperNode its folder "
         f"(supernode --data {Path(args.out) / 'node-K'})"
     )
+    print(report(part, cfg, available))
     return 0
 
 

@@ -7,6 +7,7 @@ and labels as class names, in a format core.sources reads back (npz, PNG folders
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import numpy as np
 
 from core.config import SCHEMA, resolve
 from core.data import Dataset, load_dataset
-from core.partition import make_partition
+from core.partition import Partition, counts_line, make_partition
 from core.sources import (
     RawSource,
     RawSplit,
@@ -39,8 +40,7 @@ def run_config(source: str, settings: Mapping[str, Any]) -> dict[str, Any]:
     """The resolved run config of a split: `settings` (run-config keys, as --set gives them) with
     dataset=source for a built-in; source-reading keys the schema does not know yet ride along."""
     items = dict(settings)
-    if not is_path_source(source):
-        items["dataset"] = source
+    items["dataset"] = source  # a user path too: train-fraction's default (0) then means all of its rows, not a built-in's 5 %
     known = {k: v for k, v in items.items() if k in SCHEMA or k not in SOURCE_KEYS}
     return {**items, **resolve(known)}
 
@@ -68,12 +68,17 @@ def _check_format(ds: Dataset, fmt: str, source: str) -> None:
         raise ValueError(f"--format csv is for tables, and '{source}' holds images: use npz or images")
 
 
-def _check_free(out: Path, num_clients: int) -> None:
-    """Refuse to write into node folders that already hold files (old rows would mix with new ones)."""
+def _check_free(out: Path, num_clients: int, overwrite: bool = False) -> None:
+    """Refuse to write into node folders that already hold files (old rows would mix with new ones);
+    with ``overwrite`` those node-k folders are emptied first (a node-k that is a file or a link is always refused)."""
     for k in range(num_clients):
         folder = out / f"node-{k}"
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            raise FileExistsError(f"{folder} is not a folder (a file or a link): remove it or pick another --out")
         if folder.exists() and any(folder.iterdir()):
-            raise FileExistsError(f"{folder} already holds files: remove it or pick another --out")
+            if not overwrite:
+                raise FileExistsError(f"{folder} already holds files: pass --overwrite to replace them, remove it, or pick another --out")
+            shutil.rmtree(folder)
 
 
 def _write_node(
@@ -99,15 +104,22 @@ def _raw_columns(split: RawSplit, ds: Dataset) -> dict[str, Any]:
     return columns
 
 
-def split(source: str, cfg: Mapping[str, Any], out: str | Path, fmt: str = "npz") -> list[Path]:
+def split(source: str, cfg: Mapping[str, Any], out: str | Path, fmt: str = "npz", overwrite: bool = False) -> list[Path]:
     """Write out/node-k/ for every client k of `cfg`'s partition of `source` (a built-in name or a
     user path): its training rows part.train[k] and test rows part.test[k], labels as class names
     (built-ins: str(index)). The node folders, in partition order."""
+    return split_nodes(source, cfg, out, fmt, overwrite)[0]
+
+
+def split_nodes(
+    source: str, cfg: Mapping[str, Any], out: str | Path, fmt: str = "npz", overwrite: bool = False
+) -> tuple[list[Path], Partition, int]:
+    """:func:`split`, also returning the partition written and the source's training rows (for the command's report)."""
     ds, classes, raw = _load(source, cfg)
     _check_format(ds, fmt, source)
     part = make_partition(ds, dict(cfg))
     out = Path(out)
-    _check_free(out, part.num_clients)
+    _check_free(out, part.num_clients, overwrite)
     names = np.array(classes, dtype=str)
     label_column = options_from_config(cfg).label_column if raw is not None else "label"
     folders = []
@@ -115,4 +127,15 @@ def split(source: str, cfg: Mapping[str, Any], out: str | Path, fmt: str = "npz"
         folder = out / f"node-{k}"
         _write_node(folder, fmt, ds, raw, train, test, names, label_column)
         folders.append(folder)
-    return folders
+    return folders, part, len(ds.y_train)
+
+
+def report(part: Partition, cfg: Mapping[str, Any], available: int | None = None) -> str:
+    """What `headway split` says each node got: training rows per node (every one, or min / median / max),
+    test rows, and the train-fraction used."""
+    used = sum(len(t) for t in part.train)
+    of = f" of {available}" if available is not None else ""
+    return (
+        f"{counts_line([len(t) for t in part.train], who='node')}; train-fraction={cfg['train-fraction']:g} ({used}{of} training rows); "
+        f"{counts_line([len(t) for t in part.test], 'test rows', 'node')}"
+    )

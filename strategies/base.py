@@ -47,6 +47,7 @@ from core.config import body_names, fit_body, scores_with_train
 from core.data import DatasetSpec
 from core.methods import METHODS
 from core.models import BODIES, build_model, common_width, is_custom_body
+from core.partition import counts_line
 from core.training import predict, task_metrics
 from strategies.engine import Engine, RoundFailed, RoundMeter
 from strategies.replies import Layout, Reply
@@ -143,6 +144,7 @@ class HeadwayStrategy:
         self.cfg = cfg
         self.spec = spec
         self.services = services
+        self._counts: dict[int, int] = {}  # partition id -> training rows, refreshed each round (train_counts)
 
     # ----- set-up ---------------------------------------------------------------
     @classmethod
@@ -177,12 +179,23 @@ class HeadwayStrategy:
         """Method-specific figures for summary.json, after (or part of) the run on ``engine``."""
         return {}
 
+    def train_counts(self, engine: Engine) -> dict[int, int]:
+        """Training rows of every client (partition id -> rows): the partition's sizes where the server
+        holds the data, else what the registered nodes declared (dataset=local); empty when neither is known."""
+        sizes = self.services.data.partition_sizes
+        if sizes is not None:
+            return {pid: train for pid, (train, _) in enumerate(sizes)}
+        counts = {c.partition_id: c.declared_count("train") for c in engine.registry.clients.values()}
+        return {pid: n for pid, n in sorted(counts.items()) if n is not None}
+
     def participants(self, engine: Engine) -> dict[str, Any]:
-        """Who took part, for summary.json: partition id -> body, and refused nodes' reasons."""
+        """Who took part, for summary.json: partition id -> body, refused nodes' reasons, and every
+        client's training rows (``train_examples``, partition id -> rows, where known)."""
         clients = sorted(engine.registry.clients.values(), key=lambda c: c.partition_id)
         out: dict[str, Any] = {
             "participants": {str(c.partition_id): c.body for c in clients},
             "refused_nodes": sorted(engine.registry.refused.values()),
+            "train_examples": {str(pid): n for pid, n in self.train_counts(engine).items()},
         }
         declared = {
             str(c.partition_id): {
@@ -356,6 +369,9 @@ class HeadwayStrategy:
                 engine.begin_round(rnd)
                 if not engine.registry.clients:
                     raise RoundFailed(self._first_reason(engine.meter, "no client registered"))
+                self._counts = self.train_counts(engine)  # after registration: dataset=local nodes declare theirs there
+                if rnd == 1:
+                    log.info("headway: %s (train-fraction=%g)", counts_line(list(self._counts.values())), self.cfg["train-fraction"])
                 extra: dict[str, float] = {}
                 prep: Step | None = None
                 if rnd == 1:
@@ -432,6 +448,8 @@ class HeadwayStrategy:
             "values_bytes_up": values_up,
             "clients": step.clients,
             "selected": sorted(meter.selected),
+            # the selected clients' training rows in all (each one's: summary.json's train_examples; one number, whatever the clients)
+            "train_examples": sum(self._counts[p] for p in meter.selected if p in self._counts) if self._counts else None,
             "failures": len(meter.failures),
             "absent": len(meter.absent),
             "seconds": seconds,

@@ -15,8 +15,35 @@ from tests.conftest import ROOT
 
 
 def test_defaults_resolve_to_the_schema():
-    assert resolve({}) == defaults() == {name: key.default for name, key in SCHEMA.items()}
+    assert defaults() == {name: key.default for name, key in SCHEMA.items()}
+    assert resolve({}) == {**defaults(), "train-fraction": 0.05}  # 0 resolves to the data set's own default: the built-in mnist's
     assert set(method_keys()) < set(SCHEMA) and "algorithm" in SCHEMA
+
+
+@pytest.mark.parametrize(
+    "dataset,given,used",
+    [
+        ("mnist", None, 0.05),  # a built-in: FedLog's Table 1 subset
+        ("uci-adult", None, 0.05),
+        ("./my-images", None, 1.0),  # the user's own data: every row
+        ("data/people.csv", None, 1.0),
+        ("local", None, 1.0),  # every node's own data
+        ("./my-images", 0.3, 0.3),  # what the user sets is kept
+        ("mnist", 1.0, 1.0),
+        ("./my-images", 0, 1.0),  # 0 asks for the default explicitly
+    ],
+)
+def test_train_fraction_default_uses_all_of_a_users_own_data(dataset, given, used):
+    cfg = {"dataset": dataset} if given is None else {"dataset": dataset, "train-fraction": given}
+    resolved = resolve(cfg)
+    assert resolved["train-fraction"] == used
+    assert resolve(resolved)["train-fraction"] == used  # a resolved config (config.json) resolves to itself
+
+
+def test_train_fraction_refuses_values_outside_0_1():
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ConfigError, match="'train-fraction'"):
+            resolve({"train-fraction": bad})
 
 
 def test_unknown_key_is_named():

@@ -112,3 +112,12 @@ def test_shards_deal_equal_sorted_shards_so_a_client_may_hold_one_class_twice(da
     assert again is not part
     assert same_splits(part, again), "one seed, two different shard deals"
     assert not all(np.array_equal(x, y) for x, y in zip(part.train, other.train))
+
+
+def test_counts_line_lists_few_clients_and_summarises_many():
+    from core.partition import counts_line
+
+    assert counts_line([8, 4, 4]) == "training rows per client: 8, 4, 4 (16 over 3 clients)"
+    many = counts_line(list(range(1, 101)), who="node")
+    assert many == "training rows per node: 5050 over 100 nodes, min 1, median 50.5, max 100"
+    assert counts_line([]) == "training rows: no clients"

@@ -136,3 +136,47 @@ def test_split_of_a_user_table_keeps_its_columns_as_csv(tmp_path):
     assert all(
         y == ("a" if int(a) % 2 else "b") for r in raws for a, y in zip(r.train.x["age"], r.train.labels)
     )  # labels stay with their rows
+
+
+def _image_folder(root: Path, per_class: int = 15) -> Path:
+    """A user's PNG class folders (no test split of their own): 3 classes of 8x8 grey images."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in ("cat", "dog", "owl"):
+        (root / c).mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, (8, 8), dtype=np.uint8)).save(root / c / f"{i}.png")
+    return root
+
+
+def test_split_of_a_user_folder_keeps_every_row_and_says_what_each_node_got(tmp_path, capsys):
+    from headway.cli import main
+
+    source = _image_folder(tmp_path / "pics")  # 45 images: 36 training rows, 9 held out for test (test-fraction 0.2)
+    out = str(tmp_path / "nodes") + "/"  # a trailing slash, as a user types it
+    assert main(["split", str(source), "--partition", "iid", "--num-clients", "3", "--out", out]) == 0
+    printed = capsys.readouterr().out
+    assert "training rows per node: 12, 12, 12 (36 over 3 nodes); train-fraction=1 (36 of 36 training rows)" in printed
+    assert "test rows per node: 3, 3, 3 (9 over 3 nodes)" in printed and "//" not in printed
+    nodes = [read_source(tmp_path / "nodes" / f"node-{k}", OPTS) for k in range(3)]
+    assert [len(n.train.labels) for n in nodes] == [12, 12, 12]  # on disk too: not the built-ins' 5 %
+    # asked for, a share is still taken, and said
+    argv = ["split", str(source), "--partition", "iid", "--num-clients", "3", "--out", out, "--train-fraction", "0.5"]
+    assert main(argv) == 2 and "pass --overwrite" in capsys.readouterr().err
+    assert main([*argv, "--overwrite"]) == 0
+    assert "train-fraction=0.5 (18 of 36 training rows)" in capsys.readouterr().out
+    assert sum(len(read_source(tmp_path / "nodes" / f"node-{k}", OPTS).train.labels) for k in range(3)) == 18  # old rows gone
+
+
+def test_split_overwrite_never_follows_a_linked_node_folder(tmp_path):
+    source = _image_folder(tmp_path / "pics", per_class=5)
+    elsewhere = tmp_path / "precious"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("mine")
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "nodes" / "node-0").symlink_to(elsewhere)
+    cfg = run_config(str(source), {"partition": "iid", "num-clients": 2})
+    with pytest.raises(FileExistsError, match="not a folder"):
+        split(str(source), cfg, tmp_path / "nodes", "npz", overwrite=True)
+    assert (elsewhere / "keep.txt").read_text() == "mine"

@@ -22,6 +22,7 @@ from strategies.engine import Engine, RoundFailed
 from strategies.registry import STRATEGIES
 from strategies.services import Services
 from tests.fakes import GridStub, reply
+from tests.test_results_doc import undocumented
 
 
 def write_npz(folder, labels, per_class=6, test_per_class=2, seed=0):
@@ -251,8 +252,7 @@ def simulate_on(tmp_path, source, **keys):
             "dataset": str(source),
             "num-clients": 3,
             "num-server-rounds": 2,
-            "local-epochs": 1,
-            "train-fraction": 1.0,
+            "local-epochs": 1,  # train-fraction left at its default: all of a user's rows (issue 38)
             "sample-timeout": 30.0,
             **keys,
         }.items()
@@ -270,6 +270,7 @@ def test_simulation_on_a_users_image_folder(tmp_path, digit_folder, algorithm):
     summary, rounds = simulate_on(tmp_path, digit_folder, algorithm=algorithm, partition="iid", **{"feature-dim": 50})
     assert summary["status"] == "complete" and summary["rounds"] == 2 and summary["failures"] == 0
     assert rounds[-1]["test_examples"] == 200  # the folder's own test split, spread over the clients
+    assert_every_training_row_used(tmp_path, summary, rounds, 600)
     assert rounds[-1]["accuracy"] > 0.3, rounds[-1]  # 10 classes: chance is 0.1
 
 
@@ -279,6 +280,18 @@ def test_simulation_on_a_users_csv_table(tmp_path, adult_csv, algorithm):
     summary, rounds = simulate_on(tmp_path, adult_csv, algorithm=algorithm, body="mlp", partition="iid", **{"label-column": "income"})
     assert summary["status"] == "complete" and summary["rounds"] == 2 and summary["failures"] == 0
     assert rounds[-1]["test_examples"] == 400  # test-fraction 0.2 of 2,000 rows, held out locally
+    assert_every_training_row_used(tmp_path, summary, rounds, 1600)
+
+
+def assert_every_training_row_used(folder, summary, rounds, rows: int) -> None:
+    """A user source is not cut to a built-in's 5 %: config.json says train-fraction 1, summary.json's per-client
+    counts add up to every training row, and each round's train_examples is its selected clients' rows."""
+    assert json.loads((folder / "config.json").read_text())["train-fraction"] == 1.0
+    counts = summary["train_examples"]
+    assert sorted(counts) == ["0", "1", "2"] and sum(counts.values()) == rows and min(counts.values()) > 0
+    for r in rounds:
+        assert r["train_examples"] == sum(counts[str(p)] for p in r["selected"]), r
+    assert undocumented(folder) == {"rounds.jsonl": [], "summary.json": []}  # docs/results.md names every field written
     assert rounds[-1]["accuracy"] > 0.76, rounds[-1]  # above always guessing "<=50K" (about 0.76 of Adult)
 
 
