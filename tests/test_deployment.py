@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,10 +70,14 @@ def test_fedavg_over_grpc_with_a_superlink_and_two_supernodes(tmp_path, data_dir
         "algorithm='fedavg' dataset='mnist' num-clients=2 num-server-rounds=2 train-fraction=0.01 local-epochs=1 "
         "batch-size=10 partition='iid' sample-timeout=60.0 round-timeout=120.0"
     )
-    folder, _ = deploy(tmp_path, data_dir, run_config)
+    folder, streamed = deploy(tmp_path, data_dir, run_config)
     summary = json.loads((folder / "summary.json").read_text())
     rounds = read_rounds(folder)
     assert summary["rounds"] == 2 and summary["failures"] == 0 and summary["status"] == "complete"
+    # what `flwr run --stream` shows: headway's round lines, not a line per HTTP request (httpx) nor Flower's DEBUG
+    shown = streamed.stdout + streamed.stderr
+    assert "httpx" not in shown and "DEBUG flwr" not in shown, shown[-3000:]
+    assert all(re.search(rf"^INFO headway: round {n}\b", streamed.stdout, re.MULTILINE) for n in (1, 2)), shown[-3000:]
     assert all(r["clients"] == 2 for r in rounds)
     assert rounds[-1]["accuracy"] > 0.3  # iid MNIST slice; chance is 0.1
     assert rounds[0]["bytes_down"] > 2 * 21840 * 4 and rounds[0]["bytes_up"] > 2 * 21840 * 4
