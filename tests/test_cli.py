@@ -12,7 +12,7 @@ import pytest
 from headway import cli
 from tests.conftest import ROOT
 
-SUBCOMMANDS = ("run", "superlink", "supernode", "connect", "certs", "keys", "register", "split", "stop", "generate", "bench")
+SUBCOMMANDS = ("run", "superlink", "supernode", "connect", "certs", "keys", "register", "split", "stop", "submit", "generate", "bench")
 
 
 def test_help_lists_every_subcommand(capsys):
