@@ -1,6 +1,7 @@
 """docs/deployment.md's "On one machine" block run as printed, from the page's text: a SuperLink
 with TLS and SuperNode authentication, two keys registered, MNIST split into two node folders,
-two SuperNodes on one host with their default ports, `flwr run`, and `headway stop` for each.
+two SuperNodes on one host with their default ports, `headway submit` (exit 0 only for a complete run),
+and `headway stop` for each.
 Launchers ending in `&` run in the background in sessions of their own; the test stops every
 one it started by PID. Then a third SuperNode with a key nobody registered must be refused with
 the launcher's hint naming `headway register`."""
@@ -52,7 +53,7 @@ def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float =
 def test_the_one_machine_walkthrough_runs_as_printed(tmp_path, data_dir):
     cmds = section_commands()
     programs = [(c.program, c.argv[1] if len(c.argv) > 1 else "") for c in cmds]
-    assert programs.count(("headway", "supernode")) == 2 and ("flwr", "run") in programs, programs
+    assert programs.count(("headway", "supernode")) == 2 and ("headway", "submit") in programs, programs
     busy = [p for p in (8000, 9091, 9092) if port_problem("127.0.0.1", p)]  # the page uses Flower's default ports
     if busy:
         pytest.skip(f"ports {busy} are in use on this machine: the page's SuperLink needs them")
@@ -69,8 +70,9 @@ def test_the_one_machine_walkthrough_runs_as_printed(tmp_path, data_dir):
     try:
         for cmd in cmds:
             argv = list(cmd.argv)
-            if cmd.program == "flwr" and argv[1:3] == ["run", "."]:
-                argv[2] = str(ROOT)  # the app is the checkout; the test's folder holds only what the page wrote
+            submits = cmd.program == "headway" and argv[1] == "submit"
+            if submits:
+                argv += ["--app", str(ROOT)]  # the app is the checkout; the test's folder holds only what the page wrote
             if argv[-1] == "&":
                 name = cmd.option("--pid-file")[0].removesuffix(".pid")
                 log = tmp_path / f"{name}.log"
@@ -85,7 +87,8 @@ def test_the_one_machine_walkthrough_runs_as_printed(tmp_path, data_dir):
             out = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
             outputs.append(f"$ {cmd.text}\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
             assert out.returncode == 0, f"line {cmd.line}: {cmd.text} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
-            if cmd.program == "flwr":
+            if submits:
+                assert "complete" in out.stdout.splitlines()[-1] + out.stderr, out.stderr[-3000:]  # the verdict line
                 folder = run_folder(tmp_path / "results", out, *(log for _, log in background.values()))
                 summary = json.loads((folder / "summary.json").read_text())
                 rounds = read_rounds(folder)
