@@ -244,7 +244,9 @@ SCHEMA: dict[str, Key] = {
     ),
     "global-eval": Key(True, "also evaluate a single global model on the whole test set, where one exists"),
     "results-dir": Key("results", "where `flwr run` writes its results folder"),
-    "tensorboard": Key(True, "write each round's figures as TensorBoard event files into the results folder (`tensorboard --logdir results/`)"),
+    "tensorboard": Key(
+        True, "write each round's figures as TensorBoard event files into the results folder (`tensorboard --logdir results/`)"
+    ),
     "mlflow-tracking-uri": Key(
         "",
         "also log each round's figures to MLflow at this tracking URI (e.g. http://host:5000, sqlite:///mlflow.db); empty: no MLflow. "

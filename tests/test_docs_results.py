@@ -60,6 +60,8 @@ def test_the_mlflow_example_run_logs_its_rounds(tmp_path, data_dir):
     out = subprocess.run([str(BIN / "headway"), *cmd.argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("headway").experiment_id])
+    experiment = client.get_experiment_by_name("headway")
+    assert experiment is not None, "no experiment named headway"
+    (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == "mlflow-demo" and run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "accuracy/accuracy")] == [1, 2, 3]

@@ -319,7 +319,7 @@ def test_supernode_ports_are_free_by_default_and_a_taken_port_is_one_line(tmp_pa
         taken = held.getsockname()[1]
         for _ in range(3):
             out = subprocess.run([sys.executable, "-m", "headway", *node, "--dry-run"], cwd=ROOT, capture_output=True, text=True)
-            ports.add(int(re.search(r"--port (\d+)", out.stdout).group(1)))
+            ports.add(int(re.findall(r"--port (\d+)", out.stdout)[0]))
         assert len(ports) == 3 and taken not in ports and 9094 not in ports, ports
         out = subprocess.run(
             [sys.executable, "-m", "headway", *node, "--port", str(taken), "--max-wait-time", "5"],

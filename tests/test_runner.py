@@ -83,7 +83,9 @@ def test_overwrite_clears_the_earlier_runs_result_files_only(tmp_path):
     Recorder(tmp_path, cfg_of(algorithm="fedavg"), overwrite=True)
     names = {p.name for p in tmp_path.iterdir() if not p.name.startswith("events.out.tfevents.")}
     assert names == {"config.json", "rounds.jsonl", "notes.txt", "sub"}  # no summary, no plots of the old run
-    assert [p.name for p in tmp_path.glob("events.out.tfevents.*")] != [old_events.name]  # the old run's TensorBoard file gone, the new run's own
+    assert [p.name for p in tmp_path.glob("events.out.tfevents.*")] != [
+        old_events.name
+    ]  # the old run's TensorBoard file gone, the new run's own
     assert (tmp_path / "rounds.jsonl").read_text() == ""
     assert json.loads((tmp_path / "config.json").read_text())["algorithm"] == "fedavg"
 

@@ -269,7 +269,9 @@ def test_mlflow_run_holds_every_rounds_figures(tmp_path):
     rec = recorded(tmp_path / "run", **{"mlflow-tracking-uri": uri, "tensorboard": False})
     rec.finish()
     client = MlflowClient(tracking_uri=uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("headway").experiment_id])
+    experiment = client.get_experiment_by_name("headway")
+    assert experiment is not None, "no experiment named headway"
+    (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == "run" and run.info.status == "FINISHED" and run.data.tags["status"] == "complete"
     assert run.data.params["algorithm"] == "fedavg" and run.data.params["target-accuracy"] == "0.8"
     rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
