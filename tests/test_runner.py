@@ -160,6 +160,7 @@ def no_engine(monkeypatch):
 
 
 def run_main(capsys, args):
+    capsys.readouterr()  # only what main says: a test's own set-up (an earlier run's Recorder) may have logged before
     code = simulation.main([str(a) for a in args])
     return code, capsys.readouterr().err
 
