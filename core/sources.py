@@ -14,6 +14,7 @@ import csv
 import importlib
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -27,6 +28,7 @@ from typing import Any, Literal, TypeGuard, overload
 import numpy as np
 
 from core import seeds
+from core.console import HEADWAY_LOGGER
 from core.data import Dataset
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
@@ -46,6 +48,9 @@ MAX_CELL_BYTES = 131_072  # of one text cell in a table (Python's csv field limi
 PARQUET_BATCH_ROWS = 4_096  # rows of a Parquet file decoded at a time (text kept dictionary-encoded until counted)
 MAX_MEAN_SQUARE = 1e30  # of a numeric column (values up to about 1e15): beyond it, not data a float32 encoder keeps
 INSTALL_HINT = "pip install -e '.[data]'"
+# a header pandas gives a frame's index: to_csv writes "" (read back as "Unnamed: 0"), to_parquet "__index_level_0__"
+INDEX_HEADER = re.compile(r"|Unnamed: \d+|__index_level_\d+__")
+log = logging.getLogger(HEADWAY_LOGGER)
 
 
 class SourceError(ValueError):
@@ -458,7 +463,9 @@ def _table_split(columns: Mapping[str, Sequence[Any]], where: str, opts: SourceO
         raise SourceError(f"{where}: no column '{opts.natural_column}' for run-config key 'natural-column' (columns found: {found})")
     labels = _labels_of(columns[opts.label_column], where)
     attrs = [_label_name(v) for v in columns[opts.natural_column]] if opts.natural_column else None
-    x = {c: v for c, v in columns.items() if c not in (opts.label_column, opts.natural_column)}
+    named = (opts.label_column, opts.natural_column) if opts.natural_column else (opts.label_column,)
+    index = _index_columns(columns, named, where)
+    x = {c: v for c, v in columns.items() if c not in (*named, *index)}
     if not x:
         raise SourceError(f"{where}: no feature columns besides '{opts.label_column}' (columns found: {found})")
     for col, values in ((c, v) for c, v in columns.items() if c != opts.label_column):
@@ -466,6 +473,36 @@ def _table_split(columns: Mapping[str, Sequence[Any]], where: str, opts: SourceO
         if problem:
             raise SourceError(f"{where}: {problem}")
     return RawSplit(labels, x, attrs=attrs)
+
+
+def _row_numbers(values: Sequence[Any]) -> np.ndarray | None:
+    """A column's values as numbers when they are distinct whole numbers (row numbers, shuffled or not); else None."""
+    numbers = _numbers(values, strict=True) if len(values) else None
+    if numbers is None or np.isnan(numbers).any() or (numbers != np.round(numbers)).any() or len(np.unique(numbers)) != len(numbers):
+        return None
+    return numbers
+
+
+def _index_columns(columns: Mapping[str, Sequence[Any]], named: Iterable[str], where: str) -> list[str]:
+    """Columns left out of the features, each with one notice: a column with no name (nothing can name it), and
+    one pandas wrote from a frame's index (to_csv's default index=True: a header '', 'Unnamed: N' or
+    '__index_level_N__' over distinct whole numbers): as a feature, a row's position leaks what the file is sorted by."""
+    found = []
+    for col, values in columns.items():
+        if col in named or not INDEX_HEADER.fullmatch(str(col)):
+            continue
+        numbers = _row_numbers(values)
+        if numbers is None and col:
+            continue  # 'Unnamed: 3' over data: a column pandas named, kept
+        found.append(col)
+        why = (
+            f"it holds row numbers ({numbers.min():g}..{numbers.max():g}), the index pandas' to_csv writes by default "
+            "(save with to_csv(index=False))"
+            if numbers is not None
+            else "a column needs a header to be a feature"
+        )
+        log.info("%s: column %r left out of the features: %s", where, col, why)
+    return found
 
 
 def _text_problem(values: Any, what: str) -> str | None:
@@ -1065,6 +1102,11 @@ def _merge_columns(profiles: list[dict]) -> tuple[tuple, tuple]:
             numeric.append((col, mean, std + STD_EPS))
         else:
             categorical.append((col, tuple(sorted({v for s in specs for v in s["levels"]}))))
+    constant = [c for c, mean, std in numeric if std - STD_EPS <= 1e-12 * max(1.0, abs(mean))]
+    constant += [c for c, levels in categorical if len(levels) == 1]
+    if constant:
+        shown = ", ".join(repr(c) for c in sorted(constant, key=_column_key)[:10])
+        log.info("column(s) %s hold one value in every training row: they carry nothing to learn from (drop them from the data)", shown)
     return tuple(numeric), tuple(categorical)
 
 

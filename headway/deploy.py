@@ -538,8 +538,10 @@ def _flwr(args: list[str]) -> int:
 
 def _split(args: argparse.Namespace) -> int:
     """The `split` subcommand: run-config items from --set and the flags, then headway.split."""
+    from core.console import show_headway_log
     from headway.split import report, run_config, split_nodes  # local import: loads numpy, torch and the data code
 
+    show_headway_log()  # what reading a user source leaves out (an index column) is said at INFO
     settings = {}
     for item in args.set:
         key, sep, value = item.partition("=")

@@ -347,6 +347,7 @@ def main(argv: list[str] | None = None, prog: str = "headway run") -> int:
         help="also print Flower's DEBUG lines (with timestamps), its deprecation banner and Ray's FutureWarning",
     )
     args = parser.parse_args(argv)
+    show_headway_log()  # before preflight: reading a user source may say what it left out (core.sources)
     try:
         cfg = load_config(args.config, args.set)
         preflight(cfg, args.out, args.overwrite)

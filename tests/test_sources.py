@@ -296,8 +296,9 @@ def test_huggingface_image_dataset_with_class_labels(tmp_path):
     assert (raw.kind, raw.format) == ("image", "huggingface") and schema.classes == ("cat", "dog")
     assert schema.input_shape == (3, 6, 6)
     by_bytes = {_as_chw(p).tobytes(): ("cat", "dog")[i % 2] for i, p in enumerate(pixels)}
+    assert (len(ds.y_train), len(ds.y_test)) == (8, 2)
     for x, y in ((ds.x_train, ds.y_train), (ds.x_test, ds.y_test)):
-        assert all(by_bytes[row.tobytes()] == schema.classes[label] for row, label in zip(x, y))
+        assert len(x) == len(y) and all(by_bytes[row.tobytes()] == schema.classes[label] for row, label in zip(x, y))
     assert len(ds.y_test) == 2
 
 
@@ -523,3 +524,59 @@ def test_writers_read_back_to_the_same_rows(tmp_path):
     table = read_source(write_csv(tmp_path / "c", vec, names, vec_t, names_t), OPTS)
     assert np.array_equal(np.column_stack([np.array(table.train.x[c], dtype=np.float64) for c in ("x0", "x1")]).astype(np.float32), vec)
     assert table.test.labels == names_t
+
+
+# --- what pandas' to_csv adds: an index column (issue 38, tester's odd.csv) -------------------
+
+
+def _sorted_by_class(path: Path, index_header: str, shuffle: bool = False) -> Path:
+    """A table sorted by class (as load_wine's frame is), written the way pandas' to_csv writes it by default:
+    the frame's index first, under ``index_header``; features that say nothing of the class; a constant column."""
+    rng = np.random.default_rng(0)
+    order = rng.permutation(30) if shuffle else np.arange(30)
+    rows = [[int(i), f"{rng.normal():.4f}", f"{rng.normal():.4f}", "1", f"c{i // 10}"] for i in order]
+    return _write_table(path, [index_header, "f1", "f2", "const", "label"], rows)
+
+
+@pytest.mark.parametrize("header", ["", "Unnamed: 0"], ids=["to_csv", "read_csv-then-to_csv"])
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffled"])
+def test_a_pandas_index_column_is_left_out_with_one_notice(tmp_path, caplog, header, shuffle):
+    """The row numbers of a file sorted by class give the class away (the tester's wine: accuracy 1.0 in round 1):
+    never a feature, and the user is told which column was left out and how to save without it."""
+    path = _sorted_by_class(tmp_path / "t.csv", header, shuffle)
+    with caplog.at_level("INFO", logger="headway"):
+        raw, schema, ds = _encode_alone(path)
+    assert sorted(raw.train.x) == ["const", "f1", "f2"] and [c for c, _, _ in schema.numeric] == ["const", "f1", "f2"]
+    assert ds.x_train.shape[1] == 3
+    notices = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(notices) == 1 and f"column {header!r} left out" in notices[0], notices
+    assert "row numbers (0..29)" in notices[0] and "to_csv(index=False)" in notices[0]
+    constant = [r.getMessage() for r in caplog.records if "one value in every training row" in r.getMessage()]
+    assert len(constant) == 1 and "'const'" in constant[0] and "'f1'" not in constant[0]
+
+
+def test_only_unnamed_row_numbers_are_taken_for_an_index(tmp_path, caplog):
+    """A column the user named stays a feature whatever it holds ('id' 0..n-1 included: the user chose it), and
+    so does one pandas named 'Unnamed: 2' over real values; a header-less column of data is left out, said so."""
+    rows = [[i, f"{0.5 * i}", i % 3, f"{i % 4}.5", f"c{i % 2}"] for i in range(12)]
+    path = _write_table(tmp_path / "t.csv", ["id", "Unnamed: 1", "", "Unnamed: 3", "label"], rows)
+    with caplog.at_level("INFO", logger="headway"):
+        raw = read_source(path, OPTS)
+    assert sorted(raw.train.x) == ["Unnamed: 1", "Unnamed: 3", "id"]
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records if "left out" in r.getMessage()] == [
+        "column '' left out of the features: a column needs a header to be a feature"
+    ]
+
+
+def test_split_of_a_pandas_csv_writes_node_files_without_its_index(tmp_path, capsys):
+    """`headway split` of a to_csv file: the notice on stderr, and no node's CSV carries the index column."""
+    from headway.cli import main
+
+    path = _sorted_by_class(tmp_path / "t.csv", "")
+    argv = ["split", str(path), "--format", "csv", "--partition", "iid", "--num-clients", "2", "--out", str(tmp_path / "nodes")]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.count("left out of the features") == 1 and "row numbers (0..29)" in err
+    for k in range(2):
+        with open(tmp_path / "nodes" / f"node-{k}" / "train.csv", newline="") as fh:
+            assert next(csv.reader(fh)) == ["f1", "f2", "const", "label"]
