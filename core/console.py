@@ -41,12 +41,13 @@ def quiet_http_clients() -> None:
 
 
 def show_headway_log(level: int = logging.INFO) -> None:
-    """headway's lines on stderr at ``level`` (once per process), without lowering the root
+    """headway's lines on stderr at ``level`` or below it where it was set lower already (once per process), without lowering the root
     logger's level: ``logging.basicConfig(level=INFO)`` would print every library's INFO (and
     Flower's DEBUG, which reaches the root's handler too). Records still propagate, so a
     handler the caller put on the root (pytest's, say) sees them as well."""
     logger = logging.getLogger(HEADWAY_LOGGER)
-    logger.setLevel(level)
+    if logger.level == logging.NOTSET or logger.level > level:  # never above a level set lower (--verbose's DEBUG)
+        logger.setLevel(level)
     if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
         handler = _StderrHandler()
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
@@ -69,3 +70,14 @@ def significant(value: Any, digits: int = DIGITS) -> Any:
 def figure(value: float | None, digits: int = DIGITS) -> str:
     """A figure for a log line: ``digits`` significant digits, "none" where there is none."""
     return "none" if value is None else f"{value:.{digits}g}"
+
+
+def score(value: float | None) -> str:
+    """An accuracy (or R²) for a log line: 4 decimals, as the round lines print them
+    (1 -> "1.0000", 0.675 -> "0.6750"); "none" where there is none."""
+    return "none" if value is None else f"{value:.{DIGITS}f}"
+
+
+def plural(count: int, word: str) -> str:
+    """``count`` and ``word``, with an s unless the count is one: "1 round", "2 rounds"."""
+    return f"{count} {word}{'' if count == 1 else 's'}"

@@ -14,7 +14,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from core.config import LOCAL, ConfigError, check_against_spec, check_bodies, fit_body, resolve
-from core.console import figure, show_headway_log
+from core.console import plural, score, show_headway_log
 from core.extractors import input_spec
 from core.methods import METHODS
 from core.run_data import dataset_label, run_spec
@@ -22,6 +22,7 @@ from server.results import Recorder
 from server.tracking import check_trackers
 from strategies.base import HeadwayStrategy
 from strategies.discovery import DiscoveryFailed, discover
+from strategies.engine import RoundFailed
 from strategies.registry import STRATEGIES
 from strategies.services import Services
 
@@ -104,19 +105,14 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
         found = discover(grid, cfg) if cfg["dataset"] == LOCAL else None  # nodes that own their data agree on a schema first
     except DiscoveryFailed as exc:  # no node's description could be used: summary.json says why, node by node
         Recorder(out, cfg, overwrite=overwrite).finish(exc.summary(), status="failed", reason=str(exc))
-        log.error("headway: run failed before round 1: %s", exc)
+        log.error("run failed before round 1: %s", exc)
         raise
     strategy = build_strategy(cfg, None, None) if found is None else build_strategy(cfg, found.schema, found.described)
     recorder = Recorder(out, cfg, overwrite=overwrite)
-    log.info(
-        "headway: %s on %s, %d clients, %d rounds -> %s",
-        cfg["algorithm"],
-        cfg["dataset"],
-        cfg["num-clients"],
-        cfg["num-server-rounds"],
-        out,
-    )
+    log.info("%s", header(cfg, out, None if found is None else found.nodes))
     engine = strategy.connect(grid)  # kept here: who took part goes into summary.json even when the run raises
+    if found is not None:
+        engine.waited = True  # discovery waited sample-timeout for the nodes already: no second wait, no second warning
     try:
         strategy.run(engine, strategy.initial_arrays(), cfg["num-server-rounds"], on_round=recorder.round)
     except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, a stop signal (Flower exits 0), or Flower exiting on an error
@@ -124,13 +120,13 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
         if isinstance(exc, SystemExit) and exc.code not in (0, None):
             status, why = "failed", f"Flower exited with code {exc.code} (e.g. the SuperLink became unreachable)"
         summary = recorder.finish({**strategy.summary_extra(engine), **strategy.participants(engine)}, status=status, reason=why)
-        log.error("headway: run %s after %d rounds: %s; results so far are in %s", status, summary["rounds"], why, out)
+        log.error("run %s after %s: %s; results so far are in %s", status, plural(summary["rounds"], "round"), why, out)
         raise
     except Exception as exc:
         summary = recorder.finish(
             {**strategy.summary_extra(engine), **strategy.participants(engine)}, status="failed", reason=f"{type(exc).__name__}: {exc}"
         )
-        log.error("headway: run failed after %d rounds: %s", summary["rounds"], summary["reason"])
+        log.error("run failed after %s: %s", plural(summary["rounds"], "round"), summary["reason"])
         raise
     extra = {
         **strategy.summary_extra(engine),
@@ -142,17 +138,28 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     never = never_aggregated(recorder.rounds, cfg)
     if never:  # the rounds ran, but the model (or head) never moved from where it started: not a complete run
         summary = recorder.finish(extra, status="failed", reason=never)
-        log.error("headway: run failed after %d rounds: %s", summary["rounds"], never)
+        log.error("run failed after %s: %s", plural(summary["rounds"], "round"), never)
         return summary
     summary = recorder.finish(extra)
     log.info(
-        "headway: final accuracy %s, best %s, total bytes %d, %.1f s",
-        figure(summary["final_accuracy"]),
-        figure(summary["best_accuracy"]),
+        "final accuracy %s, best %s, total bytes %d, %.1f s",
+        score(summary["final_accuracy"]),
+        score(summary["best_accuracy"]),
         summary["total_bytes"],
         summary["wall_seconds"],
     )
     return summary
+
+
+def header(cfg: Mapping[str, Any], out: Path, joined: int | None = None) -> str:
+    """The run's first line: method, data, clients, rounds and results folder. With
+    dataset=local (``joined``: how many nodes discovery kept) the data is each node's own and
+    the clients are those that joined, of the num-clients asked for."""
+    rounds = plural(int(cfg["num-server-rounds"]), "round")
+    if cfg["dataset"] != LOCAL:
+        return f"{cfg['algorithm']} on {cfg['dataset']}, {plural(int(cfg['num-clients']), 'client')}, {rounds} -> {out}"
+    clients = f"{joined} of num-clients={cfg['num-clients']} joined" if joined is not None else f"num-clients={cfg['num-clients']}"
+    return f"{cfg['algorithm']} on node-local data, clients: {clients}, {rounds} -> {out}"
 
 
 def server_data_note(strategy: HeadwayStrategy) -> dict[str, Any]:
@@ -186,20 +193,84 @@ class RunFailed(RuntimeError):
     """A run that ended without raising but whose summary.json says it failed (e.g. no round aggregated)."""
 
 
+REPORTED = "headway_reported"  # set on an exception whose one-line reason headway logged: Flower need not print its traceback
+SERVERAPP_EXCEPTION = 201  # Flower's exit code for a ServerApp that raised (flwr.supercore.exit.ExitCode.SERVERAPP_EXCEPTION)
+
+
+def expected(exc: BaseException) -> bool:
+    """Whether ``exc`` ends a run for a reason headway states in one line (a config it refuses,
+    no usable reply or description, a run whose summary says failed): not a bug, no traceback."""
+    return isinstance(exc, ConfigError | RoundFailed | RunFailed)
+
+
+class FlowerExitLines(logging.Filter):
+    """On Flower's logger in a deployed ServerApp's process: Flower logs a ServerApp's exception
+    with its traceback ("ServerApp raised an exception") and then "Exit Code: 201 ... An unhandled
+    exception occurred"; for an exception headway reported in one line (``REPORTED``) both are
+    dropped; the run still fails (Flower sets its status from the exception, not from its log).
+    Also drops the empty INFO line Flower's exit logs after a run that succeeded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reported = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # not one of these lines
+            return True
+        if not text.strip():
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and getattr(exc, REPORTED, False):
+            self.reported = True
+            return False
+        if self.reported and text.startswith(f"Exit Code: {SERVERAPP_EXCEPTION}"):
+            self.reported = False  # the exit message of that exception, once
+            return False
+        return True
+
+
+def quiet_flower_exit() -> None:
+    """:class:`FlowerExitLines` on Flower's logger, once per process."""
+    flwr_log = logging.getLogger("flwr")
+    if not any(isinstance(f, FlowerExitLines) for f in flwr_log.filters):
+        flwr_log.addFilter(FlowerExitLines())
+
+
+def serve(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | None, overwrite: bool, strict: bool) -> None:
+    """:func:`run_server` as the ServerApp runs it; ``strict``: a summary that is not complete
+    raises :class:`RunFailed`. An expected failure (:func:`expected`) is logged in one line
+    (where run_server did not already) and marked ``REPORTED`` before it goes on to Flower."""
+    try:
+        summary = run_server(grid, run_config, out_dir, overwrite)
+    except Exception as exc:
+        if expected(exc):
+            if isinstance(exc, ConfigError):  # refused before any round: run_server logged nothing
+                log.error("run refused: %s", " ".join(str(exc).split()))
+            setattr(exc, REPORTED, True)
+        raise
+    if strict and summary.get("status", "complete") != "complete":
+        failed = RunFailed(f"headway: the run {summary.get('status')}: {summary.get('reason')}")
+        setattr(failed, REPORTED, True)  # run_server logged why
+        raise failed
+
+
 def build_server_app(
     overrides: Mapping[str, Any] | None = None, out_dir: str | Path | None = None, overwrite: bool = False, strict: bool = False
 ) -> ServerApp:
     """A ServerApp running :func:`run_server` with the Flower run config plus ``overrides``;
     ``strict``: a summary that is not complete raises :class:`RunFailed`, so that Flower's run
-    status (`flwr ls`, `headway submit`) says failed too, not completed."""
+    status (`flwr ls`, `headway submit`) says failed too, not completed; and Flower's traceback of
+    an expected failure is left out of the stream (:class:`FlowerExitLines`)."""
     overrides = dict(overrides or {})
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        summary = run_server(grid, {**dict(context.run_config), **overrides}, out_dir, overwrite)
-        if strict and summary.get("status", "complete") != "complete":
-            raise RunFailed(f"headway: the run {summary.get('status')}: {summary.get('reason')}")
+        if strict:  # a deployment's ServerApp process: an expected failure ends with headway's one line, not Flower's traceback
+            quiet_flower_exit()
+        serve(grid, {**dict(context.run_config), **overrides}, out_dir, overwrite, strict)
 
     return server_app
 

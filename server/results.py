@@ -208,13 +208,14 @@ def format_duration(seconds: float) -> str:
 
 def progress(rounds: list[dict[str, Any]], total: int, elapsed: float) -> str:
     """The round line's tail: time since the run began and, while rounds remain, the time
-    left at the pace (mean ``seconds``) of the last five rounds, round 1 left out once others
-    exist: it carries the start-up (workers, data loading, FedLog's statistics round)."""
+    left at the pace (mean ``seconds``) of the last five rounds after round 1. Round 1 gives no
+    estimate: it carries the start-up (workers, data loading, FedLog's statistics round), ~25 s
+    of a 1 s-a-round run, so the time left appears from round 2's line on."""
     done = len(rounds)
     shown = f"elapsed {format_duration(elapsed)}"
-    if done >= total or done == 0:
+    if done >= total or done < 2:
         return shown
-    recent = (rounds[1:] if done > 1 else rounds)[-5:]
+    recent = rounds[1:][-5:]
     pace = sum(float(r.get("seconds") or 0.0) for r in recent) / len(recent)
     return f"{shown}, about {format_duration(pace * (total - done))} left"
 

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import tomllib
+import traceback
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 import psutil
 
 from core.config import LOCAL, ConfigError, check_against_spec, dataset_kind, resolve
-from core.console import show_headway_log, significant
+from core.console import plural, show_headway_log, significant
 from core.data import DatasetMissingError
 from core.run_data import load_run_dataset, run_spec
 from core.sources import SourceError
@@ -33,6 +34,7 @@ EXIT_PREFLIGHT = 2
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
+STOP_GRACE = 3.0  # seconds Ray's processes get after SIGTERM on a stop by signal, before SIGKILL
 INTERRUPTED = "interrupted by Ctrl-C (SIGINT) in the simulation runner"
 TERMINATED = "interrupted by SIGTERM (e.g. timeout, docker stop or a job scheduler) in the simulation runner"
 STOP_REASONS = {signal.SIGINT: INTERRUPTED, signal.SIGTERM: TERMINATED}
@@ -204,6 +206,16 @@ def quiet_engine(verbose: bool) -> Iterator[None]:
         flwr_log.removeFilter(banner)
 
 
+def quiet_ray(verbose: bool) -> None:
+    """The environment Ray reads, set for this process and the Ray processes it starts (unless
+    the user set them): log lines not folded into "[repeated Nx across cluster]" with Ray's
+    advice; and, unless ``verbose``, no C++ "*** SIGTERM received ... PC: @ 0x..." dump on a stop
+    by signal (Ray's failure signal handler; the runner's own handler says what happened)."""
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if not verbose:
+        os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+
+
 def simulate(
     cfg: dict[str, Any], out_dir: str | Path, verbose: bool = False, overwrite: bool = False, *, check: bool = True
 ) -> dict[str, Any]:
@@ -223,25 +235,29 @@ def simulate(
         if removed:
             print(f"--overwrite: removed {', '.join(removed)} of an earlier run from {out}", file=sys.stderr)
 
+    quiet_ray(verbose)  # before Ray is imported and started: it reads these at import and at start
     from flwr.simulation import run_simulation
 
     from client.app import build_client_app
     from server.app import build_server_app
     from simulation.flower_fixes import faster_simulation_engine
 
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     address = ray_address(cfg["ray-address"])
     if cfg["ray-address"]:  # config.json names the cluster the run ran on ("auto" resolved)
         cfg = {**cfg, "ray-address": address}
     backend = {  # Flower sizes its actor pool from the resources of every node of the cluster
         "client_resources": {"num_cpus": cfg["client-num-cpus"], "num_gpus": cfg["client-num-gpus"]},
-        "init_args": {"address": address, "include_dashboard": False, "logging_level": logging.WARNING},
+        # log_to_driver: the clients' own output (their tracebacks, Flower's actor lines) only with --verbose; the server
+        # reports every client failure with its reason itself
+        "init_args": {"address": address, "include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": verbose},
     }
     errors = _ErrorLog()
     flwr_log = logging.getLogger("flwr")
     flwr_log.addHandler(errors)
     started = time.monotonic()
-    show_headway_log()
+    headway_log = logging.getLogger("headway")
+    level = headway_log.level
+    show_headway_log(logging.DEBUG if verbose else logging.INFO)  # DEBUG: the method's settings, among others
     try:
         # faster: Flower 1.39's extractor pass and poll waits (docs/flower-extractor.md); quiet: two banners, unless --verbose
         with faster_simulation_engine(), quiet_engine(verbose):
@@ -264,6 +280,8 @@ def simulate(
         raise
     finally:
         flwr_log.removeHandler(errors)
+        if verbose:
+            headway_log.setLevel(level)
     why = f"last error Flower logged: {errors.last}" if errors.last else "see the log above"
     return _ensure_summary(cfg, out, started, "failed", f"the simulation ended without the ServerApp writing summary.json ({why})")
 
@@ -280,6 +298,24 @@ def _descendants(pid: int) -> list[int]:
         return [p.pid for p in psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+
+
+def stop_processes(pids: list[int], grace: float = STOP_GRACE) -> list[int]:
+    """SIGTERM each of ``pids``, then SIGKILL those still alive after ``grace`` seconds (Ray's
+    agents, gcs_server and dashboard took 15-70 s to go, or stayed); returns the pids killed."""
+    procs = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            proc.terminate()
+            procs.append(proc)
+        except (psutil.Error, OSError):
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error, OSError):
+            proc.kill()
+    return [p.pid for p in alive]
 
 
 def _stop_on_signal(cfg: dict[str, Any], out: Path, started: float):
@@ -299,11 +335,7 @@ def _stop_on_signal(cfg: dict[str, Any], out: Path, started: float):
         )
         sys.stdout.flush()
         sys.stderr.flush()
-        for pid in _descendants(os.getpid()):  # Ray's processes; its agents would outlive us by a minute
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
+        stop_processes(_descendants(os.getpid()))  # Ray's processes; its agents would outlive us by a minute
         os._exit(128 + signum)
 
     return handler
@@ -344,7 +376,8 @@ def main(argv: list[str] | None = None, prog: str = "headway run") -> int:
     parser.add_argument(
         "--verbose",
         action="store_true",
-        help="also print Flower's DEBUG lines (with timestamps), its deprecation banner and Ray's FutureWarning",
+        help="also print Flower's and headway's DEBUG lines (the method's settings), the clients' own output (through Ray), "
+        "Flower's deprecation banner, Ray's FutureWarning, and a failed run's traceback",
     )
     args = parser.parse_args(argv)
     show_headway_log()  # before preflight: reading a user source may say what it left out (core.sources)
@@ -366,6 +399,10 @@ def main(argv: list[str] | None = None, prog: str = "headway run") -> int:
     undo_ray = _keep_sigterm_handler() if signal.SIGTERM in owned else (lambda: None)
     try:
         summary = simulate(cfg, out, args.verbose, args.overwrite, check=False)
+    except Exception as exc:  # the run failed (simulate wrote summary.json): its one-line reason below; the traceback with --verbose
+        if args.verbose:
+            traceback.print_exc()
+        summary = _ensure_summary(cfg, out, time.monotonic(), "failed", _reason(exc))
     except KeyboardInterrupt:  # where the handler could not be installed: simulate wrote the summary
         _report_interrupted(out, _ensure_summary(cfg, out, time.monotonic(), "interrupted", INTERRUPTED))
         return EXIT_INTERRUPTED
@@ -380,6 +417,7 @@ def main(argv: list[str] | None = None, prog: str = "headway run") -> int:
             signal.signal(sig, before if before is not None else signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     print(json.dumps(significant(summary), indent=2))  # 4 significant digits on screen; summary.json keeps them whole
     if summary.get("status", "complete") != "complete":
-        print(f"error: the run {summary.get('status')} after {summary.get('rounds')} round(s): {summary.get('reason')}", file=sys.stderr)
+        rounds = plural(int(summary.get("rounds") or 0), "round")
+        print(f"error: the run {summary.get('status')} after {rounds}: {summary.get('reason')}", file=sys.stderr)
         return EXIT_FAILED
     return 0

@@ -473,6 +473,7 @@ class HeadwayStrategy:
         return record
 
     def summary(self) -> None:
-        """Log the method's own run-config keys (those its declaration in :data:`core.methods.METHODS` names)."""
+        """Log the method's own run-config keys (those its declaration in :data:`core.methods.METHODS` names),
+        at DEBUG (``headway run --verbose``): config.json holds them for every run."""
         keys = METHODS[self.name].keys if self.name in METHODS else {}
-        log.info("strategy %s: %s", self.name, {k: self.cfg[k] for k in keys})
+        log.debug("strategy %s: %s", self.name, {k: self.cfg[k] for k in keys})

@@ -84,6 +84,7 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
     opts = source_options(cfg)
     described: list[tuple[str, int, dict[str, Any]]] = []
     left_out: list[str] = list(engine.meter.failures)
+    logged = len(left_out)  # the engine logged these already ("failure: describe: node ...: no reply"): once is enough
     for reply in replies:
         node = reply.metadata.src_node_id
         try:
@@ -100,7 +101,7 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
             left_out.append(f"node {node}: {type(exc).__name__}: {_short(str(exc))}")
     agreeing = _agreeing(described, opts, left_out)
     schema, kept = _robust(agreeing, opts, engine.example_cap(), int(cfg["num-clients"]), left_out)
-    for reason in left_out:
+    for reason in left_out[logged:]:
         log.warning("discovery: %s", reason)
     if schema is None:
         raise DiscoveryFailed(

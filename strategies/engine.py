@@ -276,6 +276,7 @@ class Engine:
         self.meter = RoundMeter()
         self.round = 0
         self.missed: set[int] = set()  # nodes that missed a deadline this round
+        self.waited = False  # True once clients were waited for (or discovery did it): wait_for_clients then waits no more
 
     # ----- rounds -----------------------------------------------------------------
     def begin_round(self, server_round: int) -> None:
@@ -300,7 +301,11 @@ class Engine:
         """Before round 1: wait up to ``sample-timeout`` for ``min-available-clients``
         (0: ``num-clients``) to connect; returns the connected node ids. Says at once how many
         are expected and connected, again each time the count changes (at most every
-        :data:`WAIT_REPORT_EVERY` seconds otherwise), with what to change if it never adds up."""
+        :data:`WAIT_REPORT_EVERY` seconds otherwise), with what to change if it never adds up.
+        Once per engine: later calls (``waited`` set) return the connected nodes at once."""
+        if self.waited:
+            return sorted(self.grid.get_node_ids())
+        self.waited = True
         key = "min-available-clients" if self.cfg["min-available-clients"] else "num-clients"
         wanted, limit = int(self.cfg[key]), float(self.cfg["sample-timeout"])
         start = self.clock()

@@ -95,7 +95,7 @@ def test_lg_fedavg_logs_its_own_run_config_keys(caplog):
     """The strategy's start-of-run line names the method's declared keys (lg-*), not keys
     that start with the method's name (none do for lg-fedavg)."""
     s = strategy("lg-fedavg", **{"lg-global-layers": 2})
-    with caplog.at_level("INFO", logger="headway"):
+    with caplog.at_level("DEBUG", logger="headway"):  # DEBUG: `headway run --verbose` shows it
         s.summary()
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("strategy lg-fedavg"))
     assert "'lg-global-layers': 2" in line and "'lg-warmup-rounds': 0" in line and "'lg-new-test': True" in line

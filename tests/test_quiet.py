@@ -118,7 +118,7 @@ def test_a_default_run_prints_headways_lines_and_verbose_brings_flowers_back(tmp
     printed = done.stdout + done.stderr
     for n in (1, 2):
         assert re.search(rf"^INFO headway: round {n}\b.*accuracy", done.stderr, re.MULTILINE), done.stderr
-    assert "INFO headway: headway: final accuracy" in done.stderr
+    assert re.search(r"^INFO headway: final accuracy \d\.\d{4}, best \d\.\d{4}, ", done.stderr, re.MULTILINE), done.stderr
     assert [noise for noise in NOISE if noise in printed] == [], done.stderr
     shown = json.loads(done.stdout)  # the summary at the end, figures to 4 significant digits; the file keeps them whole
     whole = json.loads((tmp_path / "default" / "summary.json").read_text())

@@ -20,6 +20,7 @@ import simulation.runner
 from core.config import ConfigError, check_against_spec, resolve
 from core.data import SPECS
 from server.results import Recorder, ResultsFolderError
+from strategies.engine import RoundFailed
 
 BASE = {"dataset": "mnist", "num-clients": 2, "num-server-rounds": 2}
 
@@ -420,3 +421,22 @@ def test_summary_counts_value_bytes_to_the_target_round_and_none_for_older_round
     old = Recorder(tmp_path / "b", cfg_of())
     old.round(a_round(1))  # written before value bytes were recorded
     assert old.finish()["total_values_bytes"] is None
+
+
+def test_a_failed_run_ends_with_one_error_line_and_the_traceback_only_with_verbose(tmp_path, capsys, engine, data_dir):
+    """An expected failure (no valid reply in round 1): exit 1, summary.json failed, and headway's
+    one line; Flower's wrapped exception's traceback only with --verbose."""
+
+    def play(srv):
+        try:
+            raise RoundFailed("every client failed in round 1")
+        except RoundFailed as exc:  # Flower wraps what the ServerApp raised
+            raise RuntimeError("An error was encountered. Ending simulation.") from exc
+
+    engine.play = play
+    code, err = run_main(capsys, ["--out", tmp_path / "out", "--set", f"data-dir={data_dir}"])
+    assert code == 1 and summary_of(tmp_path / "out")["status"] == "failed"
+    assert err.strip().splitlines()[-1] == "error: the run failed after 0 rounds: RoundFailed: every client failed in round 1", err
+    assert "Traceback" not in err
+    code, err = run_main(capsys, ["--out", tmp_path / "verbose", "--set", f"data-dir={data_dir}", "--verbose"])
+    assert code == 1 and "Traceback" in err and "RoundFailed: every client failed in round 1" in err

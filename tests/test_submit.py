@@ -41,9 +41,9 @@ def test_the_verdict_follows_flowers_status_and_the_worse_of_it_and_summary_json
 
 def test_the_log_lines_it_reads_are_the_ones_flower_and_the_serverapp_print():
     assert STARTED.findall("Successfully started run 4162338123\n")[0] == "4162338123"  # flwr/cli/run/run.py
-    line = "INFO headway: headway: fedavg on mnist, 2 clients, 1 rounds -> /tmp/r/fedavg-mnist-20250101-000000\n"  # server/app.py
+    line = "INFO headway: fedavg on mnist, 2 clients, 1 round -> /tmp/r/fedavg-mnist-20250101-000000\n"  # server/app.py
     assert RESULTS.findall(line)[0] == "/tmp/r/fedavg-mnist-20250101-000000"
-    assert RESULTS.findall("ERROR headway: headway: run failed after 0 rounds: x; results so far are in res/a\n")[0] == "res/a"
+    assert RESULTS.findall("ERROR headway: run failed after 0 rounds: x; results so far are in res/a\n")[0] == "res/a"
 
 
 @pytest.mark.deployment

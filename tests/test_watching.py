@@ -143,7 +143,8 @@ def test_troubled_rounds_count_missing_clients_too():
 def test_progress_gives_elapsed_and_time_left_at_the_pace_after_round_one():
     rounds = [{"seconds": 50.0}, {"seconds": 4.0}, {"seconds": 2.0}]
     assert progress(rounds, 8, 56.0) == "elapsed 56 s, about 15 s left"  # 5 rounds x 3 s: round 1's start-up left out
-    assert progress(rounds[:1], 3, 50.0) == "elapsed 50 s, about 1 min 40 s left"
+    assert progress(rounds[:1], 3, 50.0) == "elapsed 50 s"  # round 1 alone: its start-up is no pace, so no estimate
+    assert progress(rounds[:2], 3, 54.0) == "elapsed 54 s, about 4 s left"  # round 2's own 4 s
     assert progress(rounds, 3, 3725.0) == "elapsed 1 h 02 min"  # done: no time left shown
 
 
@@ -151,7 +152,8 @@ def test_the_round_line_shows_progress(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="headway"):
         recorded(tmp_path, tensorboard=False)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("round ")]
-    assert lines[0].startswith("round 1/8  accuracy 0.1313") and "elapsed" in lines[0] and "left" in lines[0]
+    assert lines[0].startswith("round 1/8  accuracy 0.1313") and "elapsed" in lines[0] and "left" not in lines[0]
+    assert "left" in lines[1]
     assert lines[-1].startswith("round 8/8") and "left" not in lines[-1]
 
 
