@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,7 +19,11 @@ from core.config import ConfigError
 
 log = logging.getLogger("headway")
 
-MLFLOW_EXTRA = "pip install 'headway[mlflow]'"
+MLFLOW_EXTRA = "pip install -e '.[mlflow]' in headway's checkout"  # not 'headway[mlflow]': PyPI's "headway" is another project
+# what MLflow prints on every run with a SQLite store, none of it the user's to act on: SQLAlchemy 2's deprecation of a
+# loader MLflow's store uses (with a site-packages path), and two INFO lines as it creates or upgrades its tables
+MLFLOW_DEPRECATION = r"The ``noload`` loader strategy is deprecated"
+MLFLOW_CHATTY_LOGGERS = ("mlflow.store.db.utils", "alembic.runtime.migration")
 EVENT_FILE_GLOB = "events.out.tfevents.*"  # what SummaryWriter writes (--overwrite removes them with the other result files)
 _FIXED_GROUP = {
     "clients": "clients",
@@ -149,6 +154,7 @@ class MLflowSink:
         mlflow = require_mlflow()
         from mlflow.tracking import MlflowClient
 
+        quiet_mlflow()
         self.client = MlflowClient(tracking_uri=uri)
         experiment = self.client.get_experiment_by_name("headway")
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment("headway")
@@ -178,6 +184,16 @@ class MLflowSink:
         tags = [RunTag("status", str(summary.get("status"))), RunTag("reason", str(summary.get("reason") or ""))]
         self.client.log_batch(self.run_id, metrics=metrics, tags=tags)
         self.client.set_terminated(self.run_id, "FINISHED" if summary.get("status") == "complete" else "FAILED")
+
+
+def quiet_mlflow() -> None:
+    """MLflow's store set-up lines (MLFLOW_CHATTY_LOGGERS) at WARNING, unless set higher already, and SQLAlchemy's
+    deprecation warning about MLflow's own code ignored: by its message, from mlflow's modules only."""
+    warnings.filterwarnings("ignore", message=MLFLOW_DEPRECATION, module=r"mlflow\.")
+    for name in MLFLOW_CHATTY_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level < logging.WARNING:
+            logger.setLevel(logging.WARNING)
 
 
 def require_mlflow() -> Any:

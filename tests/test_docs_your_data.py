@@ -110,6 +110,17 @@ def test_every_command_on_the_page_is_one_this_test_runs_or_checks(page_commands
     assert sum(kind(c) == "headway run" for c in page_commands) >= 3  # images, a table, your own body
 
 
+def test_every_run_on_the_page_is_a_small_one(page_commands):
+    """The page promises five minutes: a run that names no client or round count runs the defaults (50 clients x
+    100 rounds: 6.3 min on a tester's 400 images), so each names both, at most 10 clients and 20 rounds."""
+    for cmd in (c for c in page_commands if kind(c) == "headway run"):
+        keys = dict(s.split("=", 1) for s in cmd.option("--set"))
+        counts = {k: keys.get(k, "the default") for k in ("num-clients", "num-server-rounds")}
+        small = counts["num-clients"].isdigit() and int(counts["num-clients"]) <= 10
+        small = small and counts["num-server-rounds"].isdigit() and int(counts["num-server-rounds"]) <= 20
+        assert small, f"line {cmd.line}: {cmd.text} runs {counts}"
+
+
 def test_the_supernode_commands_are_accepted_by_the_launcher(page_commands, workdir):
     work, values = workdir
     nodes = [c.substitute(values) for c in page_commands if kind(c) == "headway supernode"]

@@ -242,7 +242,7 @@ def test_a_failing_tracker_warns_once_and_the_run_goes_on(tmp_path, caplog):
 
 def test_mlflow_uri_without_mlflow_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow raises ImportError, as where it is not installed
-    with pytest.raises(ConfigError, match=r"mlflow-tracking-uri.*pip install 'headway\[mlflow\]'"):
+    with pytest.raises(ConfigError, match=r"mlflow-tracking-uri.*pip install -e '\.\[mlflow\]' in headway's checkout"):
         Recorder(tmp_path, resolve({**CFG, "mlflow-tracking-uri": "http://127.0.0.1:5000"}))
 
 
@@ -258,8 +258,8 @@ def test_headway_run_refuses_an_mlflow_uri_without_mlflow_before_the_engine(tmp_
     err = capsys.readouterr().err.strip()
     assert code == 2 and not out.exists()
     assert err.splitlines() == [
-        "error: run-config key 'mlflow-tracking-uri' is set, but mlflow is not installed: pip install 'headway[mlflow]' "
-        "(or pip install mlflow-skinny), or leave the key empty"
+        "error: run-config key 'mlflow-tracking-uri' is set, but mlflow is not installed: pip install -e '.[mlflow]' in headway's "
+        "checkout (or pip install mlflow-skinny), or leave the key empty"
     ]
 
 
