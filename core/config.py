@@ -249,8 +249,8 @@ SCHEMA: dict[str, Key] = {
     ),
     "mlflow-tracking-uri": Key(
         "",
-        "also log each round's figures to MLflow at this tracking URI (e.g. http://host:5000, sqlite:///mlflow.db); empty: no MLflow. "
-        "Needs the mlflow extra: pip install 'headway[mlflow]'",
+        "also log each round's figures to MLflow at this tracking URI (e.g. http://host:5000, sqlite:///results/mlflow.db); empty: "
+        "no MLflow. Needs the mlflow extra: pip install -e '.[mlflow]' in headway's checkout",
     ),
     "client-num-cpus": positive("CPUs per virtual client (simulation)", 1.0),
     "client-num-gpus": non_negative("GPU share per virtual client (simulation)", 0.0),
