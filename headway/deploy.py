@@ -32,7 +32,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 from core.labels import NODE_LABEL_KEYS
@@ -184,11 +186,19 @@ def key_not_found(public_key: str) -> str:
     )
 
 
+# Flower 1.39 keeps a SuperNode online until HEARTBEAT_PATIENCE (2) x its heartbeat interval
+# (30 s, fixed in flower-supernode) after its last heartbeat, sent every ~20 s. One that signs off
+# (headway stop, Ctrl-C) frees its key at once; one that crashed holds it for up to this long.
+RELEASE_AFTER_S = 2 * 30
+REJOIN_WAIT_S = RELEASE_AFTER_S + 5  # the launcher's default --rejoin-wait
+REJOIN_STEP_S = 5.0  # seconds between tries
+REFUSED = "Failed to activate SuperNode"  # what flower-supernode prints for [code: 2004]
+
 # What flower-supernode prints when the SuperLink refuses it, and what to do (the launcher adds it)
 SUPERNODE_HINTS = {
-    "Failed to activate SuperNode": (
-        "the SuperLink refused this SuperNode's key ([code: 2004]): it is not registered there, or a SuperNode "
-        "with the same key is online already. On the server machine: headway register {key}.pub CONNECTION "
+    REFUSED: (
+        "the SuperLink refused this SuperNode's key ([code: 2004]){waited}: it is not registered there, or a SuperNode "
+        "with the same key is still running. On the server machine: headway register {key}.pub CONNECTION "
         "(see flwr supernode ls CONNECTION), then start this node again"
     ),
     "All SuperNodes must be registered via the CLI": (
@@ -196,6 +206,40 @@ SUPERNODE_HINTS = {
         "`headway register keys/NAME.pub CONNECTION` on the server machine, then start with --auth-key keys/NAME"
     ),
 }
+
+
+class Rejoin:
+    """Whether to start flower-supernode again after the SuperLink refused its key: a node
+    restarted right after a crash is refused until the SuperLink releases its key (up to
+    RELEASE_AFTER_S after the last heartbeat), so it is retried every ``step`` s for up to
+    ``wait`` s from the first refusal; anything else ends the launcher."""
+
+    def __init__(self, wait: float, step: float = REJOIN_STEP_S, clock: Callable[[], float] = time.monotonic):
+        self.wait, self.step, self.clock = wait, step, clock
+        self.first: float | None = None  # when the first refusal came
+
+    def __call__(self, rc: int, seen: list[str]) -> float | None:
+        """Seconds to wait before the next try after an exit with ``rc`` having printed
+        ``seen`` (texts of SUPERNODE_HINTS); None: no more tries. Says so on stderr."""
+        if rc == 0 or REFUSED not in seen or self.wait <= 0:
+            return None
+        now = self.clock()
+        if self.first is None:
+            self.first = now
+            print(
+                f"[headway] the SuperLink refuses this SuperNode's key ([code: 2004]): either it is not registered, or the same key "
+                f"is still online (a SuperNode that stopped without signing off, e.g. killed or crashed, is released "
+                f"{RELEASE_AFTER_S} s after its last heartbeat); retrying every {self.step:g} s for up to {self.wait:g} s "
+                "(--rejoin-wait)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return min(self.step, self.wait)
+        left = self.wait - (now - self.first)
+        if left <= 0:
+            return None
+        print(f"[headway] still refused; next try in {min(self.step, left):g} s ({left:.0f} s left)", file=sys.stderr, flush=True)
+        return min(self.step, left)
 
 
 def check_files(args: argparse.Namespace) -> str | None:
@@ -454,6 +498,13 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
         help="give up after this many failed tries to reach the SuperLink (default: no limit but --max-wait-time)",
     )
     node.add_argument("--max-wait-time", type=float, default=600.0, help="give up after this many seconds without the SuperLink (0: never)")
+    node.add_argument(
+        "--rejoin-wait",
+        type=float,
+        default=float(REJOIN_WAIT_S),
+        help="when the SuperLink refuses the key ([code: 2004]), as it does for up to "
+        f"{RELEASE_AFTER_S} s after a crashed node's last heartbeat, retry for this many seconds (0: exit at once)",
+    )
     ntls = node.add_mutually_exclusive_group(required=True)
     ntls.add_argument("--insecure", action="store_true", help="no TLS (trusted networks only)")
     ntls.add_argument("--root-cert", help="the CA certificate (ca.crt) that signed the SuperLink's")
@@ -672,9 +723,15 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
             "that runs on this machine and every SuperNode" + (" (and TLS is off)" if args.insecure else ""),
             file=sys.stderr,
         )
-    hints = None
-    if args.cmd == "supernode":
-        key = args.auth_key or "keys/NAME"
-        hints = {text: hint.format(key=key) for text, hint in SUPERNODE_HINTS.items()}
-        print(f"[headway] SuperNode's ClientApp API on 127.0.0.1:{args.port}", file=sys.stderr, flush=True)
-    return supervise([exe, *cmd[1:]], grace=args.grace, pid_file=args.pid_file, env=flower_env(), hints=hints)
+    if args.cmd == "superlink":
+        return supervise([exe, *cmd[1:]], grace=args.grace, pid_file=args.pid_file, env=flower_env())
+    return _supernode([exe, *cmd[1:]], args)
+
+
+def _supernode(cmd: list[str], args: argparse.Namespace) -> int:
+    """Run flower-supernode supervised; while the SuperLink refuses its key, within
+    --rejoin-wait, start it again (see :class:`Rejoin`). The last refusal gets the hint."""
+    waited = f" for {args.rejoin_wait:g} s (--rejoin-wait)" if args.rejoin_wait > 0 else ""
+    hints = {text: hint.format(key=args.auth_key or "keys/NAME", waited=waited) for text, hint in SUPERNODE_HINTS.items()}
+    print(f"[headway] SuperNode's ClientApp API on 127.0.0.1:{args.port}", file=sys.stderr, flush=True)
+    return supervise(cmd, grace=args.grace, pid_file=args.pid_file, env=flower_env(), hints=hints, again=Rejoin(args.rejoin_wait))

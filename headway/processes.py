@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -123,8 +123,8 @@ def _parent(proc: psutil.Process) -> int | None:
 
 
 def _relay(stream: IO[bytes], hints: Mapping[str, str], seen: list[str]) -> None:
-    """Copy the child's stderr to ours line by line, noting in ``seen`` the hint of every
-    ``hints`` key (a text Flower prints) that appears."""
+    """Copy the child's stderr to ours line by line, noting in ``seen`` every ``hints`` key
+    (a text Flower prints) that appears."""
     out = getattr(sys.stderr, "buffer", None)
     for line in iter(stream.readline, b""):
         if out is not None:
@@ -133,7 +133,7 @@ def _relay(stream: IO[bytes], hints: Mapping[str, str], seen: list[str]) -> None
         else:  # a stderr without bytes (pytest's capture): the text
             sys.stderr.write(line.decode(errors="replace"))
         text = line.decode(errors="replace")
-        seen.extend(hint for needle, hint in hints.items() if needle in text and hint not in seen)
+        seen.extend(needle for needle in hints if needle in text and needle not in seen)
     stream.close()
 
 
@@ -143,14 +143,39 @@ class _Stop(Exception):
         self.signum = signum
 
 
+def _stop_tree(child: subprocess.Popen | None, subreaper: bool, grace: float) -> list[int]:
+    """Stop every process the command left (as subreaper: all our descendants; else the
+    child's process group); the PIDs that had to be killed."""
+    if subreaper:
+        return stop_descendants(grace)
+    if child is not None:  # no subreaper: the child's own process group is what we can reach
+        try:
+            os.killpg(child.pid, signal.SIGTERM)
+            child.wait(timeout=grace)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return []
+
+
 def supervise(
-    cmd: list[str], grace: float = 10.0, pid_file: str = "", env: Mapping[str, str] | None = None, hints: Mapping[str, str] | None = None
+    cmd: list[str],
+    grace: float = 10.0,
+    pid_file: str = "",
+    env: Mapping[str, str] | None = None,
+    hints: Mapping[str, str] | None = None,
+    again: Callable[[int, list[str]], float | None] | None = None,
 ) -> int:
     """Run ``cmd`` (with environment ``env``; None: this process's) until it exits or this
     process is told to stop; then stop every process it left. Returns the command's exit
     code, or 128 + the signal that stopped us. With ``hints`` (text the command may print
     on stderr: a line of advice), the command's stderr passes through this process, and
-    when it fails having printed one of those texts, the advice follows Flower's lines."""
+    when it fails having printed one of those texts, the advice follows Flower's lines.
+    With ``again``, called with the exit code and the ``hints`` texts seen when the command
+    exits by itself: a number of seconds to wait before running it again (what it left is
+    stopped first; a stop signal still ends everything), or None to finish."""
     subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
     stopping: list[int] = []  # the first stop signal; once set, later ones are ignored
 
@@ -161,42 +186,41 @@ def supervise(
 
     child: subprocess.Popen | None = None
     relay: threading.Thread | None = None
-    seen: list[str] = []  # the hints whose text the command printed
+    seen: list[str] = []  # the hints texts the command printed (its last run)
     killed: list[int] = []
     previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     try:
         if pid_file:
             Path(pid_file).write_text(f"{os.getpid()}\n")
-        # its own process group: Ctrl-C in a terminal reaches the supervisor only, which then
-        # stops the processes in order (without a subreaper: its own session, to kill as a group)
-        child = subprocess.Popen(
-            cmd,
-            env=None if env is None else dict(env),
-            preexec_fn=_die_with_parent,
-            process_group=0 if subreaper else None,
-            start_new_session=not subreaper,
-            stderr=subprocess.PIPE if hints else None,
-        )
-        if hints and child.stderr is not None:
-            relay = threading.Thread(target=_relay, args=(child.stderr, hints, seen), daemon=True)
-            relay.start()
-        rc = child.wait()
+        while True:
+            seen = []
+            # its own process group: Ctrl-C in a terminal reaches the supervisor only, which then
+            # stops the processes in order (without a subreaper: its own session, to kill as a group)
+            child = subprocess.Popen(
+                cmd,
+                env=None if env is None else dict(env),
+                preexec_fn=_die_with_parent,
+                process_group=0 if subreaper else None,
+                start_new_session=not subreaper,
+                stderr=subprocess.PIPE if hints else None,
+            )
+            if hints and child.stderr is not None:
+                relay = threading.Thread(target=_relay, args=(child.stderr, hints, seen), daemon=True)
+                relay.start()
+            rc = child.wait()
+            delay = again(rc, seen) if again is not None else None
+            if delay is None:
+                break
+            killed += _stop_tree(child, subreaper, grace)  # a stop signal here or in the wait ends it all
+            if relay is not None:
+                relay.join(timeout=5.0)
+            time.sleep(delay)
         stopping.append(0)  # cleaning up after the command: no signal interrupts that
     except _Stop as stop:
         print(f"[headway] signal {signal.Signals(stop.signum).name}: stopping {cmd[0]} and its processes", file=sys.stderr, flush=True)
         rc = 128 + stop.signum
     finally:
-        if subreaper:
-            killed = stop_descendants(grace)
-        elif child is not None:  # no subreaper: the child's own process group is what we can reach
-            try:
-                os.killpg(child.pid, signal.SIGTERM)
-                child.wait(timeout=grace)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(child.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        killed += _stop_tree(child, subreaper, grace)
         if killed:
             print(f"[headway] killed {len(killed)} process(es) that ignored SIGTERM for {grace:.0f} s", file=sys.stderr, flush=True)
         for s, handler in previous.items():
@@ -206,8 +230,8 @@ def supervise(
         if relay is not None:  # every holder of the pipe is gone now: its end is near
             relay.join(timeout=5.0)
     if rc not in (0, *(128 + s for s in STOP_SIGNALS)):
-        for hint in seen:
-            print(f"[headway] {hint}", file=sys.stderr, flush=True)
+        for needle in seen:
+            print(f"[headway] {hints[needle] if hints else needle}", file=sys.stderr, flush=True)
     return rc
 
 

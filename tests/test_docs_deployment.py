@@ -111,6 +111,8 @@ def test_the_one_machine_walkthrough_runs_as_printed(tmp_path, data_dir):
                         "keys/node2",
                         "--data",
                         "nodes/node-0",
+                        "--rejoin-wait",
+                        "0",  # no key to wait for: refused at once (by default it retries for 65 s, as after a crash)
                     ],
                     cwd=tmp_path,
                     env=env,

@@ -354,7 +354,7 @@ def test_a_refused_supernode_gets_a_hint_naming_headway_register(tmp_path, capfd
     from headway.deploy import SUPERNODE_HINTS
     from headway.processes import supervise
 
-    hints = {text: hint.format(key="keys/node7") for text, hint in SUPERNODE_HINTS.items()}
+    hints = {text: hint.format(key="keys/node7", waited="") for text, hint in SUPERNODE_HINTS.items()}
     flower = (
         "import sys; print('ERROR :   Exit Code: 305', file=sys.stderr); "
         "print('Failed to initialize the connection to the SuperLink.', file=sys.stderr); "
@@ -367,3 +367,131 @@ def test_a_refused_supernode_gets_a_hint_naming_headway_register(tmp_path, capfd
     assert "headway register keys/node7.pub CONNECTION" in err
     assert supervise([sys.executable, "-c", "import sys; print('other trouble', file=sys.stderr); sys.exit(1)"], grace=2, hints=hints) == 1
     assert "[headway]" not in capfd.readouterr().err
+
+
+REFUSE_TWICE = """
+import sys
+from pathlib import Path
+count = Path(sys.argv[1])
+n = int(count.read_text()) + 1 if count.exists() else 1
+count.write_text(str(n))
+if n <= int(sys.argv[2]):
+    print("[code: 2004] Failed to activate SuperNode.", file=sys.stderr)
+    sys.exit(1)
+print("SuperNode ID: 7", file=sys.stderr)
+"""
+
+
+def test_rejoin_retries_only_a_refused_key_and_only_within_its_wait(capsys):
+    """Issue 38: a SuperNode restarted right after a crash was refused ([code: 2004]) while the
+    SuperLink still held its key online, and the launcher gave up at once. The decision: a
+    refusal is retried every step until `wait` s after the first one; a clean exit, another
+    failure, or --rejoin-wait 0 ends it."""
+    from headway.deploy import REFUSED, Rejoin
+
+    now = [100.0]
+    rejoin = Rejoin(wait=12, step=5, clock=lambda: now[0])
+    assert rejoin(1, ["All SuperNodes must be registered via the CLI"]) is None and rejoin(0, []) is None and rejoin(1, []) is None
+    assert capsys.readouterr().err == ""
+    delays = []
+    while (delay := rejoin(1, [REFUSED])) is not None:
+        delays.append(delay)
+        now[0] += delay + 2.5  # each try takes Flower a while to start
+    assert delays == [5, 4.5], delays  # the first refusal at 100, tries at 107.5 and 114.5: none after 112
+    err = capsys.readouterr().err
+    assert err.startswith("[headway] the SuperLink refuses this SuperNode's key ([code: 2004]): either it is not registered")
+    assert "released 60 s after its last heartbeat); retrying every 5 s for up to 12 s (--rejoin-wait)" in err
+    assert Rejoin(wait=0)(1, [REFUSED]) is None
+
+
+def test_release_window_is_flowers():
+    """RELEASE_AFTER_S, which --rejoin-wait's default covers, is what the installed Flower's
+    SuperLink keeps a silent SuperNode online for: HEARTBEAT_PATIENCE x the interval the
+    SuperNode announces."""
+    from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
+
+    from headway.deploy import REJOIN_WAIT_S, RELEASE_AFTER_S
+
+    assert RELEASE_AFTER_S == HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL and REJOIN_WAIT_S > RELEASE_AFTER_S
+
+
+def test_supervisor_starts_a_refused_command_again_until_it_joins_or_the_wait_is_over(tmp_path, capfd):
+    """The supervisor with a Rejoin: a command refused twice and then admitted runs three times
+    and the launcher exits 0 with no register hint; one refused beyond the wait exits 1 and
+    the register hint (saying how long it was tried) comes once, last."""
+    import sys
+
+    from headway.deploy import SUPERNODE_HINTS, Rejoin
+    from headway.processes import supervise
+
+    hints = {text: hint.format(key="keys/node7", waited=" for 1 s (--rejoin-wait)") for text, hint in SUPERNODE_HINTS.items()}
+    count = tmp_path / "count"
+    cmd = [sys.executable, "-c", REFUSE_TWICE, str(count)]
+    assert supervise([*cmd, "2"], grace=2, hints=hints, again=Rejoin(wait=30, step=0.1)) == 0
+    err = capfd.readouterr().err
+    assert count.read_text() == "3" and err.count("Failed to activate SuperNode") == 2 and "SuperNode ID: 7" in err
+    assert "retrying every 0.1 s" in err and "headway register" not in err
+    count.unlink()
+    assert supervise([*cmd, "1000"], grace=2, hints=hints, again=Rejoin(wait=1, step=0.2)) == 1
+    err = capfd.readouterr().err
+    assert int(count.read_text()) >= 2 and err.count("headway register keys/node7.pub") == 1  # retried, then gave up
+    assert err.rstrip().splitlines()[-1].startswith("[headway] the SuperLink refused this SuperNode's key ([code: 2004]) for 1 s")
+
+
+@pytest.mark.system
+@pytest.mark.deployment
+@pytest.mark.slow
+def test_a_supernode_restarted_right_after_a_crash_rejoins(tmp_path):
+    """Issue 38: a SuperNode killed hard and started again at once exited 1 with [code: 2004]
+    (its key still online at the SuperLink for up to 60 s). A real SuperLink (TLS, node
+    authentication) and a SuperNode with a registered key: stopped with `headway stop`, it
+    signs off and a restart joins at once; killed with SIGKILL (the whole tree, as a crash),
+    a restart is refused at first, retries, and joins as the same node."""
+    import re
+    import signal
+    import time
+
+    from headway.processes import descendants, running
+    from tests.cluster import Cluster, Netns
+
+    netns = Netns(["server"])  # Flower's fixed internal ports (9091, 9093) cannot clash with another test's
+    try:
+        with Cluster(tmp_path, str(tmp_path / "data"), netns=netns) as c:
+            certs, keys = tmp_path / "certs", tmp_path / "keys"
+            c.command(c.launcher("certs", str(certs), "--host", "127.0.0.1"))
+            c.command(c.launcher("keys", str(keys), "--name", "node0"))
+            c.launch("superlink", ["superlink", "--certs", str(certs), "--bind", "127.0.0.1"], host="server")
+            c.wait_for_port("superlink", 8000, host="server")
+            c.command(c.launcher("connect", "lab", "--address", "127.0.0.1:8000", "--root-cert", str(certs / "ca.crt")), host="server")
+            c.command(c.launcher("register", str(keys / "node0.pub"), "lab"), host="server")
+            node = ["supernode", "--superlink", "127.0.0.1:9092", "--root-cert", str(certs / "ca.crt"), "--auth-key", str(keys / "node0")]
+            node += ["--partition-id", "0", "--num-partitions", "2", "--pid-file", str(tmp_path / "node.pid"), "--grace", "5"]
+
+            def start(name: str):
+                proc = c.launch(name, node, host="server")
+                c.wait_for_log(name, "SuperNode ID:", timeout=120)
+                return proc, re.findall(r"SuperNode ID: (\d+)", c.log(name).read_text())[0]
+
+            first, node_id = start("node-a")
+            c.command(c.launcher("stop", "--pid-file", str(tmp_path / "node.pid")), host="server")  # signs off: the key is free at once
+            assert first.wait(timeout=30) == 128 + signal.SIGTERM
+            c.wait_for_log("superlink", f"Deactivated node_id={node_id}", timeout=10)
+            second, again = start("node-b")
+            assert again == node_id and "refuses" not in c.log("node-b").read_text()
+            time.sleep(3)  # past its first heartbeat: the SuperLink holds the key ~40-60 s from here
+            tree = descendants(second.pid)
+            for pid in [*tree, second.pid]:  # a crash: nothing signs off
+                os.kill(pid, signal.SIGKILL)
+            second.wait(timeout=10)
+            for pid in tree:
+                while running(pid):
+                    time.sleep(0.1)
+            assert c.log("superlink").read_text().count(f"Deactivated node_id={node_id}") == 1
+            crashed = time.monotonic()
+            third, again = start("node-c")
+            said = c.log("node-c").read_text()
+            assert again == node_id and third.poll() is None, said[-3000:]
+            assert "[headway] the SuperLink refuses this SuperNode's key ([code: 2004])" in said and "headway register" not in said
+            assert time.monotonic() - crashed < 90, said[-3000:]
+    finally:
+        netns.close()
