@@ -59,6 +59,26 @@ def counts_line(counts: list[int] | tuple[int, ...], what: str = "training rows"
     return f"{what} per {who}: {total} over {n} {who}s, min {int(min(counts))}, median {float(np.median(counts)):g}, max {int(max(counts))}"
 
 
+def empty_note(counts: list[int] | tuple[int, ...], who: str = "client") -> str:
+    """What to say when some clients get no training rows ('' when none is empty): how many, and the
+    fix. Such a client is asked every round, trains on nothing and adds nothing to the aggregate."""
+    empty = sum(1 for c in counts if int(c) == 0)
+    if not empty:
+        return ""
+    filled = len(counts) - empty
+    return (
+        f"{empty} of {len(counts)} {who}s get no training rows ({int(sum(counts))} training rows in all): an empty {who} "
+        f"trains on nothing and adds nothing to a round; lower num-clients (to at most {max(filled, 1)} here) or use more data"
+    )
+
+
+def check_filled(counts: list[int] | tuple[int, ...], who: str = "client") -> None:
+    """ValueError when most clients (more than half) would get no training rows: such a run or split
+    would be mostly empty clients, whatever it reports. A few empty ones are only warned of (:func:`empty_note`)."""
+    if 2 * sum(1 for c in counts if int(c) == 0) > len(counts):
+        raise ValueError(f"{empty_note(counts, who)}; refused, since most {who}s would be empty")
+
+
 def iid(n: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Equal-size random shares."""
     return [np.sort(p) for p in np.array_split(rng.permutation(n), num_clients)]
@@ -261,4 +281,5 @@ def _make_partition(
         train, test = natural(ds.attrs_train[col][keep], ds.attrs_test[col], num_clients)
     else:
         raise ValueError(f"unknown partition {scheme!r}")
+    check_filled([len(t) for t in train])
     return Partition(tuple(keep[t] for t in train), tuple(test), validation)

@@ -16,7 +16,7 @@ import numpy as np
 
 from core.config import SCHEMA, resolve
 from core.data import Dataset, load_dataset
-from core.partition import Partition, counts_line, make_partition
+from core.partition import Partition, counts_line, empty_note, make_partition
 from core.sources import (
     RawSource,
     RawSplit,
@@ -138,4 +138,5 @@ def report(part: Partition, cfg: Mapping[str, Any], available: int | None = None
     return (
         f"{counts_line([len(t) for t in part.train], who='node')}; train-fraction={cfg['train-fraction']:g} ({used}{of} training rows); "
         f"{counts_line([len(t) for t in part.test], 'test rows', 'node')}"
+        + (f"\nwarning: {empty}" if (empty := empty_note([len(t) for t in part.train], "node")) else "")  # core.partition
     )

@@ -196,6 +196,10 @@ def judge(run_id: int, status: dict[str, str], summary: dict[str, Any] | None, f
         return Verdict(EXIT_FAILED, f"headway: run {run_id} failed ({flower or 'Flower: no status'}){_because(reason)}{where}")
     if flower.endswith(":completed") and said in (None, "complete"):
         figures = "" if not summary else f": final accuracy {_figure(summary.get('final_accuracy'))} after {summary.get('rounds')} rounds"
+        if summary:
+            from core.rounds import short_rounds_note  # local import: keeps the command's start light
+
+            figures += short_rounds_note(summary)  # rounds that ran without some client (summary.json: rounds_with_missing_clients)
         return Verdict(EXIT_COMPLETE, f"headway: run {run_id} complete{figures}{where}")
     return Verdict(
         EXIT_FAILED,

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.rounds import clients_note, eval_note, short_rounds
 from server.tracking import EVENT_FILE_GLOB, Trackers
 
 log = logging.getLogger("headway")
@@ -133,10 +134,12 @@ class Recorder:
         self.trackers.round(_clean(record))
         acc_s = "n/a" if acc is None else f"{acc:.4f}"
         log.info(
-            "round %d/%d  accuracy %s  bytes %d (cumulative %d)  failures %d  %.1f s  %s",
+            "round %d/%d  accuracy %s%s  %s  bytes %d (cumulative %d)  failures %d  %.1f s  %s",
             record["round"],
             self.cfg.get("num-server-rounds", record["round"]),
             acc_s,
+            eval_note(record),  # core.rounds: accuracy over fewer clients' test splits than registered
+            clients_note(record),  # core.rounds: clients used of wanted, and who is missing
             record["bytes_down"] + record["bytes_up"],
             self.cumulative,
             record["failures"],
@@ -176,6 +179,7 @@ class Recorder:
             "wall_seconds": time.monotonic() - self.started,
         }
         summary.update(values_totals(self.rounds, self.round_to_target))
+        summary.update(short_rounds(self.rounds))  # core.rounds: rounds that ran without some client
         summary.update(global_progress(self.rounds, self.cfg.get("target-accuracy") or 0.0))
         if self.cfg.get("client-noise"):
             summary["participation_by_noise"] = participation_by_noise(self.rounds, self.cfg)

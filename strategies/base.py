@@ -47,7 +47,7 @@ from core.config import body_names, fit_body, scores_with_train
 from core.data import DatasetSpec
 from core.methods import METHODS
 from core.models import BODIES, build_model, common_width, is_custom_body
-from core.partition import counts_line
+from core.partition import counts_line, empty_note
 from core.training import predict, task_metrics
 from strategies.engine import Engine, RoundFailed, RoundMeter
 from strategies.replies import Layout, Reply
@@ -57,6 +57,9 @@ from strategies.services import Services
 log = logging.getLogger("headway")
 
 RoundCallback = Callable[[dict[str, Any]], None]
+
+# rounds.jsonl figures that are counts: written as whole numbers, though method metrics arrive as floats
+COUNT_FIELDS = ("prepare_clients", "eval_clients", "test_examples", "chain_hops", "synthetic_examples")
 
 
 @dataclass
@@ -293,7 +296,7 @@ class HeadwayStrategy:
         if total == 0:
             return {}
         losses = [(r.metrics[P.LOSS], r.examples) for r in counted if P.LOSS in r.metrics]
-        out = {"eval_clients": float(len(counted)), "test_examples": total}
+        out: dict[str, float] = {"eval_clients": len(counted), "test_examples": int(total)}
         if losses:
             out["loss"] = float(sum(v * n for v, n in losses) / sum(n for _, n in losses))
         if self.spec.task != "classification":
@@ -371,7 +374,9 @@ class HeadwayStrategy:
                     raise RoundFailed(self._first_reason(engine.meter, "no client registered"))
                 self._counts = self.train_counts(engine)  # after registration: dataset=local nodes declare theirs there
                 if rnd == 1:
-                    log.info("headway: %s (train-fraction=%g)", counts_line(list(self._counts.values())), self.cfg["train-fraction"])
+                    log.info("%s (train-fraction=%g)", counts_line(list(self._counts.values())), self.cfg["train-fraction"])
+                    if empty := empty_note(list(self._counts.values())):  # most empty is refused before the run (core.partition)
+                        log.warning("%s", empty)
                 extra: dict[str, float] = {}
                 prep: Step | None = None
                 if rnd == 1:
@@ -439,6 +444,9 @@ class HeadwayStrategy:
     ) -> dict[str, Any]:
         down, up = meter.cost()
         values_down, values_up = meter.cost(values=True)
+        used = meter.selected - set(meter.failed)  # the selected clients whose training replies arrived valid
+        missing = {str(p): meter.failed[p] for p in sorted(meter.failed) if p in meter.selected}
+        missing.update({str(p): "not connected" for p in meter.absent if p not in meter.selected})
         record: dict[str, Any] = {
             "round": rnd,
             "accuracy": figures.get("accuracy"),
@@ -448,10 +456,15 @@ class HeadwayStrategy:
             "values_bytes_up": values_up,
             "clients": step.clients,
             "selected": sorted(meter.selected),
-            # the selected clients' training rows in all (each one's: summary.json's train_examples; one number, whatever the clients)
-            "train_examples": sum(self._counts[p] for p in meter.selected if p in self._counts) if self._counts else None,
+            # training rows in all (each client's: summary.json's train_examples): of the clients whose replies were used, and of every selected one
+            "train_examples": self._rows(used) if self._counts else None,
+            "selected_train_examples": self._rows(meter.selected) if self._counts else None,
+            "registered_clients": meter.registered,
+            "missing_clients": missing,
             "failures": len(meter.failures),
+            "failure_reasons": meter.failures[:20],
             "absent": len(meter.absent),
+            "absent_partitions": list(meter.absent),
             "seconds": seconds,
             "elapsed_seconds": elapsed,
         }
@@ -466,11 +479,15 @@ class HeadwayStrategy:
         record.update({k: v for k, v in figures.items() if k != "accuracy"})
         record.update({f"train_{k}" if k in ("loss",) else k: v for k, v in step.metrics.items()})
         record.update(step.details)
-        if meter.absent:
-            record["absent_partitions"] = meter.absent
-        if meter.failures:
-            record["failure_reasons"] = meter.failures[:20]
+        for key in COUNT_FIELDS:  # whole counts as ints (metrics travel as floats: 10.0 clients)
+            value = record.get(key)
+            if isinstance(value, float) and value.is_integer():
+                record[key] = int(value)
         return record
+
+    def _rows(self, partitions: set[int]) -> int:
+        """The training rows of ``partitions`` in all (those whose count is known)."""
+        return sum(self._counts[p] for p in partitions if p in self._counts)
 
     def summary(self) -> None:
         """Log the method's own run-config keys (those its declaration in :data:`core.methods.METHODS` names),

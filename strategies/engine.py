@@ -40,6 +40,12 @@ MAX_BODY_NAME = 300  # characters of a body name a registration may give (an imp
 
 # Phases whose bytes are measurement, not the method's cost (reported apart).
 MEASUREMENT_PHASES = (P.PHASE_REGISTER, P.PHASE_EVALUATE, P.PHASE_UPLOAD)
+# The first message of a round's training to each client it asks (a round's ``selected``): a train message,
+# a relay hop, or under secure aggregation the key setup that opens it.
+SELECTING_PHASES = (P.PHASE_TRAIN, P.PHASE_CHAIN, P.STAGE_SETUP)
+# Phases where a client's failure keeps its training reply out of the round's aggregate (SecAgg+'s unmask stage
+# does not: a client that sent its masked vector and then dropped is still in the sum).
+CONTRIBUTING_PHASES = (P.PHASE_TRAIN, P.PHASE_CHAIN, P.STAGE_SETUP, P.STAGE_SHARE, P.STAGE_COLLECT)
 
 S = TypeVar("S")  # a method's per-client state class
 
@@ -177,6 +183,8 @@ class RoundMeter:
     failures: list[str] = field(default_factory=list)
     absent: list[int] = field(default_factory=list)  # partition ids of registered nodes not connected
     selected: set[int] = field(default_factory=set)  # partition ids sent a training message
+    failed: dict[int, str] = field(default_factory=dict)  # partition id -> why its training reply was not used (first reason)
+    registered: int = 0  # clients registered at the round's start (connected or not)
 
     def add(self, phase: str, down: int = 0, up: int = 0, values_down: int = 0, values_up: int = 0) -> None:
         for table, d, u in ((self.bytes, down, up), (self.values, values_down, values_up)):
@@ -184,8 +192,12 @@ class RoundMeter:
             acc[0] += d
             acc[1] += u
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, partition: int | None = None, why: str | None = None) -> None:
+        """Count a failure; ``partition`` (with ``why``, the reason without who it was) names a client whose
+        training reply this keeps out of the round (:attr:`failed`)."""
         self.failures.append(reason)
+        if partition is not None:
+            self.failed.setdefault(partition, why or reason)
         log.warning("failure: %s", reason)
 
     def cost(self, values: bool = False) -> tuple[int, int]:
@@ -290,6 +302,7 @@ class Engine:
         if new:
             self.register(new)
         self.meter.absent = sorted(c.partition_id for n, c in self.registry.clients.items() if n not in connected)
+        self.meter.registered = len(self.registry.clients)
 
     def end_round(self) -> RoundMeter:
         """The finished round's meter (and a fresh one for what follows)."""
@@ -469,7 +482,7 @@ class Engine:
             return []
         timeout = self.cfg["round-timeout"] if timeout is None else timeout
         messages = [Message(content=c, dst_node_id=n, message_type=kind, group_id=str(self.round)) for n, c in contents.items()]
-        if phase == P.PHASE_TRAIN:
+        if phase in SELECTING_PHASES:
             self.meter.selected.update(c.partition_id for n, c in self.registry.clients.items() if n in contents)
         self.meter.add(phase, down=sum(self.wire.message(m) for m in messages), values_down=sum(self.wire.values(m) for m in messages))
         started = self.clock()
@@ -482,8 +495,13 @@ class Engine:
             if node not in answered:
                 self.missed.add(node)
                 self.registry.failed(node)
-                self.meter.fail(f"{phase}: {self._who(node)}: {silence(told.get(node), waited, timeout)}")
+                self._fail(phase, node, silence(told.get(node), waited, timeout))
         return ours
+
+    def _fail(self, phase: str, node: int, problem: str) -> None:
+        """Count ``node``'s failure in ``phase``; in a phase whose replies make the round's aggregate, its partition is named as missing."""
+        pid = self.registry.partition(node) if phase in CONTRIBUTING_PHASES else None
+        self.meter.fail(f"{phase}: {self._who(node)}: {problem}", pid, f"{phase}: {problem}")
 
     def _who(self, node: int) -> str:
         pid = self.registry.partition(node)
@@ -520,7 +538,7 @@ class Engine:
             self.meter.rejected_bytes_up += nbytes
             for name, value in getattr(problem, "figures", {}).items():
                 self.meter.rejected_figures.setdefault(name, []).append(value)
-            self.meter.fail(f"{phase}: {self._who(node)}: {problem}")
+            self._fail(phase, node, str(problem))
             self.registry.failed(node)
             return None
         self.meter.add(phase, up=nbytes - scored, values_up=values)
