@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -34,7 +35,7 @@ EXIT_PREFLIGHT = 2
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
-STOP_GRACE = 3.0  # seconds Ray's processes get after SIGTERM on a stop by signal, before SIGKILL
+STOP_GRACE = 3.0  # seconds Ray's processes get after SIGTERM on a stop by signal, before a helper SIGKILLs them
 INTERRUPTED = "interrupted by Ctrl-C (SIGINT) in the simulation runner"
 TERMINATED = "interrupted by SIGTERM (e.g. timeout, docker stop or a job scheduler) in the simulation runner"
 STOP_REASONS = {signal.SIGINT: INTERRUPTED, signal.SIGTERM: TERMINATED}
@@ -207,8 +208,8 @@ def quiet_engine(verbose: bool) -> Iterator[None]:
 
 
 def quiet_ray(verbose: bool) -> None:
-    """The environment Ray reads, set for this process and the Ray processes it starts (unless
-    the user set them): log lines not folded into "[repeated Nx across cluster]" with Ray's
+    """The environment Ray reads when it is imported, set for this process and the Ray processes
+    it starts (unless the user set them): log lines not folded into "[repeated Nx across cluster]" with Ray's
     advice; and, unless ``verbose``, no C++ "*** SIGTERM received ... PC: @ 0x..." dump on a stop
     by signal (Ray's failure signal handler; the runner's own handler says what happened)."""
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -235,7 +236,7 @@ def simulate(
         if removed:
             print(f"--overwrite: removed {', '.join(removed)} of an earlier run from {out}", file=sys.stderr)
 
-    quiet_ray(verbose)  # before Ray is imported and started: it reads these at import and at start
+    quiet_ray(verbose)  # effective where Ray is not imported yet (main() calls it first): Ray reads these when imported
     from flwr.simulation import run_simulation
 
     from client.app import build_client_app
@@ -300,22 +301,45 @@ def _descendants(pid: int) -> list[int]:
         return []
 
 
-def stop_processes(pids: list[int], grace: float = STOP_GRACE) -> list[int]:
-    """SIGTERM each of ``pids``, then SIGKILL those still alive after ``grace`` seconds (Ray's
-    agents, gcs_server and dashboard took 15-70 s to go, or stayed); returns the pids killed."""
-    procs = []
+# Run detached by stop_processes: waits up to argv[1] seconds for the pids after it to end, then SIGKILLs those left.
+# psutil.Process keeps each one's start time, so a pid reused meanwhile is not killed.
+_REAPER = """
+import sys, psutil
+procs = []
+for pid in sys.argv[2:]:
+    try:
+        procs.append(psutil.Process(int(pid)))
+    except psutil.Error:
+        pass
+_, alive = psutil.wait_procs(procs, timeout=float(sys.argv[1]))
+for proc in alive:
+    try:
+        proc.kill()
+    except psutil.Error:
+        pass
+"""
+
+
+def stop_processes(pids: list[int], grace: float = STOP_GRACE) -> subprocess.Popen[bytes] | None:
+    """SIGTERM each of ``pids`` now, and leave a detached helper that SIGKILLs those still alive
+    after ``grace`` seconds (Ray's agents, gcs_server and dashboard took 15-70 s to go, or
+    stayed). The caller need not wait: waiting here, inside the run, let Ray's dying raylet
+    abort the driver (exit -6) before it exited with its own code. Returns the helper."""
     for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            proc.terminate()
-            procs.append(proc)
-        except (psutil.Error, OSError):
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for proc in alive:
-        with contextlib.suppress(psutil.Error, OSError):
-            proc.kill()
-    return [p.pid for p in alive]
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    if not pids:
+        return None
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-c", _REAPER, str(grace), *map(str, pids)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # not in the terminal's group: a second Ctrl-C does not stop it
+        )
+    except OSError:  # no helper: the SIGTERM above is all that is done
+        return None
 
 
 def _stop_on_signal(cfg: dict[str, Any], out: Path, started: float):
@@ -380,6 +404,7 @@ def main(argv: list[str] | None = None, prog: str = "headway run") -> int:
         "Flower's deprecation banner, Ray's FutureWarning, and a failed run's traceback",
     )
     args = parser.parse_args(argv)
+    quiet_ray(args.verbose)  # before anything imports Ray: it reads RAY_DISABLE_FAILURE_SIGNAL_HANDLER when it is imported
     show_headway_log()  # before preflight: reading a user source may say what it left out (core.sources)
     try:
         cfg = load_config(args.config, args.set)

@@ -93,7 +93,7 @@ def test_a_config_the_deployed_serverapp_refuses_is_one_line(tmp_path, caplog, t
     kept, before = Kept(), list(flwr_log.filters)
     flwr_log.addHandler(kept)
     try:
-        with caplog.at_level(logging.INFO, logger="headway"), pytest.raises(Exception) as refused:
+        with caplog.at_level(logging.INFO, logger="headway"), pytest.raises(Exception) as refused:  # noqa: PT011 - which one Flower raises is flower_ends_the_serverapp's check
             deployed_serverapp(SilentGrid([]), {"dataset": "local", "num-clients": 0}, tmp_path)
         flower_ends_the_serverapp(refused.value)
     finally:
@@ -170,3 +170,31 @@ def test_a_failed_simulation_ends_with_one_error_line(tmp_path):
     for noise in ("Traceback", "\x1b[", "repeated", "ClientAppActor", "SIGTERM received"):
         assert noise not in printed, (noise, printed[-3000:])
     assert len(re.findall(r"^WARNING headway: failure: train: node \d+ \(partition \d\): error", done.stderr, re.MULTILINE)) == 3
+
+
+# ----- headway run: stopped by a signal ------------------------------------------------------
+
+
+def test_a_stop_by_signal_leaves_no_process_that_ignores_sigterm():
+    """Ray's agents outlived a SIGTERMed run by 60-70 s: the runner sends SIGTERM and leaves a
+    detached helper that SIGKILLs what is left after the grace (here a process that ignores SIGTERM)."""
+    from simulation.runner import stop_processes
+
+    stubborn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert stubborn.stdout.readline().strip() == b"1"  # its SIGTERM is ignored from here on
+        helper = stop_processes([stubborn.pid], grace=0.5)
+        assert helper is not None and stubborn.poll() is None  # the caller does not wait: SIGTERM alone did nothing
+        assert stubborn.wait(timeout=20) == -9  # SIGKILLed by the helper
+        assert helper.wait(timeout=20) == 0
+    finally:
+        if stubborn.poll() is None:
+            stubborn.kill()
+            stubborn.wait()
