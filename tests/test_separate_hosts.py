@@ -108,12 +108,13 @@ def test_fedlog_over_tls_with_supernode_authentication_across_hosts(tmp_path, da
         summary = json.loads((folder / "summary.json").read_text())
         rounds = read_rounds(folder)
         assert summary["status"] == "complete" and summary["rounds"] == 2 and summary["failures"] == 0, summary
-        assert all(r["clients"] == 3 for r in rounds)
+        assert len(rounds) == 2 and all(r["clients"] == 3 for r in rounds)
         assert all(r["secagg_setup_bytes_up"] > 0 and r["secagg_unmask_bytes_up"] > 0 for r in rounds)  # every SecAgg+ stage ran
         assert summary["participants"] == {"0": "mnist-cnn", "1": "mlp", "2": "mnist-cnn"}
         assert rounds[-1]["accuracy"] > 0.3
         # an unregistered key and no key at all were refused at the door: those SuperNodes gave up
-        deadline = time.monotonic() + 60
+        # (the stranger after the launcher's --rejoin-wait, 65 s by default: a refused key may be one still held online)
+        deadline = time.monotonic() + 120
         while (stranger.poll() is None or keyless.poll() is None) and time.monotonic() < deadline:
             time.sleep(0.5)
         for name, proc in (("stranger", stranger), ("keyless", keyless)):
