@@ -7,7 +7,7 @@ Server machine (TLS and SuperNode authentication are the defaults):
     headway superlink --certs certs                     # Fleet API :9092, Control API 127.0.0.1:8000
     headway connect lab --address 127.0.0.1:8000 --root-cert certs/ca.crt
     headway register keys/node0.pub lab                 # once per SuperNode key (the .pub from the client)
-    flwr run . lab --stream --run-config "algorithm='fedlog' num-clients=2"
+    headway submit lab --run-config "algorithm='fedlog' num-clients=2"   # exits with the run's status
 Client machine:
     headway keys keys --name node0                      # send keys/node0.pub to the server
     headway supernode --superlink SERVER_HOST:9092 --root-cert ca.crt --auth-key keys/node0 \
@@ -37,9 +37,10 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from core.labels import NODE_LABEL_KEYS
+from core.config import SCHEMA
+from core.labels import DEFAULT_MAX_LABEL_VALUES, DEFAULT_MAX_NUMERIC_LABEL_VALUES, NODE_LABEL_KEYS
 from core.secagg import NODE_PINS
-from core.sources import NODE_LIMIT_KEYS
+from core.sources import DEFAULT_MAX_ARRAY_BYTES, DEFAULT_MAX_IMAGE_PIXELS, NODE_LIMIT_KEYS
 from headway.processes import stop_pid, supervise
 
 FLEET_PORT = 9092  # SuperLink Fleet API (gRPC), where SuperNodes connect
@@ -53,10 +54,15 @@ def flwr_home() -> Path:
 def superlink_command(args: argparse.Namespace) -> list[str]:
     """flower-superlink with the Fleet API on ``--bind`` (where SuperNodes dial in) and the
     Control API on ``--control-bind`` (127.0.0.1 unless asked: it accepts code to run)."""
+    fleet = fleet_address(args.bind, args.fleet_port)
+    for flag, host in (("--bind", fleet.rpartition(":")[0]), ("--control-bind", args.control_bind)):
+        problem = unresolved(host)
+        if problem:
+            raise ValueError(f"{flag} {host}: {problem}")
     cmd = [
         "flower-superlink",
         "--fleet-api-address",
-        fleet_address(args.bind, args.fleet_port),
+        fleet,
         "--host",
         args.control_bind,
         "--port",
@@ -141,17 +147,36 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def port_problem(host: str, port: int) -> str | None:
-    """Why a server could not listen on ``host:port`` now (in use, an address not on this
-    machine); None if it could. Binds and closes a socket, as Flower will moments later."""
+LISTEN_HINT = "give an address of this machine (0.0.0.0: every interface, 127.0.0.1: this machine only)"
+
+
+def unresolved(host: str) -> str | None:
+    """Why ``host`` (a name or an address, IPv6 bracketed or not) gives no address to listen on: a name that
+    does not resolve; None when it resolves (an address always does)."""
+    try:
+        socket.getaddrinfo(host.removeprefix("[").removesuffix("]"), None)
+    except socket.gaierror as exc:
+        return f"the name does not resolve to an address ({exc.strerror}): {LISTEN_HINT}, or a host name that resolves to one"
+    return None
+
+
+def port_problem(host: str, port: int, in_use: str = "stop what holds it, or pick another port") -> str | None:
+    """Why a server could not listen on ``host:port`` now, with what to do (in use: ``in_use``; a name that does not
+    resolve, an address not on this machine); None if it could. Binds and closes a socket, as Flower will moments later."""
     host = host.removeprefix("[").removesuffix("]")
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Flower's servers: a closed port's TIME_WAIT is no clash
             s.bind((host, port))
+    except socket.gaierror:
+        return f"cannot listen on {host}:{port}: {unresolved(host) or 'the name does not resolve'}"
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            return f"{host}:{port} is already in use (another SuperLink or SuperNode on this machine?)"
+            return f"{host}:{port} is already in use (another SuperLink or SuperNode on this machine?): {in_use}"
+        if exc.errno == errno.EADDRNOTAVAIL:
+            return f"cannot listen on {host}:{port}: {host} is no address of this machine: {LISTEN_HINT}"
+        if exc.errno == errno.EACCES:
+            return f"cannot listen on {host}:{port}: permission denied (ports below 1024 need root): pick a port above 1023"
         return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
     return None
 
@@ -161,8 +186,8 @@ def check_ports(args: argparse.Namespace) -> str | None:
     (Flower would die with a traceback), or None. Picks a free ClientApp port for a
     SuperNode given no --port."""
     if args.cmd == "supernode":
-        problem = port_problem("127.0.0.1", args.port)
-        return f"--port {args.port}: {problem}: pick another --port, or leave it out for a free one" if problem else None
+        problem = port_problem("127.0.0.1", args.port, in_use="pick another --port, or leave it out for a free one")
+        return f"--port {args.port}: {problem}" if problem else None
     host, _, port = fleet_address(args.bind, args.fleet_port).rpartition(":")
     for flag, where in (
         ("--bind/--fleet-port", (host, int(port))),
@@ -170,8 +195,18 @@ def check_ports(args: argparse.Namespace) -> str | None:
     ):
         problem = port_problem(*where)
         if problem:
-            return f"{flag}: {problem}: stop what holds it, or pick another port"
+            return f"{flag}: {problem}"
     return None
+
+
+def os_error_line(exc: OSError, hint: str) -> str:
+    """An OSError as one line without Python's "[Errno N]": the path, the system's reason, and what to do (``hint``);
+    an OSError we raised with a message of our own (no errno) as that message."""
+    if exc.strerror is None:
+        return str(exc)
+    where = f"{exc.filename}: " if exc.filename else ""
+    reason = "a file stands where a folder is needed" if exc.errno == errno.ENOTDIR else exc.strerror
+    return f"{where}{reason}: {hint}"
 
 
 def key_not_found(public_key: str) -> str:
@@ -461,7 +496,12 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
     share.add_argument(
         "--partition-id", type=int, default=None, help="a demo: this node's share of one data set every node holds (with --num-partitions)"
     )
-    node.add_argument("--num-partitions", type=int, default=None, help="with --partition-id: how many shares the data set is cut into")
+    node.add_argument(
+        "--num-partitions",
+        type=int,
+        default=None,
+        help="with --partition-id: how many shares the data set is cut into (default: none, required with --partition-id)",
+    )
     node.add_argument("--body", default="", help="this client's body architecture (default: the run config's)")
     node.add_argument(
         "--data-dir", default="", help="this machine's folder of built-in data sets (default: $HEADWAY_DATA_DIR, else the user cache)"
@@ -471,12 +511,33 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
         "--label-column", default="", help="with --data: the only label column this node accepts (a run naming another is refused)"
     )
     limits = node.add_argument_group("this node's own limits (with --data; the run config cannot raise them: docs/your-data.md)")
-    limits.add_argument("--max-image-pixels", type=_positive, default=None, help="largest image (height x width) it decodes")
-    limits.add_argument("--max-array-bytes", type=_positive, default=None, help="largest array or table it loads, in bytes")
-    limits.add_argument("--follow-symlinks", action="store_true", default=None, help="follow links that lead out of its data folder")
-    limits.add_argument("--max-label-values", type=_positive, default=None, help="most distinct values a label column may have")
+    side = math.isqrt(DEFAULT_MAX_IMAGE_PIXELS)
     limits.add_argument(
-        "--max-numeric-label-values", type=_positive, default=None, help="most distinct numbers a numeric label column may have"
+        "--max-image-pixels",
+        type=_positive,
+        default=None,
+        help=f"largest image (height x width) it decodes (default: {DEFAULT_MAX_IMAGE_PIXELS}, {side} x {side})",
+    )
+    limits.add_argument(
+        "--max-array-bytes",
+        type=_positive,
+        default=None,
+        help=f"largest array or table it loads, in bytes (default: {DEFAULT_MAX_ARRAY_BYTES}, {DEFAULT_MAX_ARRAY_BYTES // 2**20} MiB)",
+    )
+    limits.add_argument(
+        "--follow-symlinks", action="store_true", default=None, help="follow links that lead out of its data folder (default: off)"
+    )
+    limits.add_argument(
+        "--max-label-values",
+        type=_positive,
+        default=None,
+        help=f"most distinct values a label column may have (default: {DEFAULT_MAX_LABEL_VALUES})",
+    )
+    limits.add_argument(
+        "--max-numeric-label-values",
+        type=_positive,
+        default=None,
+        help=f"most distinct numbers a numeric label column may have (default: {DEFAULT_MAX_NUMERIC_LABEL_VALUES})",
     )
     pins = node.add_argument_group("what this node requires of a run (the run config is the submitter's: docs/secure-aggregation.md)")
     pins.add_argument("--secure-aggregation", choices=("secagg+",), default=None, help="send training replies only under SecAgg+")
@@ -507,7 +568,9 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
     )
     ntls = node.add_mutually_exclusive_group(required=True)
     ntls.add_argument("--insecure", action="store_true", help="no TLS (trusted networks only)")
-    ntls.add_argument("--root-cert", help="the CA certificate (ca.crt) that signed the SuperLink's")
+    ntls.add_argument(
+        "--root-cert", help="the CA certificate (ca.crt) that signed the SuperLink's certificate: copy it from the server machine"
+    )
     for sp in (link, node):
         sp.add_argument("--pid-file", default="", help="write this launcher's PID here (for `stop`)")
         sp.add_argument("--grace", type=float, default=10.0, help="seconds Flower's processes get to exit on stop before SIGKILL")
@@ -543,9 +606,11 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
     )
     spl.add_argument("--out", required=True, help="folder to write node-0/, node-1/, ... into")
     spl.add_argument("--format", default="npz", choices=("npz", "images", "csv"), help="npz, images (PNG class folders) or csv")
-    spl.add_argument("--partition", help="run-config 'partition' (default: the run config's)")
-    spl.add_argument("--num-clients", type=int, help="run-config 'num-clients': number of node folders")
-    spl.add_argument("--seed", type=int, help="run-config 'seed'")
+    spl.add_argument("--partition", help=f"run-config 'partition' (default: {SCHEMA['partition'].default})")
+    spl.add_argument(
+        "--num-clients", type=int, help=f"run-config 'num-clients': number of node folders (default: {SCHEMA['num-clients'].default})"
+    )
+    spl.add_argument("--seed", type=int, help=f"run-config 'seed' (default: {SCHEMA['seed'].default})")
     spl.add_argument(
         "--train-fraction",
         type=float,
@@ -605,8 +670,13 @@ def _split(args: argparse.Namespace) -> int:
     try:
         cfg = run_config(args.source, settings)
         folders, part, available = split_nodes(args.source, cfg, args.out, args.format, args.overwrite)
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        writing = exc.filename is not None and Path(str(exc.filename)).is_relative_to(Path(args.out))
+        hint = f"give --out a folder this user can create and write ({args.out} is not)" if writing else "check that it can be read"
+        print(f"error: {os_error_line(exc, hint)}", file=sys.stderr)
         return 2
     print(
         f"wrote {len(folders)} node folders ({args.format}) to {Path(args.out)}: give each SuperNode its folder "
@@ -626,8 +696,8 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
 
         try:
             make_certs(Path(args.out), args.host, overwrite=args.overwrite)
-        except (FileExistsError, PermissionError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        except OSError as exc:
+            print(f"error: {os_error_line(exc, f'give a folder this user can create and write ({args.out} is not)')}", file=sys.stderr)
             return 2
         print(
             f"wrote ca.crt, server.crt, server.key to {args.out} (for {', '.join(args.host)}); copy ca.crt to every client machine, "
@@ -639,7 +709,10 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
 
         try:
             private, public = make_node_key(Path(args.out), args.name, overwrite=args.overwrite)
-        except (FileExistsError, PermissionError, ValueError) as exc:
+        except OSError as exc:
+            print(f"error: {os_error_line(exc, f'give a folder this user can create and write ({args.out} is not)')}", file=sys.stderr)
+            return 2
+        except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         print(
@@ -657,8 +730,11 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
     if args.cmd == "stop":
         try:
             pid = int(Path(args.pid_file).read_text().strip())
-        except (OSError, ValueError) as exc:
-            print(f"error: cannot read a PID from {args.pid_file}: {exc}", file=sys.stderr)
+        except OSError as exc:
+            print(f"error: cannot read a PID from {os_error_line(exc, 'give the file a launcher wrote')}", file=sys.stderr)
+            return 2
+        except ValueError:
+            print(f"error: {args.pid_file} holds no PID: give the file the launcher wrote with --pid-file", file=sys.stderr)
             return 2
         try:
             stopped = stop_pid(pid, args.timeout)
@@ -687,7 +763,10 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print(f"added [superlink.{args.name}] to {path}; submit runs with: flwr run . {args.name} --stream")
+        print(
+            f"added [superlink.{args.name}] to {path}; submit runs with: headway submit {args.name} (it exits with the run's status, "
+            f"which `flwr run . {args.name} --stream` does not)"
+        )
         return 0
     if args.cmd == "supernode" and args.label_column and not args.data:
         print(

@@ -80,7 +80,15 @@ def load_config(path: str | None, sets: list[str]) -> dict[str, Any]:
     """Keys from CONFIG.toml overlaid with ``key=value`` overrides, validated."""
     cfg: dict[str, Any] = {}
     if path:
-        data = tomllib.loads(Path(path).read_text())
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except OSError as exc:  # not "[Errno 2] No such file or directory: 'x.toml'"
+            raise ConfigError(
+                f"config file {path}: {exc.strerror or exc}: give the path of a TOML file of run-config keys, "
+                "or leave it out (the defaults and --set alone)"
+            ) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not TOML ({exc}): fix it, or leave it out (the defaults and --set alone)") from None
         cfg.update(data.get("run-config", {k: v for k, v in data.items() if not isinstance(v, dict)}))
     for item in sets:
         if "=" not in item:

@@ -291,13 +291,94 @@ def test_every_launcher_option_says_what_it_does_and_shows_its_default():
             if isinstance(action, argparse._HelpAction):
                 continue
             assert action.help, f"{name} {action.dest} has no help"
-            shown = action.default not in (None, "", [], argparse.SUPPRESS) and action.default is not False
-            if shown:
+            # identity, not ==: 0.0 == False, and connect's --client-gpus 0.0 was hidden as if unset
+            unset = action.default is None or action.default is False or any(action.default == v for v in ("", [], argparse.SUPPRESS))
+            if not unset:
                 assert f"(default: {action.default})" in text, f"{name} {action.option_strings} hides its default {action.default!r}"
+            elif action.option_strings and not action.required and action.nargs != 0 and (name, action.dest) not in UNSET_MEANS_NOTHING:
+                # an option that takes a value and is left unset: its help says what then (tester: split's --num-clients, --seed;
+                # supernode's --num-partitions and node limits showed nothing)
+                assert "default" in (action.help or ""), f"{name} {action.option_strings}: help names no default"
+            if action.option_strings == ["--follow-symlinks"]:
+                assert "(default: off)" in (action.help or ""), action.help
+            assert not (action.help or "").endswith("'s"), f"{name} {action.option_strings}: help stops short: {action.help!r}"
     link = " ".join(sub.choices["superlink"].format_help().split())
     node = " ".join(sub.choices["supernode"].format_help().split())
+    split = " ".join(sub.choices["split"].format_help().split())
     assert "(default: 9092)" in link and "(default: 8000)" in link and "(default: 10.0)" in link
     assert "default: a free port the system picks" in node
+    assert "signed the SuperLink's certificate" in node and "(default: 67108864, 8192 x 8192)" in node and "(default: 100)" in node
+    from core.config import resolve
+
+    defaults = resolve({})  # split's flags default to the run config's defaults: shown as values, not "the run config's"
+    for flag, key in (("--partition PARTITION", "partition"), ("--num-clients NUM_CLIENTS", "num-clients"), ("--seed SEED", "seed")):
+        assert f"(default: {defaults[key]})" in split.split(flag, 2)[2].split(" --")[0], (flag, split)
+
+
+# options whose absence means "not given", nothing to default to (files, pins the node adds only when named)
+UNSET_MEANS_NOTHING = {
+    ("superlink", "pid_file"),
+    ("supernode", "data"),
+    ("supernode", "partition_id"),
+    ("supernode", "state_dir"),
+    ("supernode", "label_column"),
+    ("supernode", "secure_aggregation"),
+    ("supernode", "min_replies"),
+    ("supernode", "secagg_shares"),
+    ("supernode", "secagg_threshold"),
+    ("supernode", "auth_key"),
+    ("supernode", "root_cert"),
+    ("supernode", "pid_file"),
+    ("connect", "address"),
+    ("connect", "root_cert"),
+    ("split", "set"),
+}
+
+
+def test_a_bind_name_that_does_not_resolve_is_refused_with_what_to_do(capsys):
+    """Tester: `--bind foo` said "Name or service not known: stop what holds it, or pick another port" (advice for a
+    port in use), and `--dry-run --bind foo` printed a command Flower would die on."""
+    for extra in (["--dry-run"], []):
+        assert main(["superlink", "--insecure", "--bind", "no-such-host.invalid", "--fleet-port", "9301", *extra]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1, captured
+        assert captured.err.startswith("error: --bind no-such-host.invalid: the name does not resolve") and "0.0.0.0" in captured.err
+        assert "stop what holds it" not in captured.err
+    from headway.deploy import port_problem
+
+    said = port_problem("no-such-host.invalid", 9301) or ""
+    assert "does not resolve" in said and "pick another port" not in said, said
+
+
+def test_os_errors_say_what_was_wrong_and_what_to_do(tmp_path, capsys, data_dir):
+    """Tester: a missing config file gave `error: [Errno 2] No such file or directory: 'nosuch.toml'`, and
+    `split --out /etc/passwd/x` `error: [Errno 20] Not a directory: ...`."""
+    import simulation
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    argv = ["split", "mnist", "--num-clients", "2", "--train-fraction", "0.01", "--set", f"data-dir={data_dir}", "--out", str(a_file / "x")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {a_file / 'x' / 'node-0'}: a file stands where a folder is needed: give --out a folder this user can create "
+        f"and write ({a_file / 'x'} is not)\n"
+    )
+    assert simulation.main([str(tmp_path / "nosuch.toml"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: config file {tmp_path / 'nosuch.toml'}: No such file or directory: give the path of a TOML file")
+    assert "Errno" not in err and not (tmp_path / "out").exists()
+    assert main(["certs", str(a_file / "certs"), "--host", "x"]) == 2
+    assert "a file stands where a folder is needed" in (err := capsys.readouterr().err) and "Errno" not in err, err
+    assert main(["stop", "--pid-file", str(tmp_path / "nosuch.pid")]) == 2
+    assert "No such file or directory: give the file a launcher wrote" in (err := capsys.readouterr().err) and "Errno" not in err, err
+
+
+def test_connect_recommends_headway_submit(tmp_path, monkeypatch, capsys):
+    """`flwr run . NAME --stream` exits 0 whatever became of the run; headway submit exits with its status."""
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    assert main(["connect", "local-lab", "--address", "127.0.0.1:8000", "--insecure"]) == 0
+    assert "submit runs with: headway submit local-lab " in capsys.readouterr().out
 
 
 def test_supernode_ports_are_free_by_default_and_a_taken_port_is_one_line(tmp_path):
