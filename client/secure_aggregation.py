@@ -33,6 +33,7 @@ NEXT = {P.STAGE_SHARE: P.STAGE_SETUP, P.STAGE_COLLECT: P.STAGE_SHARE, P.STAGE_UN
 
 
 def is_stage(content: RecordDict) -> bool:
+    """Whether a train message is a secure-aggregation stage (it carries the SecAgg+ config record)."""
     return P.SECAGG in content.config_records
 
 

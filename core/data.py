@@ -15,8 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: loading the arrays does not need it
+    import torch
 
 MNIST_FILES = (
     "train-images-idx3-ubyte.gz",
@@ -167,10 +171,12 @@ def _download(tv_cls: str, root: Path, name: str, searched: list[Path], expected
 
 
 def load_mnist(root: Path) -> Dataset:
+    """MNIST from the data folder's IDX files (60,000 training and 10,000 test images, 1×28×28)."""
     return _load_idx_set("mnist", root, "MNIST", "MNIST")
 
 
 def load_fashion_mnist(root: Path) -> Dataset:
+    """Fashion-MNIST from the data folder's IDX files (the same layout as MNIST)."""
     return _load_idx_set("fashion-mnist", root, "FashionMNIST", "FashionMNIST")
 
 
@@ -198,6 +204,7 @@ def _cifar(name: str, root: Path, classes: int) -> Dataset:
 
 
 def load_cifar10(root: Path) -> Dataset:
+    """CIFAR-10 from the data folder (3×32×32, 10 classes)."""
     return _cifar("cifar10", root, 10)
 
 
@@ -226,6 +233,7 @@ def load_cifar10_gray(root: Path) -> Dataset:
 
 
 def load_cifar100(root: Path) -> Dataset:
+    """CIFAR-100 from the data folder (3×32×32, 100 fine classes)."""
     return _cifar("cifar100", root, 100)
 
 
@@ -240,6 +248,7 @@ def _read_adult(path: Path) -> list[list[str]]:
 
 
 def load_uci_adult(root: Path) -> Dataset:
+    """UCI Adult (adult.data, adult.test): income above 50K from census columns, encoded as numbers."""
     files = ("adult.data", "adult.test")
     found = _find(root, ("uci-adult", "adult", ""), files)
     if found is None:
@@ -273,6 +282,7 @@ def load_uci_adult(root: Path) -> Dataset:
 
 
 def load_uci_gas_turbine(root: Path, test_share: float = 0.2, seed: int = 0) -> Dataset:
+    """UCI Gas Turbine CO and NOx emissions (one CSV a year, 2011–2015): regression, standardized; ``test_share`` of each year's rows, drawn with ``seed``, held out for testing."""
     years = tuple(f"gt_{y}.csv" for y in range(2011, 2016))
     found = _find(root, ("uci-gas-turbine", "gas-turbine", ""), years)
     if found is None:
@@ -351,7 +361,7 @@ def load_dataset(name: str, configured_dir: str = "", seed: int = 0) -> Dataset:
     return _cached(name, str(data_dir(configured_dir)), seed if seeded else 0)  # one copy of a published split
 
 
-def to_tensors(ds: Dataset, x: np.ndarray, y: np.ndarray):
+def to_tensors(ds: Dataset, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn raw rows into float tensors, normalized as the papers do."""
     import torch
 
@@ -366,7 +376,7 @@ def to_tensors(ds: Dataset, x: np.ndarray, y: np.ndarray):
     return xt, (yt.long() if ds.task == "classification" else yt.float())
 
 
-def augment_batch(x, generator=None, pad: int = 4):
+def augment_batch(x: torch.Tensor, generator: torch.Generator | None = None, pad: int = 4) -> torch.Tensor:
     """Random crop (zero padding ``pad``) and horizontal flip of a batch of images."""
     import torch
     import torch.nn.functional as F
@@ -407,4 +417,5 @@ SPECS: dict[str, DatasetSpec] = {
 
 
 def spec_of(ds: Dataset) -> DatasetSpec:
+    """What a server needs of ``ds`` to build models: its task, class count and input shape."""
     return DatasetSpec(ds.task, ds.num_classes, tuple(ds.input_shape))

@@ -44,6 +44,8 @@ class ExtractorUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class ExtractorSpec:
+    """A frozen feature extractor's facts: its feature width, input resolution, input normalization and where its code comes from."""
+
     dim: int  # feature width (0: the input's own, for identity)
     resolution: int  # input side the weights were trained at (0: no resizing)
     normalization: tuple[tuple[float, ...], tuple[float, ...]]

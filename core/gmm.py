@@ -603,6 +603,7 @@ def unpack_symmetric(v: np.ndarray, d: int) -> np.ndarray:
 
 
 def packed_dim(d: int) -> int:
+    """The number of values in the packed upper triangle of a symmetric d×d matrix."""
     return d * (d + 1) // 2
 
 

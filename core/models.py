@@ -179,6 +179,7 @@ class TorchvisionBody(nn.Module):
 
 
 def mobilenet_v2(input_shape: tuple[int, ...], m: int) -> nn.Module:
+    """torchvision's MobileNetV2, untrained, its first convolution adapted to the input's channels, its 1,280 features as the body's."""
     from torchvision.models import mobilenet_v2 as build
 
     net = build(weights=None)
@@ -190,6 +191,7 @@ def mobilenet_v2(input_shape: tuple[int, ...], m: int) -> nn.Module:
 
 
 def resnet18(input_shape: tuple[int, ...], m: int) -> nn.Module:
+    """torchvision's ResNet-18, untrained, its first convolution adapted to the input's channels, its 512 features as the body's."""
     from torchvision.models import resnet18 as build
 
     net = build(weights=None)

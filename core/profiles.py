@@ -11,8 +11,12 @@ over spatial positions first (the paper's "channel-wise fused" representation).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # torch is imported where a model is profiled
+    import torch
 
 from core.aggregate import weighted_average
 
@@ -52,7 +56,9 @@ def private_validation_rows(held_out: int, rng: np.random.Generator) -> np.ndarr
     return np.sort(rng.choice(held_out, size=max(1, held_out // 2), replace=False))
 
 
-def model_profile(model, layer: str, x, device=None, batch_size: int = 1000) -> np.ndarray:
+def model_profile(
+    model: torch.nn.Module, layer: str, x: torch.Tensor, device: torch.device | None = None, batch_size: int = 1000
+) -> np.ndarray:
     """The profile of ``model``'s module ``layer`` (a name from ``named_modules()``) on
     inputs ``x``, in eval mode without gradients."""
     import torch

@@ -10,13 +10,16 @@ import json
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.config import LOCAL, ConfigError, dataset_kind
 from core.data import SPECS, Dataset, DatasetSpec, load_dataset, spec_of
 
+if TYPE_CHECKING:  # core.sources is imported when a user source is read
+    from core.sources import RawSource, SourceOptions
 
-def source_options(cfg: Mapping[str, Any]):
+
+def source_options(cfg: Mapping[str, Any]) -> SourceOptions:
     """How the run reads a user source (its label column, image size, classes, ...)."""
     from core.sources import options_from_config
 
@@ -36,7 +39,7 @@ def dataset_label(cfg: Mapping[str, Any]) -> str:
 
 
 @lru_cache(maxsize=8)
-def _read(path: str, opts: Any, limits: Any = None):
+def _read(path: str, opts: Any, limits: Any = None) -> RawSource:
     """A source read once per process; ``limits``: the node's ReaderLimits (None: the defaults)."""
     from core.sources import ReaderLimits, read_source
 

@@ -25,12 +25,15 @@ class Key:
 
 
 def positive(help: str, default: Any) -> Key:
+    """A key whose value must be > 0."""
     return Key(default, help, check=lambda v: v > 0, rule="> 0")
 
 
 def non_negative(help: str, default: Any) -> Key:
+    """A key whose value must be >= 0."""
     return Key(default, help, check=lambda v: v >= 0, rule=">= 0")
 
 
 def fraction(help: str, default: float) -> Key:
+    """A key whose value must be in (0, 1]."""
     return Key(default, help, check=lambda v: 0 < v <= 1, rule="in (0, 1]")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 import torch
@@ -15,6 +15,7 @@ Out = TypeVar("Out")  # what a training forward pass gives its loss: logits, or 
 
 
 def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """The optimizer the ``optimizer`` key names: Adam, or SGD with momentum 0.5."""
     if name == "adam":
         return torch.optim.Adam(params, lr=lr)
     if name == "sgd":
@@ -22,7 +23,8 @@ def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torc
     raise ValueError(f"unknown optimizer {name!r}; allowed: adam, sgd")
 
 
-def batches(n: int, batch_size: int, generator: torch.Generator, shuffle: bool = True):
+def batches(n: int, batch_size: int, generator: torch.Generator, shuffle: bool = True) -> Iterator[torch.Tensor]:
+    """Mini-batches of indices into ``n`` rows, shuffled by ``generator`` (reproducible from the seed) unless ``shuffle`` is False."""
     order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
     for i in range(0, n, batch_size):
         yield order[i : i + batch_size]
@@ -97,6 +99,7 @@ def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def task_loss(task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The training loss of a task: cross-entropy for classification, mean squared error for regression."""
     return nn.functional.cross_entropy if task == "classification" else nn.functional.mse_loss
 
 
@@ -141,6 +144,6 @@ class trainable_only:
             p.requires_grad_(n in self.names)
         return [p for n, p in self.model.named_parameters() if n in self.names]
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         for n, p in self.model.named_parameters():
             p.requires_grad_(self.saved[n])

@@ -18,6 +18,8 @@ def all_but_top(model: Net, k: int) -> list[str]:
 
 
 class FedPer(LayerSharing):
+    """FedPer's server (this module's docstring): averages everything but the top layers."""
+
     name = "fedper"
 
     def shared_layers(self, model: Net, server_round: int) -> list[str] | None:

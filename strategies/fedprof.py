@@ -149,7 +149,7 @@ class FedProf(FedAvg):
             )
 
     # ----- the baseline -------------------------------------------------------------
-    def validation_inputs(self):
+    def validation_inputs(self) -> torch.Tensor:
         """D^V's inputs: a private half of the rows the server holds out (drawn once)."""
         if self.validation is None:
             held = self.services.data.validation_tensors()
@@ -293,11 +293,13 @@ class FedProf(FedAvg):
         specs[P.PROFILE] = ArraySpec((self.units, 2))
         return Layout(specs, count=True, optional=(P.LOSS,), check=partial(self.check_update_and_profile, ctx=ctx))
 
-    def check_profile(self, arrays: dict[str, np.ndarray], reply: Reply):
+    def check_profile(self, arrays: dict[str, np.ndarray], reply: Reply) -> tuple[dict[str, np.ndarray] | None, str | None]:
         problem = profile_problem(arrays[P.PROFILE], self.units)
         return (None, problem) if problem else (arrays, None)
 
-    def check_update_and_profile(self, arrays: dict[str, np.ndarray], reply: Reply, ctx: TrainRound):
+    def check_update_and_profile(
+        self, arrays: dict[str, np.ndarray], reply: Reply, ctx: TrainRound
+    ) -> tuple[dict[str, np.ndarray] | None, str | None]:
         _, problem = self.check_profile(arrays, reply)
         if problem:
             return None, problem

@@ -26,6 +26,8 @@ log = logging.getLogger("headway")
 
 
 class FedProto(HeadwayStrategy):
+    """FedProto's server: count-weighted averages of the clients' class prototypes."""
+
     name = "fedproto"
     eval_metrics = (f"{P.CORRECT}-head", f"{P.CORRECT}-prototype")
 

@@ -10,4 +10,6 @@ from strategies.fedavg import FedAvg
 
 
 class FedProx(FedAvg):
+    """FedProx's server: FedAvg's; the proximal term is the clients' (client/procedures/fedavg.py)."""
+
     name = "fedprox"

@@ -10,6 +10,8 @@ from strategies.layer_sharing import LayerSharing
 
 
 class FedRep(LayerSharing):
+    """FedRep's server (this module's docstring): averages the bodies; the heads stay local."""
+
     name = "fedrep"
 
     def shared_layers(self, model: Net, server_round: int) -> list[str] | None:

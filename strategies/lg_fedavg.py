@@ -32,6 +32,8 @@ log = logging.getLogger("headway")
 
 
 class LGFedAvg(LayerSharing):
+    """LG-FedAvg's server (this module's docstring): averages the global top layers; bodies stay local and may differ."""
+
     name = "lg-fedavg"
     mixed_bodies = True  # only the top layers are shared, so bodies may differ below them
 

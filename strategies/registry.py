@@ -18,9 +18,9 @@ def discover() -> dict[str, type[HeadwayStrategy]]:
     for info in pkgutil.iter_modules(strategies.__path__):
         module = importlib.import_module(f"{strategies.__name__}.{info.name}")
         for cls in vars(module).values():
-            if isinstance(cls, type) and issubclass(cls, HeadwayStrategy) and cls is not HeadwayStrategy:
-                if cls.__module__ == module.__name__ and "name" in vars(cls):  # intermediate bases (LayerSharing) set none
-                    claims.append((cls.name, cls))
+            is_strategy = isinstance(cls, type) and issubclass(cls, HeadwayStrategy) and cls is not HeadwayStrategy
+            if is_strategy and cls.__module__ == module.__name__ and "name" in vars(cls):  # intermediate bases (LayerSharing) set none
+                claims.append((cls.name, cls))
     return one_per_method("strategy", claims)
 
 

@@ -131,7 +131,7 @@ class Cluster:
 
     def launch(self, name: str, args: list[str], host: str | None = None, env: dict | None = None) -> subprocess.Popen:
         """Start ``python -m headway ARGS`` (on ``host``) in its own session."""
-        fh = open(self.log(name), "a")
+        fh = open(self.log(name), "a")  # noqa: SIM115 - the child process writes it while it runs; closed when it is stopped
         self.logs.append(fh)
         proc = subprocess.Popen(
             [*self._prefix(host), sys.executable, "-m", "headway", *args],

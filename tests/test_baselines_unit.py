@@ -35,7 +35,7 @@ def test_layers_are_named_in_forward_order_and_selected_by_prefix():
     assert sorted(select(state, ["head"])) == ["head.bias", "head.weight"]
     assert "head.weight" not in select(state, ["head"], inside=False) and "body.convs.0.weight" in select(state, ["head"], inside=False)
     assert list(select({"body.fcs.10.weight": 1, "body.fcs.1.weight": 2}, ["body.fcs.1"])) == ["body.fcs.1.weight"]  # no prefix confusion
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="asked for the top 6 layers"):
         top_layers(model, 6)
 
 

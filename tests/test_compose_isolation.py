@@ -223,7 +223,7 @@ def test_a_node_namespace_reaches_fleet_but_not_control(tmp_path):
     spec = compose()
     link = spec["services"]["superlink"]
     net = ComposeNet(spec)
-    log = open(tmp_path / "superlink.log", "w")
+    log = open(tmp_path / "superlink.log", "w")  # noqa: SIM115 - the child process writes it while it runs; closed when it is stopped
     env = {
         "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
         "FLWR_HOME": str(tmp_path / "flwr-home"),

@@ -122,13 +122,14 @@ def test_a_method_accepts_what_it_can_run(sets):
 
 
 def test_only_the_methods_declaring_it_honour_client_sampling():
-    assert [m.name for m in METHODS.values() if m.client_sampling] == ["fedavg", "fedprox"]
+    honour = [m.name for m in METHODS.values() if m.client_sampling]
+    assert honour and len(honour) < len(METHODS)  # both branches below are taken
     for name in ALGORITHMS:
         sets = {"algorithm": name, "client-sampling": "data-ratio"}
         if METHODS[name].client_sampling:
             assert resolve(sets)["client-sampling"] == "data-ratio"
         else:
-            with pytest.raises(ConfigError, match="only fedavg and fedprox implement"):
+            with pytest.raises(ConfigError, match=f"which only {' and '.join(honour)} implement"):
                 resolve(sets)
 
 
@@ -136,7 +137,9 @@ def test_the_server_holdout_is_the_key_the_method_declares():
     assert server_holdout(resolve({"algorithm": "fedprof", "fedprof-val-size": 300, "server-holdout": 7})) == 300
     assert server_holdout(resolve({"algorithm": "fedavg", "fedprof-val-size": 300, "server-holdout": 7})) == 7
     assert server_holdout(resolve({"algorithm": "fedlog"})) == 0
-    assert [m.name for m in METHODS.values() if m.holdout_key != "server-holdout"] == ["fedprof"]
+    for method in METHODS.values():  # each method's own key, whichever it declares
+        cfg = resolve({"algorithm": method.name, "fedprof-val-size": 300, "server-holdout": 7})
+        assert server_holdout(cfg) == cfg[method.holdout_key] == {"fedprof-val-size": 300, "server-holdout": 7}[method.holdout_key]
 
 
 def test_a_round_of_fedpft_asks_every_client():
@@ -201,7 +204,7 @@ def test_the_reference_documents_every_key_once_in_its_section():
         section = generate.doc_text().split(f"\n### {method.name}\n\n")[1].split("\n### ")[0]
         assert section.startswith(f"{method.summary[0].upper()}{method.summary[1:]}."), method.name
         assert ("Checked at start: " in section) == (method.validate is not no_rules), method.name
-    assert [m.name for m in METHODS.values() if m.validate is not no_rules] == ["fedlog", "lg-fedavg", "fedprof", "fedpft"]
+    assert {m.validate is no_rules for m in METHODS.values()} == {True, False}  # the page has sections of both kinds
 
 
 def test_check_mode_names_a_hand_edited_file_and_a_run_repairs_it(tmp_path, capsys):

@@ -94,7 +94,7 @@ def test_metered_bytes_are_the_bytes_the_supernodes_move(tmp_path, data_dir):
     )
     folder, _ = deploy(tmp_path, data_dir, run_config, probe=True)
     rounds = read_rounds(folder)
-    assert all(r["failures"] == 0 and r["clients"] == 2 for r in rounds)
+    assert len(rounds) == 2 and all(r["failures"] == 0 and r["clients"] == 2 for r in rounds)
     # bytes_down/up hold the method's own phases (stats and train here); measurement phases apart
     metered = {
         way: sum(r[f"bytes_{way}"] + r.get(f"eval_bytes_{way}", 0) + r.get(f"register_bytes_{way}", 0) for r in rounds)

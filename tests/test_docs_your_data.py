@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, data_root
+from tests.conftest import ROOT, data_root, missing_data
 from tests.doc_commands import DocCommand, commands, placeholders
 
 PAGE = ROOT / "docs" / "your-data.md"
@@ -165,7 +165,7 @@ def test_the_headway_run_commands_run_as_printed(page_commands, workdir):
 def test_the_split_command_writes_node_folders(page_commands, workdir):
     work, _ = workdir
     if not (data_root() / "mnist").is_dir():
-        pytest.skip(f"MNIST not found in {data_root()}: the page's split command splits it (set HEADWAY_DATA_DIR)")
+        missing_data(f"MNIST not found in {data_root()}: the page's split command splits it")
     splits = [c for c in page_commands if kind(c) == "headway split"]
     assert splits
     for cmd in splits:
@@ -203,7 +203,7 @@ def test_server_and_client_pick_the_same_body_from_the_same_inputs():
 
     cfg = resolve({"dataset": "uci-adult", "num-clients": 3, "partition": "iid", "algorithm": "fedavg"})
     if not (data_root() / "uci-adult").is_dir():
-        pytest.skip(f"UCI Adult not found in {data_root()}")
+        missing_data(f"UCI Adult not found in {data_root()}")
     strategy = build_strategy(cfg)
     assert cfg["body"] == strategy.cfg["body"] == "mlp"
     from client.env import client_env

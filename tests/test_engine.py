@@ -24,7 +24,7 @@ def test_weighted_average_casts_to_the_servers_dtype_and_rounds_integers():
     b: dict[str, np.ndarray] = {"w": np.array([3.0, 6.0], np.float32), "n": np.array(4, np.int64)}
     out = weighted_average([a, b], [1, 3], like=a)
     assert out["w"].dtype == np.float32 and np.allclose(out["w"], [2.5, 5.0]) and out["n"] == 4
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a positive sum"):
         weighted_average([a], [0])
 
 

@@ -10,6 +10,7 @@ from flwr.app import Message, MetricRecord, RecordDict
 
 from core import protocol as P
 from core.config import ConfigError, resolve, scores_with_train
+from core.methods import METHODS
 from simulation import simulate
 from strategies.wire import WireMeter, message_size_uncached
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
@@ -35,7 +36,7 @@ def test_which_rounds_carry_scores():
     assert not any(scores_with_train(resolve({"client-evaluation": "with-next-train", "eval-every": 0}), r) for r in range(1, 200))
 
 
-@pytest.mark.parametrize("algorithm", ["fedper", "fedrep", "lg-fedavg", "fedproto", "fedprof", "fedpft"])
+@pytest.mark.parametrize("algorithm", [m.name for m in METHODS.values() if not m.scores_with_train])
 def test_methods_whose_evaluation_a_train_message_does_not_bring_refuse_it(algorithm):
     with pytest.raises(ConfigError, match="client-evaluation"):
         resolve({"algorithm": algorithm, "client-evaluation": "with-next-train"})
@@ -124,7 +125,7 @@ def test_scores_sent_with_the_next_train_reply_equal_the_evaluation_exchange(tmp
     same in both modes, and only the last round has an evaluation exchange."""
     _, exchange = _rounds(tmp_path / "exchange", data_dir, algorithm=algorithm)
     summary, carried = _rounds(tmp_path / "carried", data_dir, algorithm=algorithm, **{"client-evaluation": "with-next-train"})
-    assert [r["round"] for r in carried] == [1, 2, 3] and summary["status"] == "complete"
+    assert [r["round"] for r in carried] == [r["round"] for r in exchange] == [1, 2, 3] and summary["status"] == "complete"
     for a, b in zip(exchange, carried):
         assert a["accuracy"] == b["accuracy"] and a["loss"] == b["loss"] and a["eval_clients"] == b["eval_clients"] == 3
         assert a["accuracy_client_min"] == b["accuracy_client_min"]

@@ -43,7 +43,8 @@ def test_floor_accuracy_equals_the_simulation_round_by_round(tmp_path, data_dir,
 @pytest.mark.system
 def test_floor_in_one_process_equals_two(data_dir):
     cfg = config(data_dir, ["num-server-rounds=1"])
-    assert [r["accuracy"] for r in run_floor(cfg, processes=1)] == [r["accuracy"] for r in run_floor(cfg, processes=2)]
+    one, two = ([r["accuracy"] for r in run_floor(cfg, processes=p)] for p in (1, 2))
+    assert len(one) == 1 and one[0] is not None and one == two  # one round scored, not two empty lists
 
 
 @pytest.mark.system

@@ -161,7 +161,7 @@ def test_a_png_bomb_in_a_real_image_folder_is_refused_from_its_header(tmp_path):
     naming the file and the node setting; a node that raises max-image-pixels reads it (headers only)."""
     root = _cifar_folder(tmp_path / "data")
     bomb = _png_bomb(next((root / "train").iterdir()) / "bomb.png", 9000)
-    assert bomb.stat().st_size < 1_000_000 and 9000 * 9000 > DEFAULT_MAX_IMAGE_PIXELS
+    assert bomb.stat().st_size < 1_000_000 and DEFAULT_MAX_IMAGE_PIXELS < 9000 * 9000
     with pytest.raises(SourceError) as err:
         read_source(root, SourceOptions())
     text = str(err.value)
@@ -302,7 +302,8 @@ def test_a_huggingface_image_dataset_is_decoded_lazily_like_a_folder(tmp_path, m
     ds = encode(raw, merge([profile(raw, opts)], opts), opts, "hf")
     assert loads  # the pixels are decoded here, one image at a time
     saved = {im.transpose(2, 0, 1).tobytes() for im in x[:20]}
-    assert all(row.tobytes() in saved for row in np.concatenate([ds.x_train, ds.x_test]))
+    rows = np.concatenate([ds.x_train, ds.x_test])
+    assert len(rows) == 20 and all(row.tobytes() in saved for row in rows)
 
 
 @needs_data("cifar10")

@@ -27,7 +27,7 @@ from client.app import JOINED, build_client_app
 from core import protocol as P
 from core.config import resolve
 from core.data import ADULT_COLUMNS
-from tests.conftest import data_root
+from tests.conftest import data_root, missing_data
 from tests.fakes import GridStub
 
 ADULT = list(ADULT_COLUMNS)  # UCI Adult's columns, as core/data.py reads them
@@ -39,7 +39,7 @@ def adult_nodes(tmp_path_factory) -> list[Path]:
     """Three node folders, each a train.csv of 300 other rows of UCI Adult (test-fraction holds out 20 %)."""
     src = data_root() / "uci-adult" / "adult.data"
     if not src.is_file():
-        pytest.skip(f"UCI Adult not found at {src}: set HEADWAY_DATA_DIR")
+        missing_data(f"UCI Adult not found at {src}")
     with open(src) as fh:
         rows = [r for r in csv.reader(fh, skipinitialspace=True) if len(r) == len(ADULT)]
     folders = []
@@ -317,7 +317,7 @@ def test_numbers_written_as_people_write_them_are_no_label_column(task_identity,
     its real class columns still describe."""
     src = data_root() / "uci-adult" / "adult.data"
     if not src.is_file():
-        pytest.skip(f"UCI Adult not found at {src}: set HEADWAY_DATA_DIR")
+        missing_data(f"UCI Adult not found at {src}")
     with open(src) as fh:
         rows = [r for r in csv.reader(fh, skipinitialspace=True) if len(r) == len(ADULT)][:400]
     top = [list(r) for r in rows]

@@ -68,18 +68,30 @@ def test_the_bounds_admit_what_runs():
         resolve({"num-clients": 3, "min-replies": 4})
 
 
-def test_a_seed_at_the_bound_seeds_everything(data_dir):
-    """2**32 - 1 is accepted by every generator a run seeds (a client's derived seeds, the
-    models' torch.manual_seed(seed + 1), numpy's Generators and legacy seeding)."""
+def test_a_seed_at_the_bound_seeds_everything():
+    """2**32 - 1 is accepted by every generator a run seeds (the models' torch.manual_seed(seed)
+    and (seed + 1), numpy's Generators from [seed, ...] lists as a client's derived seeds are,
+    numpy's legacy seeding, torch Generators), and seeds it: the same draws twice, and not
+    those of seed 0 (a bound that wrapped or was ignored would give seed 0's)."""
     import numpy as np
     import torch
 
+    from core import seeds
     from core.models import build_model
 
-    build_model("mnist-cnn", (1, 28, 28), 0, 10, MAX_SEED)
-    np.random.default_rng([MAX_SEED, 7919])
-    np.random.RandomState(MAX_SEED)
-    torch.Generator().manual_seed(MAX_SEED)
+    def weights(seed: int) -> np.ndarray:
+        return torch.cat([p.detach().ravel() for p in build_model("mnist-cnn", (1, 28, 28), 0, 10, seed).parameters()]).numpy()
+
+    draws = {
+        "model": weights,
+        "numpy Generator": lambda seed: np.random.default_rng([seed, seeds.SAMPLING]).random(8),
+        "numpy legacy": lambda seed: np.random.RandomState(seed).random_sample(8),
+        "torch Generator": lambda seed: torch.rand(8, generator=torch.Generator().manual_seed(seed)).numpy(),
+    }
+    for name, draw in draws.items():
+        at_bound = draw(MAX_SEED)
+        assert np.array_equal(at_bound, draw(MAX_SEED)), name
+        assert not np.array_equal(at_bound, draw(0)), name
 
 
 @pytest.mark.parametrize("min_replies, status", [(3, "failed"), (2, "complete")])

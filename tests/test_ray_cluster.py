@@ -101,7 +101,7 @@ class RayCluster:
         self.seen: set[int] = set()
 
     def _start(self, name: str, args: list[str]) -> None:
-        log = open(self.tmp / f"{name}.log", "wb")
+        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - the child process writes it while it runs; closed when it is stopped
         common = ["--block", "--node-ip-address=127.0.0.1", f"--temp-dir={self.tmp / 'r'}", "--disable-usage-stats"]
         ports = [f"--dashboard-agent-listen-port={free_port()}", f"--object-store-memory={OBJECT_STORE}"]
         self.procs.append(

@@ -205,7 +205,7 @@ def test_fedprof_scores_irrelevant_clients_down_and_counts_profile_bytes(tmp_pat
     assert min(div[k] for k in noisy) > 3 * max(div[k] for k in set(range(6)) - noisy)
     picks = {int(k): v for k, v in summary["fedprof_selections"].items()}
     assert sum(picks.get(k, 0) for k in noisy) <= 1 < sum(picks.get(k, 0) for k in set(range(6)) - noisy)
-    assert all(r["failures"] == 0 and r["clients"] == 3 for r in rounds)
+    assert len(rounds) == 3 and all(r["failures"] == 0 and r["clients"] == 3 for r in rounds)
     profile = {"profile": np.zeros((50, 2), np.float32)}
     expected = sum(reply_bytes(profile, n, pid, loss=False) for pid, n in enumerate(train_sizes(cfg)))
     assert near(rounds[0]["profile_bytes_up"], expected, 6), (rounds[0]["profile_bytes_up"], expected)

@@ -129,7 +129,7 @@ def test_split_of_a_user_table_keeps_its_columns_as_csv(tmp_path):
     folders = split(str(source), cfg, tmp_path / "nodes", "csv")
     opts = SourceOptions(label_column="y")
     raws = [read_source(f, opts) for f in folders]
-    assert all(set(r.train.x) == {"color", "age"} and not r.held_out for r in raws)
+    assert len(raws) == 2 and all(set(r.train.x) == {"color", "age"} and not r.held_out for r in raws)
     ages = sorted(int(a) for r in raws for a in r.train.x["age"])
     whole = read_source(source, SourceOptions(label_column="y", test_fraction=0.25))
     assert ages == sorted(int(a) for a in whole.train.x["age"])  # every training row once

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
+import torch
 from flwr.app import MetricRecord, RecordDict
 from flwr.app.typing import MetricRecordValues
 
@@ -25,16 +26,17 @@ class Procedure(Protocol):
 
 
 def round_of(content: RecordDict) -> int:
+    """The server round a message names (0 for one that names none, as a discovery query)."""
     cfg = content.config_records.get(P.CONFIG)
     return P.as_int(cfg.get(P.ROUND, 0)) if cfg is not None else 0
 
 
-def test_metrics(env: ClientEnv, forward) -> MetricRecord:
+def test_metrics(env: ClientEnv, forward: Callable[[torch.Tensor], torch.Tensor]) -> MetricRecord:
     """Local test metrics of ``forward`` (batch -> outputs) in the reply format."""
     return outputs_metrics(env, predict(forward, env.x_test, device=env.device))
 
 
-def outputs_metrics(env: ClientEnv, out, extra: Mapping[str, float] | None = None) -> MetricRecord:
+def outputs_metrics(env: ClientEnv, out: torch.Tensor, extra: Mapping[str, float] | None = None) -> MetricRecord:
     """Local test metrics of outputs ``out`` (one row per test example) in the reply format."""
     s = task_metrics(env.data.task, out, env.y_test)
     n = len(env.y_test)

@@ -13,11 +13,15 @@ from core.training import task_loss
 
 
 class FedAvgClient(SharedLayersClient):
+    """FedAvg's client: train the whole received model on the task loss and send it back."""
+
     methods = ("fedavg",)
     keeps_state = False  # the server sends every layer each round
 
 
 class FedProxClient(FedAvgClient):
+    """FedProx's client: FedAvg's training plus the proximal term (fedprox-mu)/2·‖w − w_global‖²."""
+
     methods = ("fedprox",)
 
     def fit(self, env: ClientEnv, model: Net, shared: list[str], server_round: int) -> float:

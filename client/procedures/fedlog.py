@@ -119,6 +119,8 @@ def local_statistics(env: ClientEnv, fmap: FeatureMap) -> np.ndarray:
 
 
 class FedLogClient:
+    """FedLog's client procedures (this module's docstring): the body's training and the statistics it sends."""
+
     methods = ("fedlog",)
 
     def _features(self, env: ClientEnv, state: RecordDict) -> FeatureMap:

@@ -43,6 +43,8 @@ CORRECT_LOCAL = P.CORRECT + "-local"
 
 
 class FedPFTClient:
+    """FedPFT's client procedures (this module's docstring): class mixtures of frozen features, centralized or chained."""
+
     methods = ("fedpft",)
 
     def _features(self, env: ClientEnv, split: str) -> torch.Tensor:
@@ -118,7 +120,7 @@ class FedPFTClient:
         check = PayloadCheck(
             env.outputs, dim, cfg["fedpft-components"], cfg["fedpft-covariance"], cfg["max-feature-value"], cfg["fedpft-min-class-examples"]
         )
-        decoded = {k: arrays[k].numpy() for k in arrays.keys()}
+        decoded = {k: arrays[k].numpy() for k in arrays}
         mixtures, problem = check.decode(decoded, None)
         if mixtures is None:
             raise ValueError(f"relayed mixtures rejected: {problem}")

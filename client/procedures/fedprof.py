@@ -19,6 +19,8 @@ from core.profiles import model_profile
 
 
 class FedProfClient(FedAvgClient):
+    """FedProf's client: FedAvg's training, plus the profile of the model it was sent."""
+
     methods = ("fedprof",)
 
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:

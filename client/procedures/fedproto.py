@@ -38,6 +38,8 @@ def prototype_loss(features: torch.Tensor, y: torch.Tensor, protos: torch.Tensor
 
 
 class FedProtoClient:
+    """FedProto's client procedures (this module's docstring): class prototypes up, global prototypes down."""
+
     methods = ("fedproto",)
 
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:

@@ -11,6 +11,8 @@ from core.training import trainable_only
 
 
 class FedRepClient(SharedLayersClient):
+    """FedRep's client: the local head first, then the shared body (this module's docstring)."""
+
     methods = ("fedrep",)
 
     def fit(self, env: ClientEnv, model: Net, shared: list[str], server_round: int) -> float:

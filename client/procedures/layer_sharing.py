@@ -7,6 +7,9 @@ their local copies, and after training exactly those layers go back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from client.env import ClientEnv
@@ -55,10 +58,10 @@ class SharedLayersClient:
         self,
         env: ClientEnv,
         model: Net,
-        params: list,
+        params: list[torch.nn.Parameter],
         server_round: int,
         epochs: int | None = None,
-        loss_fn=None,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         salt: int = seeds.BATCHES,
     ) -> float:
         """Train ``params`` for ``epochs`` (default ``local-epochs``); ``salt`` varies the batch order."""

@@ -12,6 +12,8 @@ from core import protocol as P
 
 
 class LGFedAvgClient(SharedLayersClient):
+    """LG-FedAvg's client: the local body and the global top layers trained jointly; the whole model once for the new test."""
+
     methods = ("lg-fedavg",)
 
     def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
