@@ -22,12 +22,15 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import logsumexp
 
+from core import privacy, statistics
 
-def sufficient_statistics(features: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
-    """T = Σ_i φ_i ⊗ e_{y_i} as a classes × m array (row y sums the features of class y)."""
-    stats = np.zeros((num_classes, features.shape[1]), dtype=np.float64)
-    np.add.at(stats, labels, features.astype(np.float64))
-    return stats
+# the per-class sums and the DP calibration are shared with other methods (FedProto's prototypes,
+# the privacy accounting), so they live in shared modules; FedLog's names for them stay
+sufficient_statistics = statistics.class_sums
+dp_sigma = privacy.fedlog_sigma
+releases = privacy.fedlog_releases
+noise_sigma = privacy.fedlog_noise_sigma
+share_sigma = privacy.fedlog_share_sigma
 
 
 def _log_z_of(v_rhs: np.ndarray) -> np.ndarray:
@@ -102,11 +105,6 @@ def class_means(stats: np.ndarray) -> np.ndarray:
     """FedLog-C's global class means Φ̄_y = Φ_y / Φ_{y,0} (rows with no data stay 0)."""
     counts = stats[:, :1]
     return np.divide(stats, counts, out=np.zeros_like(stats, dtype=np.float64), where=counts > 0)
-
-
-def dp_sigma(epsilon: float, delta: float, m: int, clip: float, rounds: int) -> float:
-    """Theorem 7: σ = sqrt(8k(1+(m−1)b²)·ln(e+ε/δ))/ε for k rounds, m features, bound b."""
-    return math.sqrt(8.0 * rounds * (1.0 + (m - 1) * clip**2) * math.log(math.e + epsilon / delta)) / epsilon
 
 
 def add_noise(stats: np.ndarray, sigma: float, rng: np.random.Generator) -> np.ndarray:
@@ -227,26 +225,3 @@ class StatsCheck:
             if np.any(np.abs(stats[:, 1:]) > bound):
                 return f"a feature sum exceeds clip bound b={self.clip:g} times its class count (b: fedlog-clip, or max-feature-value when unclipped)"
         return None
-
-
-def releases(cfg: dict) -> int:
-    """k, the number of times a client's statistics are released in a run: every round,
-    plus the statistics round that starts the head when fedlog-init=stats."""
-    return cfg["num-server-rounds"] + (1 if cfg["fedlog-init"] == "stats" else 0)
-
-
-def noise_sigma(cfg: dict, m: int) -> float:
-    """σ of the Gaussian noise for the run's DP mode (0 when fedlog-dp=off): on each client's
-    statistics (local), or on their sum (central; distributed, where it is the clients' shares together)."""
-    if cfg["fedlog-dp"] == "off":
-        return 0.0
-    return dp_sigma(cfg["fedlog-epsilon"], cfg["fedlog-delta"], m, cfg["fedlog-clip"], releases(cfg))
-
-
-def share_sigma(cfg: dict, m: int) -> float:
-    """fedlog-dp=distributed: the σ each client adds, σ/√(min-replies − w) with w = fedlog-dp-withholding,
-    so that any sum the server accepts (at least min-replies clients' statistics, or the round fails)
-    carries at least the central σ of Theorem 7 even when w of its clients add no noise. 0 in the other modes."""
-    if cfg["fedlog-dp"] != "distributed":
-        return 0.0
-    return noise_sigma(cfg, m) / math.sqrt(cfg["min-replies"] - cfg["fedlog-dp-withholding"])

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from core import privacy
 from core import protocol as P
 from core.extractors import configured_features
 from core.gmm import (
@@ -342,15 +343,9 @@ def head_logits(x: torch.Tensor, weight: np.ndarray, bias: np.ndarray) -> torch.
 
 
 # ----- DP-FedPFT (Theorem 4.1) -------------------------------------------------------------
-def dp_sigma(n: int, epsilon: float, delta: float) -> float:
-    """Theorem 4.1's noise scale for a class of n examples with ‖f‖₂ ≤ 1:
-    4/(n·ε) · sqrt(5·ln(4/δ))."""
-    return 4.0 / (n * epsilon) * math.sqrt(5.0 * math.log(4.0 / delta))
-
-
-def dp_delta(n: int, delta: float) -> float:
-    """δ of a class: the configured one, or 1/n when it is 0."""
-    return delta if delta > 0 else 1.0 / n
+# its calibration is core/privacy.py's (the accounting reads it too); FedPFT's names for it stay
+dp_sigma = privacy.fedpft_sigma
+dp_delta = privacy.fedpft_delta
 
 
 def normalize(features: torch.Tensor) -> torch.Tensor:

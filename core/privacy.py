@@ -6,6 +6,11 @@ Neighbouring datasets differ by adding or removing one training example of one c
 (the relation of FedLog's Theorem 7 proof and of FedPFT's Theorem 4.1 proof). The ε an
 accountant computes from z and the number of releases is per example; the accountant
 itself is Flower's (strategies/privacy.py), since core does not import Flower.
+
+The calibrations of σ (FedLog's Theorem 7 and its modes, FedPFT's Theorem 4.1) live here, not in
+the methods' maths modules: the accounting reads both methods', and a method's maths module
+imports shared modules only (tests/test_layering.py); core/fedlog.py and core/fedpft.py keep
+their names for them.
 """
 
 from __future__ import annotations
@@ -13,10 +18,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
-
-from core.fedlog import noise_sigma, releases, share_sigma
-from core.fedpft import dp_delta
-from core.fedpft import dp_sigma as fedpft_sigma
 
 # what one release is, per FedLog DP mode ("distributed": noise shares added by the clients
 # before secure aggregation, with the total σ of central DP, so it is accounted as central)
@@ -28,6 +29,51 @@ FEDLOG_RELEASED = {
     "local": "each client's own statistics T plus N(0, σ²I), drawn by the client",
 }
 NEIGHBOURING = "add or remove one training example of one client"
+
+
+# ----- calibration: the σ each mode adds ------------------------------------------------------
+
+
+def fedlog_sigma(epsilon: float, delta: float, m: int, clip: float, rounds: int) -> float:
+    """Theorem 7: σ = sqrt(8k(1+(m−1)b²)·ln(e+ε/δ))/ε for k rounds, m features, bound b."""
+    return math.sqrt(8.0 * rounds * (1.0 + (m - 1) * clip**2) * math.log(math.e + epsilon / delta)) / epsilon
+
+
+def fedlog_releases(cfg: dict) -> int:
+    """k, the number of times a client's statistics are released in a run: every round,
+    plus the statistics round that starts the head when fedlog-init=stats."""
+    return cfg["num-server-rounds"] + (1 if cfg["fedlog-init"] == "stats" else 0)
+
+
+def fedlog_noise_sigma(cfg: dict, m: int) -> float:
+    """σ of the Gaussian noise for the run's DP mode (0 when fedlog-dp=off): on each client's
+    statistics (local), or on their sum (central; distributed, where it is the clients' shares together)."""
+    if cfg["fedlog-dp"] == "off":
+        return 0.0
+    return fedlog_sigma(cfg["fedlog-epsilon"], cfg["fedlog-delta"], m, cfg["fedlog-clip"], fedlog_releases(cfg))
+
+
+def fedlog_share_sigma(cfg: dict, m: int) -> float:
+    """fedlog-dp=distributed: the σ each client adds, σ/√(min-replies − w) with w = fedlog-dp-withholding,
+    so that any sum the server accepts (at least min-replies clients' statistics, or the round fails)
+    carries at least the central σ of Theorem 7 even when w of its clients add no noise. 0 in the other modes."""
+    if cfg["fedlog-dp"] != "distributed":
+        return 0.0
+    return fedlog_noise_sigma(cfg, m) / math.sqrt(cfg["min-replies"] - cfg["fedlog-dp-withholding"])
+
+
+def fedpft_sigma(n: int, epsilon: float, delta: float) -> float:
+    """Theorem 4.1's noise scale for a class of n examples with ‖f‖₂ ≤ 1:
+    4/(n·ε) · sqrt(5·ln(4/δ))."""
+    return 4.0 / (n * epsilon) * math.sqrt(5.0 * math.log(4.0 / delta))
+
+
+def fedpft_delta(n: int, delta: float) -> float:
+    """δ of a class: the configured one, or 1/n when it is 0."""
+    return delta if delta > 0 else 1.0 / n
+
+
+# ----- accounting: what an accountant needs of each release ------------------------------------
 
 
 @dataclass(frozen=True)
@@ -64,9 +110,9 @@ def fedlog_release(cfg: dict[str, Any], m: int) -> GaussianRelease | None:
     if mode not in FEDLOG_RELEASED:
         raise ValueError(f"fedlog-dp={mode!r} has no privacy accounting here (known: off, {', '.join(FEDLOG_RELEASED)})")
     return GaussianRelease(
-        sigma=noise_sigma(cfg, m),
+        sigma=fedlog_noise_sigma(cfg, m),
         sensitivity=fedlog_sensitivity(m, cfg["fedlog-clip"]),
-        releases=releases(cfg),
+        releases=fedlog_releases(cfg),
         epsilon=cfg["fedlog-epsilon"],
         delta=cfg["fedlog-delta"],
     )
@@ -80,9 +126,9 @@ def fedpft_sensitivity(n: int) -> float:
 
 def fedpft_release(epsilon: float, delta: float, n: int) -> GaussianRelease:
     """One class's DP-FedPFT release (one shot: released once) for a class of n examples;
-    ``delta`` 0 means 1/n, as in :func:`core.fedpft.dp_delta`. Each example is in one class,
+    ``delta`` 0 means 1/n (:func:`fedpft_delta`). Each example is in one class,
     so a client's release costs each of its examples only its class's release."""
-    class_delta = dp_delta(n, delta)
+    class_delta = fedpft_delta(n, delta)
     return GaussianRelease(
         sigma=fedpft_sigma(n, epsilon, class_delta),
         sensitivity=fedpft_sensitivity(n),
@@ -100,9 +146,9 @@ def withheld_release(cfg: dict[str, Any], m: int, withholding: int) -> GaussianR
     if cfg["fedlog-dp"] != "distributed" or not 0 < noising <= cfg["min-replies"]:
         raise ValueError(f"withholding must be in 0..min-replies-1 under fedlog-dp=distributed, got {withholding}")
     return GaussianRelease(
-        sigma=share_sigma(cfg, m) * math.sqrt(noising),
+        sigma=fedlog_share_sigma(cfg, m) * math.sqrt(noising),
         sensitivity=fedlog_sensitivity(m, cfg["fedlog-clip"]),
-        releases=releases(cfg),
+        releases=fedlog_releases(cfg),
         epsilon=cfg["fedlog-epsilon"],
         delta=cfg["fedlog-delta"],
     )

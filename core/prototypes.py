@@ -1,8 +1,8 @@
 """FedProto's prototype arithmetic (Tan et al. 2022): per-class mean features on a
 client, their count-weighted average on the server, and nearest-prototype prediction.
 
-Prototypes are FedLog's sufficient statistics divided by the class counts, so the
-per-class sums come from :func:`core.fedlog.sufficient_statistics`.
+Prototypes are per-class feature sums (the quantity FedLog shares) divided by the class
+counts; the sums come from the shared :func:`core.statistics.class_sums`.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from core.fedlog import sufficient_statistics
+from core.statistics import class_sums
 
 
 def class_prototypes(features: np.ndarray, labels: np.ndarray, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     """(classes × m mean features, per-class counts); rows of absent classes are 0."""
-    sums = sufficient_statistics(features, labels, num_classes)
+    sums = class_sums(features, labels, num_classes)
     counts = np.bincount(labels, minlength=num_classes).astype(np.float64)
     protos = np.divide(sums, counts[:, None], out=np.zeros_like(sums), where=counts[:, None] > 0)
     return protos, counts

@@ -9,12 +9,12 @@ and sends ``x + PRG(seed) ± Σ PRG(shared key with each neighbour) mod 2^64``. 
 masks cancel in the sum; the server removes each survivor's seed mask from shares of its
 seed, and a dropped client's pairwise masks from shares of its private key.
 
-Built from Flower's primitives, as Flower's legacy ``secaggplus_mod`` does: EC key pairs
-(``flwr.supercore.primitives.asymmetric``), ECDH + HKDF key agreement and Fernet
-encryption of the shares, Shamir secret sharing and the share framing
-(``flwr.common.secure_aggregation``). Two departures, both to close gaps in it:
+Built from the primitives in core/secagg_primitives.py (``cryptography``'s EC key pairs,
+ECDH + HKDF key agreement and Fernet encryption of the shares; Shamir secret sharing over a
+prime field and the share framing), the steps of Flower's legacy ``secaggplus_mod``, with no
+Flower import. Two departures from that mod, both to close gaps in it:
 - masks come from ChaCha20 keyed with the whole 32-byte seed or shared key
-  (``cryptography``), not ``secaggplus_utils.pseudo_rand_gen``, which folds the seed to
+  (``cryptography``), not Flower's ``secaggplus_utils.pseudo_rand_gen``, which folds the seed to
   32 bits for NumPy's ``RandomState`` (a mask of 2^32 possible values) and draws below
   ``num_range - 1`` (never the top value);
 - the server can check every secret it rebuilds (a hash of the seed is sent with the
@@ -34,7 +34,6 @@ stochastic rounding from OS entropy (unbiased).
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import math
 import os
@@ -45,23 +44,15 @@ from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
-from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
-from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
-from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat, share_keys_plaintext_separate
-from flwr.supercore.primitives.asymmetric import (
-    bytes_to_private_key,
-    bytes_to_public_key,
-    generate_key_pairs,
-    private_key_to_bytes,
-    public_key_to_bytes,
-)
+
+from core import secagg_primitives as C
 
 MOD_BITS = 64  # arithmetic mod 2^64, numpy's uint64 wrap-around
 HEADROOM_BITS = 62  # the largest |sum| a config may reach is below 2^62: one bit of margin for rounding
 MAX_FRAC_BITS = 32
 MIN_FRAC_BITS = 8  # coarser than 2^-8 per value is refused, not silently used
 SEED_BYTES = 32
-CURVE = "secp384r1"  # Flower's generate_key_pairs
+CURVE = C.CURVE
 MIN_CLIENTS = 3  # a secret needs >= 2 shares to rebuild, all held by other clients: a secure sum needs 3 clients
 MAX_KEY_BYTES = 1024  # a PEM public key of SECP384R1 is ~215 bytes; anything far larger is not a key
 
@@ -113,8 +104,8 @@ def mask(key: bytes, size: int) -> np.ndarray:
 
 
 def pair_key(private_key: bytes, public_key: bytes) -> bytes:
-    """The 32-byte key two clients agree on (Flower's ECDH + HKDF), as raw bytes."""
-    return base64.urlsafe_b64decode(generate_shared_key(bytes_to_private_key(private_key), bytes_to_public_key(public_key)))
+    """The 32-byte key two clients agree on (ECDH + HKDF), as raw bytes."""
+    return C.agree(private_key, public_key)
 
 
 def pair_sign(me: int, peer: int) -> int:
@@ -245,9 +236,10 @@ class Keys:
 
 
 def new_keys() -> Keys:
-    sk1, pk1 = generate_key_pairs()
-    sk2, pk2 = generate_key_pairs()
-    return Keys(private_key_to_bytes(sk1), public_key_to_bytes(pk1), private_key_to_bytes(sk2), public_key_to_bytes(pk2))
+    """Two fresh key pairs on :data:`CURVE` for one round (PEM bytes, as they travel)."""
+    sk1, pk1 = C.new_key_pair()
+    sk2, pk2 = C.new_key_pair()
+    return Keys(sk1, pk1, sk2, pk2)
 
 
 def share_secrets(
@@ -266,12 +258,12 @@ def share_secrets(
     if len(set(listed)) != len(listed):
         raise SecAggError("two neighbours share a public key")
     order = sorted(set(neighbours) - {me})
-    seed_shares = create_shares(seed, threshold, len(order))
-    key_shares = create_shares(keys.sk1, threshold, len(order))
+    seed_shares = C.create_shares(seed, threshold, len(order))
+    key_shares = C.create_shares(keys.sk1, threshold, len(order))
     out: dict[int, bytes] = {}
     for peer, seed_share, key_share in zip(order, seed_shares, key_shares, strict=True):
-        secret = generate_shared_key(bytes_to_private_key(keys.sk2), bytes_to_public_key(neighbours[peer][1]))
-        out[peer] = encrypt(secret, share_keys_plaintext_concat(me, peer, seed_share, key_share))
+        secret = C.agree(keys.sk2, neighbours[peer][1])
+        out[peer] = C.encrypt(secret, C.pack_pair(me, peer, seed_share, key_share))
     return out
 
 
@@ -287,14 +279,14 @@ def open_shares(
     for src, text in ciphertexts.items():
         if src == me or src not in neighbours:
             raise SecAggError(f"a share from node {src}, which is not a neighbour of this client")
-        secret = generate_shared_key(bytes_to_private_key(keys.sk2), bytes_to_public_key(neighbours[src][1]))
+        secret = C.agree(keys.sk2, neighbours[src][1])
         try:
-            plain = decrypt(secret, text)
-        except Exception:
+            sender, dst, seed_share, key_share = C.unpack_pair(C.decrypt(secret, text))
+        except ValueError:
             raise SecAggError(
-                f"the share relayed as from node {src} does not decrypt with the key this client shares with node {src}"
+                f"the share relayed as from node {src} does not decrypt with the key this client shares with node {src}, "
+                "or is not a pair of shares"
             ) from None
-        sender, dst, seed_share, key_share = share_keys_plaintext_separate(plain)
         if sender != src or dst != me:
             raise SecAggError(f"the share relayed as from node {src} to node {me} says it is from node {sender} to node {dst}")
         held[src] = (seed_share, key_share)
@@ -349,8 +341,8 @@ def rebuild(shares: Sequence[bytes], threshold: int, valid: Callable[[bytes], bo
         trials += [[s for j, s in enumerate(shares) if j != i] for i in range(len(shares))]
     for trial in trials:
         try:
-            secret = combine_shares(trial)
-        except Exception:
+            secret = C.combine_shares(trial)
+        except ValueError:
             continue
         if valid(secret):
             return secret
@@ -396,8 +388,8 @@ def unmask_sum(
 
 def _key_matches(private: bytes, public: bytes) -> bool:
     try:
-        return public_key_to_bytes(bytes_to_private_key(private).public_key()) == public
-    except Exception:
+        return C.public_key_of(private) == public
+    except ValueError:
         return False
 
 

@@ -19,18 +19,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import ConfigRecord, MessageType, RecordDict
-from flwr.supercore.primitives.asymmetric import bytes_to_public_key
 
 from core import protocol as P
 from core import secagg as S
+from core import secagg_primitives as C
 from strategies.engine import Engine
 from strategies.replies import ArraySpec, Layout, Reply
 
 log = logging.getLogger("headway")
 
-MAX_CIPHERTEXT_BYTES = 4096  # one encrypted pair of shares is ~0.6 KB (a PEM private key's Shamir shares, Fernet, base64)
+MAX_CIPHERTEXT_BYTES = 4096  # one encrypted pair of shares is ~0.7 KB (a PEM private key's Shamir shares, Fernet, base64)
 MAX_SHARE_BYTES = 2048
 STAGE_SHARE_OF_DEADLINE = 8  # each key stage (setup, share, unmask) may take round-timeout / 8
 
@@ -56,7 +55,7 @@ class SecureSum:
 
     arrays: dict[str, np.ndarray]
     partitions: list[int]
-    cpu: dict[str, float]  # the server's CPU seconds in each stage, this thread only (Flower's Shamir recombines in a thread pool)
+    cpu: dict[str, float]  # the server's CPU seconds in each stage, in this thread (where the Shamir recombination runs too)
     max_examples: float = math.inf  # the most examples the clients in the sum can hold together
 
     def __len__(self) -> int:
@@ -94,10 +93,10 @@ def _check_keys(arrays: dict, reply: Reply) -> tuple[Any, str | None]:
         return None, "setup reply without a 32-byte seed digest"
     for key in (pk1, pk2):
         try:
-            parsed = bytes_to_public_key(key)
-        except Exception:
-            return None, "a public key that is not a PEM public key"
-        if not isinstance(parsed, ec.EllipticCurvePublicKey) or parsed.curve.name != S.CURVE:
+            parsed = C.load_public_key(key)
+        except ValueError:
+            return None, "a public key that is not a PEM EC public key"
+        if parsed.curve.name != S.CURVE:
             return None, f"a public key that is not an EC key on {S.CURVE}, the curve the protocol's key agreement uses"
     return (pk1, pk2, digest), None
 

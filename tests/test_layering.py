@@ -1,13 +1,21 @@
 """The layers import one way (server -> strategies -> core, client -> core): checked on the
 import graph of every module, built with ``ast`` from its import statements (function-local
 ones too), the module names it passes to importlib, and strings naming a module of a layer
-(``"strategies.fedavg:FedAvg"``), which are imports waiting to happen."""
+(``"strategies.fedavg:FedAvg"``), which are imports waiting to happen.
+
+Inside core, two more rules: core imports no Flower at all (not even its cryptographic
+primitives: core/secagg_primitives.py has its own), checked on the source and by importing every
+core module in a fresh interpreter; and a method's maths module imports shared core modules
+only, never another method's, so each method's maths can change without touching another's."""
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 
+from core.methods import METHODS
 from tests.conftest import ROOT
 
 LAYERS = ("core", "client", "strategies", "server", "simulation", "headway")
@@ -20,9 +28,9 @@ FORBIDDEN = {
     "server": {"client", "simulation", "headway"},
 }
 BOTH_APPS_ALLOWED = ("simulation", "headway")
-# Flower's cryptographic primitives are libraries, not the framework: core/secagg.py builds SecAgg+ from
-# them (key pairs, key agreement and encryption, Shamir) rather than writing cryptography of its own
-FLOWER_PRIMITIVES = ("flwr.common.secure_aggregation", "flwr.supercore.primitives")
+# each method's maths module in core, by method name. core/<name>.py for a declared method must be here
+# (checked); the others are named for what they compute, which no rule derives from the method's name
+METHOD_MATHS = {"fedlog": "core.fedlog", "fedpft": "core.fedpft", "fedproto": "core.prototypes", "fedprof": "core.profiles"}
 MODULE_PATH = re.compile(rf"({'|'.join(LAYERS)})(\.[A-Za-z_]\w*)+(:[A-Za-z_]\w*)?")
 IMPORTERS = ("import_module", "__import__")
 
@@ -43,6 +51,7 @@ def references(source: str, module: str) -> set[str]:
             else:
                 name = node.module or ""
             found.add(name)
+            found.update(f"{name}.{a.name}" for a in node.names if name and is_module(f"{name}.{a.name}"))  # from core import privacy
         elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
             func = node.func
             called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
@@ -60,19 +69,26 @@ def is_module(name: str) -> bool:
 
 
 def top(name: str) -> str:
-    """The top-level package ``name`` belongs to; Flower's cryptographic primitives count apart from Flower."""
-    if any(name == p or name.startswith(p + ".") for p in FLOWER_PRIMITIVES):
-        return "flwr-primitives"
+    """The top-level package ``name`` belongs to."""
     return name.split(".")[0]
+
+
+def modules(folder: str) -> dict[str, tuple[str, str]]:
+    """Module name -> (the name its relative imports resolve against, its source), for every module under
+    ``folder``: a package's own ``__init__`` resolves relative imports inside the package."""
+    out = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        out[module.removesuffix(".__init__")] = (module, path.read_text())
+    return out
 
 
 def graph(folders: tuple[str, ...] = LAYERS) -> dict[str, set[str]]:
     """Module name -> the top-level packages it refers to, for every module under ``folders``."""
     out = {}
     for folder in folders:
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            module = ".".join(path.relative_to(ROOT).with_suffix("").parts)  # a package's own __init__ resolves relative imports in it
-            out[module.removesuffix(".__init__")] = {top(name) for name in references(path.read_text(), module)} - {""}
+        for module, (importer, source) in modules(folder).items():
+            out[module] = {top(name) for name in references(source, importer)} - {""}
     return out
 
 
@@ -94,9 +110,10 @@ FILE = "client.key"
 """
     found = {top(n) for n in references(source, "core.example")}
     assert found == {"client", "strategies", "server", "simulation", "headway", "importlib", "flwr"}
-    assert references("from . import schema\nfrom .methods import METHODS\n", "core.config") == {"core", "core.methods"}
-    crypto = references("from flwr.common.secure_aggregation.crypto.shamir import create_shares\nfrom flwr.app import Message\n", "core.x")
-    assert {top(n) for n in crypto} == {"flwr-primitives", "flwr"}  # the primitives pass, the framework does not
+    assert references("from . import schema\nfrom .methods import METHODS\n", "core.config") == {"core", "core.schema", "core.methods"}
+    crypto = references("from flwr.common.secure_aggregation.crypto.shamir import create_shares\n", "core.x")
+    assert {top(n) for n in crypto} == {"flwr"}  # Flower's primitives are Flower
+    assert "core.fedlog" in references("from core import fedlog as f\n", "core.prototypes")  # a module imported by name
 
 
 def test_no_layer_refers_to_a_layer_above_it():
@@ -112,3 +129,42 @@ def test_only_the_runner_and_the_command_line_import_both_apps():
     folders = tuple(f for f in ("benchmarks", *LAYERS) if f not in BOTH_APPS_ALLOWED)
     both = [module for module, refs in graph(folders).items() if set(APPS) <= refs]
     assert not both, f"{both} import both the ServerApp side and the ClientApp side; only {BOTH_APPS_ALLOWED} may"
+
+
+def test_core_imports_no_flower_not_even_through_what_it_imports():
+    """Every core module in a fresh interpreter (this one has Flower loaded already): importing them all
+    loads no ``flwr`` module, so no core import, and no third-party package core imports, brings Flower in."""
+    names = sorted(modules("core"))
+    probe = (
+        "import importlib, sys\n"
+        f"for m in {names!r}: importlib.import_module(m)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'flwr'))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert len(names) > 20 and done.stdout.strip() == "[]", f"importing core loaded Flower: {done.stdout.strip()[:300]}"
+
+
+def method_imports() -> dict[str, set[str]]:
+    """Each core module -> the method maths modules (:data:`METHOD_MATHS`) it imports, other than itself."""
+    maths = set(METHOD_MATHS.values())
+    return {
+        module: {name for name in references(source, importer) if name in maths} - {module}
+        for module, (importer, source) in modules("core").items()
+    }
+
+
+def test_the_method_maths_list_follows_the_declarations():
+    assert set(METHOD_MATHS) <= set(METHODS), f"{sorted(set(METHOD_MATHS) - set(METHODS))} are not declared in core/methods.py"
+    named = {f"core.{m.replace('-', '_')}" for m in METHODS} & set(modules("core"))  # core/<method>.py
+    assert named <= set(METHOD_MATHS.values()), (
+        f"{sorted(named - set(METHOD_MATHS.values()))}: a method's maths module missing from METHOD_MATHS"
+    )
+    assert all(module in modules("core") for module in METHOD_MATHS.values())
+
+
+def test_no_core_module_imports_a_methods_maths():
+    """A method's maths module is imported by no other core module, another method's or a shared one: what two
+    methods share (class sums, the DP calibration) lives in a shared module both import."""
+    bad = [f"{module} -> {', '.join(sorted(refs))}" for module, refs in method_imports().items() if refs]
+    assert not bad, "core modules importing a method's maths (move the shared part to a shared module):\n" + "\n".join(bad)

@@ -12,16 +12,13 @@ import flwr.simulation
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, RecordDict
-from flwr.common.secure_aggregation.crypto.shamir import combine_shares
-from flwr.common.secure_aggregation.crypto.symmetric_encryption import encrypt, generate_shared_key
-from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat
-from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
 import simulation
 from client.secure_aggregation import SESSION, answer
 from core import protocol as P
 from core import secagg as S
 from core.config import ConfigError, resolve
+from core.secagg_primitives import agree, combine_shares, encrypt, pack_pair
 from tests.conftest import needs_data
 from tests.fakes import reply
 
@@ -140,8 +137,7 @@ def test_a_threshold_that_is_not_a_majority_of_the_share_holders_is_refused():
 
 def invented(keys: S.Keys, victim_pk2: bytes, me: int, to: int) -> bytes:
     """A share ciphertext from an invented node ``me`` to ``to``, made with the server's own keys."""
-    secret = generate_shared_key(bytes_to_private_key(keys.sk2), bytes_to_public_key(victim_pk2))
-    return encrypt(secret, share_keys_plaintext_concat(me, to, b"x" * 40, b"y" * 40))
+    return encrypt(agree(keys.sk2, victim_pk2), pack_pair(me, to, b"x" * 40, b"y" * 40))
 
 
 def test_one_invented_neighbour_at_threshold_2_no_longer_unmasks_a_client():
