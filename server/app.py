@@ -17,6 +17,7 @@ from core.config import LOCAL, ConfigError, check_against_spec, check_bodies, fi
 from core.console import plural, score, show_headway_log
 from core.extractors import input_spec
 from core.methods import METHODS
+from core.rounds import short_rounds_note
 from core.run_data import dataset_label, run_spec
 from server.results import Recorder
 from server.tracking import check_trackers
@@ -142,11 +143,12 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
         return summary
     summary = recorder.finish(extra)
     log.info(
-        "final accuracy %s, best %s, total bytes %d, %.1f s",
+        "final accuracy %s, best %s, total bytes %d, %.1f s%s",
         score(summary["final_accuracy"]),
         score(summary["best_accuracy"]),
         summary["total_bytes"],
         summary["wall_seconds"],
+        short_rounds_note(summary),
     )
     return summary
 

@@ -292,7 +292,7 @@ def test_every_launcher_option_says_what_it_does_and_shows_its_default():
                 continue
             assert action.help, f"{name} {action.dest} has no help"
             # False by identity: 0.0 == False, and a default of 0.0 (connect's --client-gpus) is one to show
-            unset = action.default is None or action.default is False or any(action.default == v for v in ("", [], argparse.SUPPRESS))
+            unset = action.default is None or action.default is False or action.default in ("", [], argparse.SUPPRESS)
             if not unset:
                 assert f"(default: {action.default})" in text, f"{name} {action.option_strings} hides its default {action.default!r}"
             elif action.option_strings and not action.required and action.nargs != 0 and (name, action.dest) not in UNSET_MEANS_NOTHING:

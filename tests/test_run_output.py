@@ -11,6 +11,7 @@ import logging
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from flwr.app import Context, RecordDict
@@ -79,7 +80,8 @@ def test_a_deployed_serverapps_expected_failure_ends_with_one_line_and_still_fai
         flwr_log.filters[:] = before
     shown = [r for r in kept.records if not r.exc_info]
     assert [r.getMessage().splitlines()[0] for r in kept.records] == ["ServerApp raised an exception", "Exit Code: 201"], kept.records
-    assert kept.records[0].exc_info[1].args == ("a bug",) and not shown[1:]  # only the bug's lines remain
+    raised = kept.records[0].exc_info
+    assert raised is not None and raised[1] is not None and raised[1].args == ("a bug",) and not shown[1:]  # only the bug's lines remain
     lines = [r.getMessage() for r in caplog.records if r.name == "headway"]
     assert [x for x in lines if x.startswith("run failed")] == [f"run failed before round 1: {failed.value}"], lines
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -122,8 +124,11 @@ def test_a_node_local_run_waits_for_clients_once_and_says_how_many_joined(tmp_pa
 
 def test_header_and_figures():
     cfg = {"algorithm": "fedavg", "dataset": "mnist", "num-clients": 1, "num-server-rounds": 2}
-    assert header(cfg, "r") == "fedavg on mnist, 1 client, 2 rounds -> r"
-    assert header({**cfg, "dataset": "local", "num-clients": 5}, "r") == "fedavg on node-local data, clients: num-clients=5, 2 rounds -> r"
+    assert header(cfg, Path("r")) == "fedavg on mnist, 1 client, 2 rounds -> r"
+    assert (
+        header({**cfg, "dataset": "local", "num-clients": 5}, Path("r"))
+        == "fedavg on node-local data, clients: num-clients=5, 2 rounds -> r"
+    )
     assert score(1.0) == "1.0000" and score(0.675) == "0.6750" and score(None) == "none"
     assert plural(1, "round") == "1 round" and plural(0, "round") == "0 rounds"
 
@@ -189,7 +194,7 @@ def test_a_stop_by_signal_leaves_no_process_that_ignores_sigterm():
         stdout=subprocess.PIPE,
     )
     try:
-        assert stubborn.stdout.readline().strip() == b"1"  # its SIGTERM is ignored from here on
+        assert stubborn.stdout is not None and stubborn.stdout.readline().strip() == b"1"  # its SIGTERM is ignored from here on
         helper = stop_processes([stubborn.pid], grace=0.5)
         assert helper is not None and stubborn.poll() is None  # the caller does not wait: SIGTERM alone did nothing
         assert stubborn.wait(timeout=20) == -9  # SIGKILLed by the helper
