@@ -10,8 +10,8 @@ masks cancel in the sum; the server removes each survivor's seed mask from share
 seed, and a dropped client's pairwise masks from shares of its private key.
 
 Built from the primitives in core/secagg_primitives.py (``cryptography``'s EC key pairs,
-ECDH + HKDF key agreement and Fernet encryption of the shares; Shamir secret sharing over a
-prime field and the share framing), the steps of Flower's legacy ``secaggplus_mod``, with no
+ECDH + HKDF key agreement and Fernet encryption of the shares; PyCryptodome's Shamir secret
+sharing over GF(2^128); the share framing), the steps of Flower's legacy ``secaggplus_mod``, with no
 Flower import. Two departures from that mod, both to close gaps in it:
 - masks come from ChaCha20 keyed with the whole 32-byte seed or shared key
   (``cryptography``), not Flower's ``secaggplus_utils.pseudo_rand_gen``, which folds the seed to

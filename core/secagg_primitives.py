@@ -1,26 +1,29 @@
-"""The cryptographic building blocks of SecAgg+ (core/secagg.py), on ``cryptography`` alone so
-that core stays free of Flower: EC key pairs, ECDH + HKDF key agreement, authenticated
-encryption (Fernet), Shamir secret sharing over a prime field, and the framing of the pair of
-shares one client sends another.
+"""The cryptographic building blocks of SecAgg+ (core/secagg.py), without Flower so that core
+stays free of it: EC key pairs, ECDH + HKDF key agreement and authenticated encryption (Fernet)
+from ``cryptography``; Shamir secret sharing from PyCryptodome (``Crypto.Protocol.SecretSharing``,
+GF(2^128), as Flower's shamir.py uses it); and the framing of the pair of shares one client
+sends another.
 
 Only headway's own client and server speak this protocol (client/secure_aggregation.py and
 strategies/secure_aggregation.py both call core/secagg.py), so these are not byte-compatible
 with Flower's SecAgg+ where nothing needs them to be. What is the same as Flower's primitives:
-the curve and PEM key formats, and the key agreement (ECDH, then HKDF-SHA256 to 32 bytes, no
-salt or info). What differs: Shamir shares are over the prime field of 2^521 − 1, not
-PyCryptodome's GF(2^128), so a share's layout is this module's own (:func:`create_shares`).
+the curve and PEM key formats, the key agreement (ECDH, then HKDF-SHA256 to 32 bytes, no salt
+or info), and the sharing (PKCS#7 padding to 16-byte chunks, each split by PyCryptodome with its
+own polynomial). What differs: a share's header also carries the secret's length, so that shares
+of different secrets are refused before any arithmetic (:func:`create_shares`).
 
-Key generation, ECDH, HKDF, Fernet and the ChaCha20 of the masks are ``cryptography``'s; the
-only arithmetic written here is Shamir's, which is polynomial evaluation and Lagrange
-interpolation in a field, with coefficients from OS entropy.
+No cryptographic arithmetic is written here: key generation, ECDH, HKDF, Fernet and the ChaCha20
+of the masks are ``cryptography``'s, the polynomials and their interpolation PyCryptodome's; this
+module only cuts, frames and checks bytes.
 """
 
 from __future__ import annotations
 
 import base64
-import secrets
 import struct
 
+from Crypto.Protocol.SecretSharing import Shamir
+from Crypto.Util.Padding import pad, unpad
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives import hashes, serialization
@@ -30,11 +33,9 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 CURVE = "secp384r1"  # the curve of every key pair; the server refuses public keys on any other
 KEY_BYTES = 32  # what key agreement yields: a Fernet key, or a ChaCha20 key for a pairwise mask
 
-# Shamir: a secret is cut into chunks of CHUNK_BYTES, each an element of the field of PRIME
-# (a Mersenne prime, 2^521 − 1, so every 512-bit chunk is below it), shared with its own polynomial
-PRIME = 2**521 - 1
-CHUNK_BYTES = 64
-VALUE_BYTES = 66  # a field element, big-endian: 521 bits round up to 66 bytes
+# Shamir: a secret is PKCS#7-padded and cut into chunks of CHUNK_BYTES, the size of an element of
+# GF(2^128), the one size PyCryptodome's Shamir shares; each chunk gets its own polynomial
+CHUNK_BYTES = 16
 SHARE_HEADER = struct.Struct("<II")  # the share's x (1, 2, …) and the secret's length in bytes
 PAIR_HEADER = struct.Struct("<QQI")  # sender id, receiver id, length of the first share
 
@@ -118,26 +119,27 @@ def decrypt(key: bytes, token: bytes) -> bytes:
 
 def create_shares(secret: bytes, threshold: int, num: int) -> list[bytes]:
     """``num`` shares of ``secret``, any ``threshold`` of which rebuild it and fewer of which
-    say nothing about it. Each chunk of the secret is the constant term of its own polynomial
-    of degree threshold − 1 with uniform coefficients; share i holds every polynomial's value
-    at x = i. Layout: x and the secret's length (two little-endian uint32), then one
-    :data:`VALUE_BYTES` big-endian value per chunk."""
+    say nothing about it: the secret, PKCS#7-padded to whole chunks, is split chunk by chunk by
+    PyCryptodome's Shamir (each chunk the constant term of its own random polynomial of degree
+    threshold − 1 over GF(2^128)). Layout: x (1, 2, …) and the secret's length (two
+    little-endian uint32), then the :data:`CHUNK_BYTES` share of each chunk at x."""
     if not secret:
         raise ValueError("nothing to share: the secret is empty")
     if not 1 <= threshold <= num < 2**32:
         raise ValueError(f"a threshold of {threshold} for {num} shares: needs 1 <= threshold <= shares")
-    polynomials = [[_chunk_value(chunk)] + [secrets.randbelow(PRIME) for _ in range(threshold - 1)] for chunk in _chunks(secret)]
-    return [
-        SHARE_HEADER.pack(x, len(secret)) + b"".join(_evaluate(p, x).to_bytes(VALUE_BYTES, "big") for p in polynomials)
-        for x in range(1, num + 1)
-    ]
+    shares = [bytearray(SHARE_HEADER.pack(x, len(secret))) for x in range(1, num + 1)]
+    for chunk in _chunks(pad(secret, CHUNK_BYTES)):
+        for x, value in Shamir.split(threshold, num, chunk, ssss=False):
+            shares[x - 1] += value
+    return [bytes(share) for share in shares]
 
 
 def combine_shares(shares: list[bytes]) -> bytes:
-    """The secret whose shares these are, by Lagrange interpolation at x = 0 of every chunk's
-    polynomial. Fewer than the threshold give a wrong value (or this error); shares of different
-    secrets, repeated x or malformed bytes raise ValueError, as does a chunk that does not fit
-    its length (a sign of a bad share, though a bad share need not show)."""
+    """The secret whose shares these are, each chunk rebuilt by PyCryptodome's Shamir (which
+    interpolates through every share given, so more than the threshold is fine). Fewer than the
+    threshold give a wrong value (or this error); shares of different secrets, repeated x or
+    malformed bytes raise ValueError, as does a rebuilt secret whose padding or length is not
+    what the header says (a sign of a bad share, though a bad share need not show)."""
     points = [_parse_share(share) for share in shares]
     if not points:
         raise ValueError("no shares to combine")
@@ -147,59 +149,35 @@ def combine_shares(shares: list[bytes]) -> bytes:
     xs = [p[0] for p in points]
     if len(set(xs)) != len(xs):
         raise ValueError("two shares have the same x")
-    weights = _lagrange_at_zero(xs)
-    sizes = [len(c) for c in _chunks(bytes(length))]
-    out = bytearray()
-    for i, size in enumerate(sizes):
-        value = sum(w * p[2][i] for w, p in zip(weights, points, strict=True)) % PRIME
-        if value >= 1 << (8 * size):
-            raise ValueError("the shares do not agree on a secret (the rebuilt chunk does not fit its length)")
-        out += value.to_bytes(size, "big")
-    return bytes(out)
+    columns = zip(*(p[2] for p in points), strict=True)  # chunk by chunk: every share's value of that chunk
+    padded = b"".join(Shamir.combine(list(zip(xs, column, strict=True)), ssss=False) for column in columns)
+    try:
+        secret = unpad(padded, CHUNK_BYTES)
+    except ValueError:
+        raise ValueError("the shares do not agree on a secret (its padding did not come back)") from None
+    if len(secret) != length:
+        raise ValueError("the shares do not agree on a secret (it is not of the length their headers say)")
+    return secret
 
 
-def _chunks(secret: bytes) -> list[bytes]:
-    return [secret[i : i + CHUNK_BYTES] for i in range(0, len(secret), CHUNK_BYTES)]
+def _chunks(data: bytes) -> list[bytes]:
+    return [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)]
 
 
-def _chunk_value(chunk: bytes) -> int:
-    return int.from_bytes(chunk, "big")
+def _padded_size(length: int) -> int:
+    """The bytes of a secret of ``length`` after PKCS#7 padding: always at least one byte more."""
+    return (length // CHUNK_BYTES + 1) * CHUNK_BYTES
 
 
-def _evaluate(coefficients: list[int], x: int) -> int:
-    """Σ_k c_k x^k mod PRIME (Horner)."""
-    value = 0
-    for c in reversed(coefficients):
-        value = (value * x + c) % PRIME
-    return value
-
-
-def _lagrange_at_zero(xs: list[int]) -> list[int]:
-    """λ_i = Π_{j≠i} x_j / (x_j − x_i) mod PRIME, so that f(0) = Σ λ_i f(x_i) for any f of degree < len(xs)."""
-    weights = []
-    for i, xi in enumerate(xs):
-        numerator, denominator = 1, 1
-        for j, xj in enumerate(xs):
-            if j != i:
-                numerator = numerator * xj % PRIME
-                denominator = denominator * (xj - xi) % PRIME
-        weights.append(numerator * pow(denominator, -1, PRIME) % PRIME)
-    return weights
-
-
-def _parse_share(share: bytes) -> tuple[int, int, list[int]]:
-    """(x, secret length, chunk values) of a share; ValueError when its bytes are not a share."""
+def _parse_share(share: bytes) -> tuple[int, int, list[bytes]]:
+    """(x, secret length, chunk shares) of a share; ValueError when its bytes are not a share."""
     if len(share) < SHARE_HEADER.size:
         raise ValueError(f"a share of {len(share)} bytes is shorter than its header")
     x, length = SHARE_HEADER.unpack_from(share)
-    count = -(-length // CHUNK_BYTES)
-    if x == 0 or length == 0 or len(share) != SHARE_HEADER.size + count * VALUE_BYTES:
+    if x == 0 or length == 0 or len(share) != SHARE_HEADER.size + _padded_size(length):
+        # x = 0 would be the secret itself, a share no sharing hands out
         raise ValueError("malformed share: x = 0, an empty secret, or a size that does not match its length")
-    body = share[SHARE_HEADER.size :]
-    values = [int.from_bytes(body[k * VALUE_BYTES : (k + 1) * VALUE_BYTES], "big") for k in range(count)]
-    if any(v >= PRIME for v in values):
-        raise ValueError("malformed share: a value outside the field")
-    return x, length, values
+    return x, length, _chunks(share[SHARE_HEADER.size :])
 
 
 # ----- what one client sends another ---------------------------------------------------------

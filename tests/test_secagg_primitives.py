@@ -1,36 +1,45 @@
-"""core/secagg_primitives.py against answers computed apart from it: Shamir's shares checked with
-Lagrange's formula written out by hand for small thresholds, the key agreement and encryption
-against Flower's own implementation of the same construction (ECDH + HKDF-SHA256, Fernet)."""
+"""core/secagg_primitives.py against answers computed apart from it: Shamir's shares against
+PyCryptodome's Shamir called directly on known chunks (the padding written out by hand), the
+key agreement and encryption against Flower's own implementation of the same construction
+(ECDH + HKDF-SHA256, Fernet)."""
 
 from __future__ import annotations
 
 import base64
 import itertools
 import os
+import struct
 
 import pytest
+from Crypto.Protocol.SecretSharing import Shamir
 
 from core import secagg_primitives as C
 
-# lengths around the chunk size, and secrets with leading zero bytes (an integer would drop them)
-SECRETS = [b"\x07", os.urandom(32), b"\0\0" + os.urandom(62), os.urandom(64), os.urandom(65), b"\0" * 130, os.urandom(306)]
+CHUNK = 16  # an element of GF(2^128), the size PyCryptodome shares
+# lengths around the chunk size (a multiple of it pads a whole chunk), and secrets with leading zero bytes
+SECRETS = [b"\x07", os.urandom(15), os.urandom(16), b"\0\0" + os.urandom(15), os.urandom(32), b"\0" * 130, os.urandom(306)]
 
 
-def values(share: bytes) -> tuple[int, list[int]]:
-    """(x, chunk values) of a share, read by the layout the module documents, not by its parser."""
-    x = int.from_bytes(share[:4], "little")
-    body = share[8:]
-    return x, [int.from_bytes(body[i : i + C.VALUE_BYTES], "big") for i in range(0, len(body), C.VALUE_BYTES)]
+def chunks(share: bytes) -> tuple[int, int, list[bytes]]:
+    """(x, secret length, chunk shares) of a share, read by the layout the module documents, not by its parser."""
+    x, length = struct.unpack_from("<II", share)
+    return x, length, [share[i : i + CHUNK] for i in range(8, len(share), CHUNK)]
 
 
-def with_values(share: bytes, x: int, ys: list[int]) -> bytes:
-    """A share at ``x`` with the given chunk values and the header's length of ``share``."""
-    return x.to_bytes(4, "little") + share[4:8] + b"".join(y.to_bytes(C.VALUE_BYTES, "big") for y in ys)
+def framed(x: int, length: int, values: list[bytes]) -> bytes:
+    """A share at ``x`` of a secret of ``length`` bytes, with the given chunk shares."""
+    return struct.pack("<II", x, length) + b"".join(values)
+
+
+def pkcs7(secret: bytes) -> bytes:
+    """``secret`` padded to whole chunks by hand: n bytes of value n, 1 <= n <= 16."""
+    n = CHUNK - len(secret) % CHUNK
+    return secret + bytes([n]) * n
 
 
 @pytest.mark.parametrize("secret", SECRETS, ids=lambda s: f"{len(s)}B")
 def test_every_set_of_threshold_shares_rebuilds_the_secret(secret):
-    for threshold, num in ((2, 4), (3, 5)):  # even and odd: Lagrange's signs alternate with the number of points
+    for threshold, num in ((2, 4), (3, 5)):  # even and odd numbers of points to interpolate through
         shares = C.create_shares(secret, threshold, num)
         assert len({s[:4] for s in shares}) == num
         for subset in itertools.combinations(shares, threshold):
@@ -38,29 +47,38 @@ def test_every_set_of_threshold_shares_rebuilds_the_secret(secret):
         assert C.combine_shares(shares) == secret  # more than the threshold agree too
 
 
-def test_two_shares_of_a_line_give_the_secret_by_the_hand_written_formula():
-    """t = 2: f(x) = s + a·x, so s = 2·f(1) − f(2) mod p, chunk by chunk (big-endian, 64 bytes each)."""
-    secret = os.urandom(100)
-    one, two = (values(s)[1] for s in C.create_shares(secret, 2, 2))
-    chunks = [(2 * y1 - y2) % C.PRIME for y1, y2 in zip(one, two, strict=True)]
-    assert chunks == [int.from_bytes(secret[:64], "big"), int.from_bytes(secret[64:], "big")]
-    assert C.PRIME == 2**521 - 1 and pow(3, C.PRIME - 1, C.PRIME) == 1  # the Mersenne prime M521 (Fermat's test as a check)
+def test_shares_pycryptodome_makes_of_a_known_chunk_are_combined_by_ours_and_back():
+    """A 15-byte secret pads to one chunk (secret + 0x01): PyCryptodome's own shares of that
+    chunk, framed by the documented layout, rebuild the secret through combine_shares; and our
+    shares of a 20-byte secret, chunk by chunk through PyCryptodome's combine, give its padding."""
+    secret = b"fifteen bytes!!"
+    theirs = Shamir.split(2, 3, pkcs7(secret), ssss=False)
+    for pair in itertools.combinations(theirs, 2):
+        assert C.combine_shares([framed(x, len(secret), [value]) for x, value in pair]) == secret
+    secret = os.urandom(20)
+    ours = [chunks(s) for s in C.create_shares(secret, 3, 4)]
+    assert all(length == 20 and len(values) == 2 for _, length, values in ours)
+    rebuilt = b"".join(Shamir.combine([(x, values[k]) for x, _, values in ours[1:]], ssss=False) for k in range(2))
+    assert rebuilt == pkcs7(secret) == secret + b"\x0c" * 12
 
 
 def test_fewer_than_threshold_shares_leave_every_secret_possible():
-    """t = 3, shares at x = 1, 2: for ANY candidate secret s' there is a value at x = 3 that completes
-    them to a quadratic with f(0) = s' (Lagrange on 0, 1, 2: f(3) = s' − 3·f(1) + 3·f(2)), so the two
-    shares cannot single out the secret; and combining just the two does not give it back."""
+    """t = 3, shares at x = 1, 2: for ANY candidate secret there is a share at x = 3 that completes
+    them to quadratics whose constant terms are the candidate's padded chunks, so the two shares
+    cannot single out the secret; and combining just the two does not give it back. The completing
+    value: in GF(2^128), of characteristic 2, x -> x + 3 swaps 0 with 3 and 1 with 2, so f(3) is the
+    value at 0 of the quadratic through (3, c), (2, f(1)), (1, f(2)), which PyCryptodome computes."""
     secret = os.urandom(32)
     s1, s2, _ = C.create_shares(secret, 3, 3)
-    (_, (y1,)), (_, (y2,)) = values(s1), values(s2)
+    (_, _, ys1), (_, _, ys2) = chunks(s1), chunks(s2)
     for candidate in (secret, os.urandom(32), b"\0" * 32, b"\xff" * 32):
-        forged = with_values(s1, 3, [(int.from_bytes(candidate, "big") - 3 * y1 + 3 * y2) % C.PRIME])
-        assert C.combine_shares([s1, s2, forged]) == candidate
+        padded = [pkcs7(candidate)[i : i + CHUNK] for i in range(0, 48, CHUNK)]
+        at3 = [Shamir.combine([(3, c), (2, y1), (1, y2)], ssss=False) for c, y1, y2 in zip(padded, ys1, ys2, strict=True)]
+        assert C.combine_shares([s1, s2, framed(3, 32, at3)]) == candidate
     try:
         assert C.combine_shares([s1, s2]) != secret
     except ValueError:
-        pass  # the line through two points of a random quadratic usually leaves the chunk's range: also not the secret
+        pass  # two points of a random quadratic usually rebuild bytes whose padding does not come back: also not the secret
 
 
 def test_a_sharing_is_fresh_each_time():
@@ -69,16 +87,23 @@ def test_a_sharing_is_fresh_each_time():
 
 
 def test_malformed_or_mismatched_shares_raise():
-    shares = C.create_shares(os.urandom(40), 2, 4)
+    secret = os.urandom(40)
+    shares = C.create_shares(secret, 2, 4)
     other = C.create_shares(os.urandom(80), 2, 4)
-    x, ys = values(shares[0])
+    x0, _, ys0 = chunks(shares[0])
+    x1, _, ys1 = chunks(shares[1])
+    bad_padding = pkcs7(secret)[:-1] + b"\0"  # 48 bytes that are no PKCS#7 padding of anything
+    unpadded = [Shamir.split(2, 2, bad_padding[i : i + CHUNK], ssss=False) for i in range(0, 48, CHUNK)]
     bad = {
         "no shares": [],
         "one x twice": [shares[0], shares[0]],
         "different secrets' lengths": [shares[0], other[1]],
-        "x = 0": [with_values(shares[0], 0, ys), shares[1]],
-        "a value outside the field": [with_values(shares[0], x, [C.PRIME]), shares[1]],
+        # consistent with the others (f(0) is the padded secret itself): only the refusal of x = 0 stops it
+        "x = 0": [framed(0, 40, [pkcs7(secret)[i : i + CHUNK] for i in range(0, 48, CHUNK)]), shares[1]],
+        "a length its padding contradicts": [framed(x0, 41, ys0), framed(x1, 41, ys1)],
+        "padding that does not come back": [framed(k + 1, 40, [pairs[k][1] for pairs in unpadded]) for k in range(2)],
         "truncated": [shares[0][:-1], shares[1]],
+        "a chunk too many": [shares[0] + bytes(CHUNK), shares[1] + bytes(CHUNK)],
         "shorter than a header": [b"abc", shares[1]],
     }
     for name, case in bad.items():
