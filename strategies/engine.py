@@ -16,6 +16,8 @@ for, and what crossed the wire.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import time
@@ -66,6 +68,7 @@ class ClientInfo:
     consecutive_failures: int = 0
     state: Any = None  # the method's per-client state: an instance of its own dataclass (ClientRegistry.state)
     declared: dict[str, Any] | None = None  # dataset=local: the node's own data as it declared it (classes -> [train, test] counts)
+    fingerprint: str | None = None  # dataset=local: digest of the node's whole data profile (classes, columns and their moments)
 
     def declared_count(self, split: str) -> int | None:
         """The examples this node declared for ``split`` (train or test); None when it declared none."""
@@ -130,11 +133,32 @@ class ClientRegistry:
         """Every registered node's state (see :meth:`state`), in registration order."""
         return {node: self.state(node, kind) for node in self.clients}
 
-    def free_indices(self, count: int) -> list[int]:
-        """Up to ``count`` client indices no registered node holds, lowest first (dataset=local:
-        the server numbers nodes that own their data)."""
-        held = {c.partition_id for c in self.clients.values()}
-        return [i for i in range(self.num_partitions) if i not in held][:count]
+    def free_indices(self, count: int, connected: Collection[int] = ()) -> list[int]:
+        """Up to ``count`` client indices no connected registered node holds (dataset=local: the server
+        numbers nodes that own their data): those nobody holds, lowest first, then those whose holder
+        Flower no longer lists in ``connected`` (a node restarted without authentication returns under
+        a new node id; :meth:`Engine._registration_problem` lets it take such an index only with the same data)."""
+        held = {c.partition_id for n, c in self.clients.items() if n in connected}
+        unheld = [i for i in range(self.num_partitions) if self.by_partition(i) is None]
+        orphaned = [i for i in range(self.num_partitions) if i not in held and i not in unheld]
+        return (unheld + orphaned)[:count]
+
+    def takeover_problem(self, index: int, fingerprint: str, declared: Mapping[str, Any], connected: Collection[int]) -> str | None:
+        """Why a new node declaring ``declared`` (profile digest ``fingerprint``) may not take client
+        ``index`` from its holder that has left, or None. Without authentication a node id proves
+        nothing, so the data is the identity: only a node whose profile is the one the holder declared
+        takes over its index and its server-side state."""
+        holder = self.by_partition(index)
+        if holder is None or holder in connected:
+            return None
+        info = self.clients[holder]
+        if info.fingerprint is None or info.fingerprint == fingerprint:
+            return None
+        return (
+            f"client index {index} belongs to node {holder}, which has left; this node's data differs from what node {holder} "
+            f"declared ({_counts(declared)} against {_counts(info.declared or {})}), so it cannot take that index "
+            "(a restarted node must come back with the same data folder)"
+        )
 
     def forget(self, node_id: int) -> None:
         """Drop ``node_id`` so that it registers again (a dataset=local node that restarted and lost its schema)."""
@@ -149,6 +173,9 @@ class ClientRegistry:
                 self.refused.pop(node, None)
 
     def refuse(self, node_id: int, reason: str) -> None:
+        """Keep ``node_id`` out of the run, saying why in the log."""
+        if self.refused.get(node_id) != reason:
+            log.warning("registry: node %d refused: %s", node_id, reason)
         self.refused[node_id] = reason
 
     def by_partition(self, partition_id: int) -> int | None:
@@ -211,6 +238,13 @@ class RoundMeter:
     def phase(self, phase: str) -> tuple[int, int]:
         down, up = self.bytes.get(phase, [0, 0])
         return down, up
+
+
+def _counts(declared: Mapping[str, Any]) -> str:
+    """A declaration in a few words: how many classes and train/test examples."""
+    train = sum(int(v[0]) for v in declared.values())
+    test = sum(int(v[1]) for v in declared.values())
+    return f"{len(declared)} classes, {train} train / {test} test examples"
 
 
 def _short(reason: str, limit: int = 300) -> str:
@@ -288,6 +322,7 @@ class Engine:
         self.meter = RoundMeter()
         self.round = 0
         self.missed: set[int] = set()  # nodes that missed a deadline this round
+        self.takeover_refused: set[int] = set()  # nodes refused an orphaned index for other data (register offers them another)
         self.waited = False  # True once clients were waited for (or discovery did it): wait_for_clients then waits no more
 
     # ----- rounds -----------------------------------------------------------------
@@ -350,10 +385,22 @@ class Engine:
             self._registrations({n: RecordDict({P.CONFIG: ConfigRecord(fields)}) for n in nodes}, connected, {})
         else:
             schema_json, waiting = schema.to_json(), list(nodes)
+            tried: dict[int, set[int]] = {n: set() for n in nodes}
             # an index offered to a node that is then refused (its data does not fit, it did not answer) is free
-            # again: offer it to a node still waiting, so a misfit node never keeps a fitting one out of the run
-            while waiting and (free := self.registry.free_indices(len(waiting))):
-                offered = dict(zip(waiting, free))
+            # again: offer it to a node still waiting, so a misfit node never keeps a fitting one out of the run.
+            # A node refused only because an orphaned index's holder declared other data waits for another index.
+            while waiting and (free := self.registry.free_indices(self.registry.num_partitions, connected)):
+                offered: dict[int, int] = {}
+                for n in waiting:
+                    i = next((i for i in free if i not in tried[n] and i not in offered.values()), None)
+                    if i is not None:
+                        offered[n] = i
+                if not offered:
+                    break
+                for n, i in offered.items():
+                    tried[n].add(i)
+                    self.registry.refused.pop(n, None)
+                    self.takeover_refused.discard(n)
                 self._registrations(
                     {
                         n: RecordDict({P.CONFIG: ConfigRecord({**fields, P.DATA_SCHEMA: schema_json, P.CLIENT_INDEX: i})})
@@ -362,9 +409,10 @@ class Engine:
                     connected,
                     offered,
                 )
-                waiting = [n for n in waiting if n not in offered]
+                waiting = [n for n in waiting if n not in offered or n in self.takeover_refused]
             for node in waiting:
-                self.registry.refuse(node, f"every one of the num-clients={self.cfg['num-clients']} client indices is taken")
+                if node not in self.registry.refused:
+                    self.registry.refuse(node, f"every one of the num-clients={self.cfg['num-clients']} client indices is taken")
         for node in nodes:
             if node not in self.registry.clients and node not in self.registry.refused:
                 self.registry.refuse(node, "did not answer its registration")  # asked again if it reconnects as a new node
@@ -385,7 +433,7 @@ class Engine:
     def _registration_problem(self, node: int, reply: Message, connected: Collection[int], offered: int | None = None) -> str | None:
         """Register ``node`` from its reply (as client index ``offered`` with dataset=local);
         why it cannot take part, or None."""
-        from core.run_data import MAX_PROFILE_CHARS
+        from core.run_data import MAX_PROFILE_CHARS, read_profile
 
         if reply.has_error():
             self.meter.add(P.PHASE_REGISTER, up=self.wire.message(reply))
@@ -404,10 +452,16 @@ class Engine:
         if offered is None:
             return self.registry.claim(node, met.get(P.PARTITION_ID), body, connected)
         declared, problem = self._declared(text, self.services.described.get(node))
+        fingerprint = hashlib.sha256(json.dumps(read_profile(text), sort_keys=True).encode()).hexdigest() if declared else ""
+        if problem is None and declared is not None:
+            problem = self.registry.takeover_problem(offered, fingerprint, declared, connected)
+            if problem is not None:
+                self.takeover_refused.add(node)
         if problem is None:  # the index is the server's to give: whatever the node says of itself, it holds the one offered
             problem = self.registry.claim(node, offered, body, connected)
         if problem is None:
             self.registry.clients[node].declared = declared
+            self.registry.clients[node].fingerprint = fingerprint
         return problem
 
     def _declared(self, text: Any, described: Mapping[str, Any] | None = None) -> tuple[dict[str, Any] | None, str | None]:
