@@ -120,12 +120,20 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
         status, why = "interrupted", "interrupted (Ctrl-C, or a stop signal: e.g. the SuperLink shutting down)"
         if isinstance(exc, SystemExit) and exc.code not in (0, None):
             status, why = "failed", f"Flower exited with code {exc.code} (e.g. the SuperLink became unreachable)"
-        summary = recorder.finish({**strategy.summary_extra(engine), **strategy.participants(engine)}, status=status, reason=why)
+        summary = recorder.finish(
+            {**strategy.summary_extra(engine), **strategy.participants(engine)},
+            status=status,
+            reason=why,
+            unfinished_failures=len(engine.meter.failures),  # the round under way: its record was never written
+        )
         log.error("run %s after %s: %s; results so far are in %s", status, plural(summary["rounds"], "round"), why, out)
         raise
     except Exception as exc:
         summary = recorder.finish(
-            {**strategy.summary_extra(engine), **strategy.participants(engine)}, status="failed", reason=f"{type(exc).__name__}: {exc}"
+            {**strategy.summary_extra(engine), **strategy.participants(engine)},
+            status="failed",
+            reason=f"{type(exc).__name__}: {exc}",
+            unfinished_failures=len(engine.meter.failures),  # e.g. round 1's, when every client failed in it
         )
         log.error("run failed after %s: %s", plural(summary["rounds"], "round"), summary["reason"])
         raise

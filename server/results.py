@@ -147,8 +147,12 @@ class Recorder:
             progress(self.rounds, int(self.cfg.get("num-server-rounds", record["round"])), time.monotonic() - self.started),
         )
 
-    def finish(self, extra: dict[str, Any] | None = None, status: str = "complete", reason: str | None = None) -> dict[str, Any]:
+    def finish(
+        self, extra: dict[str, Any] | None = None, status: str = "complete", reason: str | None = None, unfinished_failures: int = 0
+    ) -> dict[str, Any]:
         """Write summary.json (and the plots, when there are rounds) and return the summary.
+        ``unfinished_failures``: client failures of a round that stopped the run before its record
+        was written (e.g. every client failed in round 1); they count in ``failures``.
 
         ``status`` is "complete", "failed" or "interrupted"; ``reason`` says why a run did
         not complete (null when complete). Safe after a failure: zero rounds, or rounds
@@ -175,7 +179,7 @@ class Recorder:
             "target_accuracy": self.cfg.get("target-accuracy") or None,
             "bytes_to_target": self.bytes_to_target,
             "round_to_target": self.round_to_target,
-            "failures": sum(r.get("failures", 0) for r in self.rounds),
+            "failures": sum(r.get("failures", 0) for r in self.rounds) + unfinished_failures,
             "wall_seconds": time.monotonic() - self.started,
         }
         summary.update(values_totals(self.rounds, self.round_to_target))
