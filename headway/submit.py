@@ -195,7 +195,7 @@ def judge(run_id: int, status: dict[str, str], summary: dict[str, Any] | None, f
     if flower.endswith(":failed") or said == "failed":
         return Verdict(EXIT_FAILED, f"headway: run {run_id} failed ({flower or 'Flower: no status'}){_because(reason)}{where}")
     if flower.endswith(":completed") and said in (None, "complete"):
-        figures = "" if not summary else f": final accuracy {_figure(summary.get('final_accuracy'))} after {summary.get('rounds')} rounds"
+        figures = "" if not summary else f": final accuracy {_figure(summary.get('final_accuracy'))} after {_rounds(summary.get('rounds'))}"
         if summary:
             from core.rounds import short_rounds_note  # local import: keeps the command's start light
 
@@ -221,6 +221,13 @@ def detached(run_id: int, connection: str, signum: int) -> Verdict:
 def _because(reason: str) -> str:
     text = " ".join(str(reason).split())
     return f": {text[:400]}" if text else ""
+
+
+def _rounds(count: Any) -> str:
+    """summary.json's round count in words ("1 round", "3 rounds"); as written when it is not a whole number."""
+    from core.console import plural
+
+    return plural(count, "round") if isinstance(count, int) and not isinstance(count, bool) else f"{count} rounds"
 
 
 def _figure(value: Any) -> str:

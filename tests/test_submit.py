@@ -39,6 +39,13 @@ def test_the_verdict_follows_flowers_status_and_the_worse_of_it_and_summary_json
     assert detached(7, "lab", signal.SIGTERM).code == EXIT_TERMINATED
 
 
+def test_the_verdict_counts_rounds_in_words():
+    done = {"status": "complete", "final_accuracy": 0.5}
+    assert "after 1 round" in judge(7, read_ls(_ls("finished:completed"), 7), {**done, "rounds": 1}).line
+    assert "after 1 rounds" not in judge(7, read_ls(_ls("finished:completed"), 7), {**done, "rounds": 1}).line
+    assert "after 3 rounds" in judge(7, read_ls(_ls("finished:completed"), 7), {**done, "rounds": 3}).line
+
+
 def test_the_log_lines_it_reads_are_the_ones_flower_and_the_serverapp_print():
     assert STARTED.findall("Successfully started run 4162338123\n")[0] == "4162338123"  # flwr/cli/run/run.py
     line = "INFO headway: fedavg on mnist, 2 clients, 1 round -> /tmp/r/fedavg-mnist-20250101-000000\n"  # server/app.py
