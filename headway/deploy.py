@@ -51,14 +51,19 @@ def flwr_home() -> Path:
     return Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr")
 
 
+def unresolved_binds(args: argparse.Namespace) -> list[str]:
+    """What is wrong with each SuperLink bind address that names no address here (a name that does
+    not resolve): checked where the SuperLink starts, not by a dry run, whose command may be for
+    another host (docker/compose.yml binds a name only the SuperLink's container resolves)."""
+    fleet = fleet_address(args.bind, args.fleet_port)
+    found = [(flag, host, unresolved(host)) for flag, host in (("--bind", fleet.rpartition(":")[0]), ("--control-bind", args.control_bind))]
+    return [f"{flag} {host}: {problem}" for flag, host, problem in found if problem]
+
+
 def superlink_command(args: argparse.Namespace) -> list[str]:
     """flower-superlink with the Fleet API on ``--bind`` (where SuperNodes dial in) and the
     Control API on ``--control-bind`` (127.0.0.1 unless asked: it accepts code to run)."""
     fleet = fleet_address(args.bind, args.fleet_port)
-    for flag, host in (("--bind", fleet.rpartition(":")[0]), ("--control-bind", args.control_bind)):
-        problem = unresolved(host)
-        if problem:
-            raise ValueError(f"{flag} {host}: {problem}")
     cmd = [
         "flower-superlink",
         "--fleet-api-address",
@@ -782,12 +787,15 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    names = unresolved_binds(args) if args.cmd == "superlink" else []
     if args.dry_run:
+        for problem in names:  # the command may be for another host, where the name resolves
+            print(f"warning: {problem} (on this machine)", file=sys.stderr)
         print(" ".join(cmd))
         return 0
-    problem = check_files(args) or check_ports(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
+    refusal = names[0] if names else check_files(args) or check_ports(args)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
         return 2
     exe = shutil.which(cmd[0], path=flower_path())
     if exe is None:

@@ -74,7 +74,7 @@ def check_partition(cfg: Mapping[str, Any], dataset: Any) -> None:
         f"train-fraction={fraction:g} of what the holdout leaves must be at least one row per client ({clients}): "
         + (f"set {key} <= {most}" if most >= 0 else "no holdout fits: lower num-clients or raise train-fraction")
     )
-    if holdout >= rows:
+    if holdout >= rows or (holdout > 0 and (rows - holdout) * fraction < clients):  # the holdout's fault: name its key
         raise ConfigError(refusal)
     try:
         part = make_partition(dataset, dict(cfg))
