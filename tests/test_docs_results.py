@@ -49,6 +49,7 @@ def test_tensorboard_logdir_results_shows_a_recorded_run(tmp_path):
     assert "fedavg-mnist-demo" in out.stdout and "num_steps            8" in out.stdout, out.stdout
 
 
+@pytest.mark.system  # whole real runs: make test-system keeps make test under 15 minutes
 @pytest.mark.integration
 @pytest.mark.slow
 def test_the_mlflow_example_run_logs_its_rounds(tmp_path, data_dir):

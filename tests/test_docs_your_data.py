@@ -143,6 +143,7 @@ def test_the_flwr_run_config_is_one_headway_accepts(page_commands):
         assert resolve(keys)["dataset"] == keys.get("dataset", "mnist"), cmd.text  # ConfigError on an unknown key or a bad value
 
 
+@pytest.mark.system  # whole real runs: make test-system keeps make test under 15 minutes
 @pytest.mark.integration
 @pytest.mark.slow
 def test_the_headway_run_commands_run_as_printed(page_commands, workdir):

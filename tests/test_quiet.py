@@ -111,6 +111,7 @@ def headway_run(tmp_path, data_dir: str, name: str, *extra: str) -> subprocess.C
     return done
 
 
+@pytest.mark.system  # whole real runs: make test-system keeps make test under 15 minutes
 @pytest.mark.integration
 @pytest.mark.slow  # two real simulations, ~25 s each on 2 cores
 def test_a_default_run_prints_headways_lines_and_verbose_brings_flowers_back(tmp_path, data_dir):

@@ -136,6 +136,7 @@ def test_header_and_figures():
 # ----- headway run: a failed simulation ------------------------------------------------------
 
 
+@pytest.mark.system  # whole real runs: make test-system keeps make test under 15 minutes
 @pytest.mark.integration
 @pytest.mark.slow  # a real simulation (~25 s on 2 cores)
 def test_a_failed_simulation_ends_with_one_error_line(tmp_path):
