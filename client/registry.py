@@ -1,33 +1,35 @@
-"""Algorithm name -> client procedure: every class of ``client.procedures`` that sets its own
-``methods`` (a tuple: one procedure may serve several methods) registers under each, and every
-method declared in core/methods.py must have exactly one (RuntimeError naming what is missing,
-doubled or undeclared)."""
+"""Algorithm name -> client procedure, loaded from the method declarations (core/methods.py names
+each method's procedure as ``"module:Class"`` in ``client.procedures``); one instance per class,
+shared by the methods that name the same class. Checked at import, naming the method: the class
+exists and its ``methods`` tuple names the method."""
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
 
 from client import procedures
 from client.procedures.base import Procedure
-from core.methods import one_per_method
+from core.methods import METHODS, Method, class_path
 
 
-def discover() -> dict[str, Procedure]:
-    """Import every procedure module and match the classes found to the declared methods; one
-    instance per class."""
-    claims = []
-    for info in pkgutil.iter_modules(procedures.__path__):
-        module = importlib.import_module(f"{procedures.__name__}.{info.name}")
-        for cls in vars(module).values():
-            if isinstance(cls, type) and cls.__module__ == module.__name__ and "methods" in vars(cls):
-                methods = vars(cls)["methods"]
-                if isinstance(methods, str):
-                    raise TypeError(f"{cls.__module__}.{cls.__qualname__}.methods must be a tuple of method names, not a string")
-                claims += [(name, cls) for name in methods]
-    classes = one_per_method("client procedure", claims)
+def load(method: Method) -> type:
+    """The procedure class ``method`` declares; RuntimeError naming the method when it is missing or does not claim it."""
+    module, name = class_path(method.procedure)
+    where = f"{procedures.__name__}.{module}.{name}"
+    try:
+        cls = getattr(importlib.import_module(f"{procedures.__name__}.{module}"), name)
+    except (ImportError, AttributeError) as exc:
+        raise RuntimeError(f"method {method.name!r} declares client procedure {where}, which cannot be loaded: {exc}") from exc
+    claimed = getattr(cls, "methods", ())
+    if isinstance(claimed, str) or method.name not in claimed:
+        raise RuntimeError(f"method {method.name!r} declares client procedure {where}, whose methods tuple {claimed!r} does not name it")
+    return cls
+
+
+def _load_all() -> dict[str, Procedure]:
+    classes = {name: load(method) for name, method in METHODS.items()}
     instances = {cls: cls() for cls in set(classes.values())}
     return {name: instances[cls] for name, cls in classes.items()}
 
 
-PROCEDURES: dict[str, Procedure] = discover()
+PROCEDURES: dict[str, Procedure] = _load_all()

@@ -1,7 +1,10 @@
-"""The run-config schema: every key, its default, its allowed values, and validation.
+"""Validation of the run config against its schema (core/settings.py: every key, its
+default, its allowed values) and the checks of how values combine.
 
 Server and clients both read the Flower run config through :func:`resolve`, so a bad
-value fails at start with a message naming the key and what is allowed.
+value fails at start with a message naming the key and what is allowed. What needs the
+method's strategy class (whether it can aggregate a secure sum, or take a robust rule) is
+checked where that class is known, before any client is asked (strategies/registry.py).
 """
 
 from __future__ import annotations
@@ -10,284 +13,18 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from core.aggregate import AGGREGATIONS, SELECTING, replies_needed
-from core.methods import ALGORITHMS, METHODS, method_keys
-from core.schema import ConfigError, Key, fraction, non_negative, positive  # ConfigError: here for callers; the method rules raise it too
-
-DATASETS = (
-    "mnist",
-    "fashion-mnist",
-    "cifar10",
-    "cifar10-gray",
-    "cifar100",
-    "uci-adult",
-    "uci-gas-turbine",
-    "circle",
+from core.aggregate import SELECTING, replies_needed
+from core.methods import METHODS
+from core.schema import ConfigError, Key  # ConfigError: here for callers; the method rules raise it too
+from core.settings import (  # the schema and the values it names live with the typed settings; callers import them from here too
+    AUTO_BODY,
+    BUILTIN_TRAIN_FRACTION,
+    LOCAL,
+    MAX_FEATURE_DIM,  # noqa: F401
+    MAX_SEED,  # noqa: F401
+    SCHEMA,
+    dataset_kind,
 )
-PARTITIONS = ("iid", "pathological", "shards", "dirichlet", "natural", "dominant")
-OPTIMIZERS = ("adam", "sgd")
-DEVICES = ("auto", "cpu", "cuda")
-SAMPLINGS = ("uniform", "data-ratio")
-FAULT_MODES = (
-    "drop-after-keys",
-    "nan",
-    "wrong-shape",
-    "negative-count",
-    "scaled",
-    "error",
-    "list-metric",
-    "huge-count",
-    "zero-model",
-    "int-arrays",
-    "extra-array",
-    "oversized",
-    "huge-values",
-    "bad-eval",
-    "silent",
-    "string-metric",
-    "sign-flip",
-)
-
-
-# Bounds checked before anything starts (and without allocating anything):
-MAX_SEED = (
-    2**32 - 1
-)  # numpy's RandomState / np.random.seed and sklearn's random_state take 0..2**32-1; torch.manual_seed and default_rng take more
-MAX_IMAGE_SIZE = 1024  # image-size: 1024² x 3 B = 3 MiB an image; 8000 had Ray's workers killed for memory, 60000 overflowed
-MAX_FEATURE_DIM = 16384  # 12x the widest body here (EfficientNet-Lite0, 1280); a FedLog reply is classes x (m+1) floats
-
-LOCAL = "local"  # dataset value: every SuperNode reads its own data (node config 'data')
-BUILTIN_TRAIN_FRACTION = 0.05  # train-fraction=0 on a built-in data set: FedLog's Table 1 subset (5 % of MNIST), not a user's data
-AUTO_BODY = "auto"  # body value: the body that fits the data's input shape (core.models.auto_body), fixed once the shape is known
-PATH_SUFFIXES = (".csv", ".parquet", ".npz")
-
-
-def dataset_kind(name: str) -> str | None:
-    """'builtin', 'path' (the user's own source), 'local' (each node's own), or None when
-    ``name`` is none of these (an unknown built-in name)."""
-    if name in DATASETS:
-        return "builtin"
-    if name == LOCAL:
-        return "local"
-    if "/" in name or "\\" in name or name.startswith((".", "~")) or name.lower().endswith(PATH_SUFFIXES):
-        return "path"
-    return None
-
-
-SCHEMA: dict[str, Key] = {
-    # what runs
-    "algorithm": Key("fedlog", "federated method", choices=ALGORITHMS),
-    "dataset": Key(
-        "mnist",
-        "data set: a built-in name, a path to your own data (image folders, a CSV/Parquet table, an .npz, a saved "
-        "Hugging Face dataset; docs/your-data.md), or 'local': in a deployment every SuperNode reads its own (--node-config data=PATH)",
-        check=lambda v: dataset_kind(v) is not None,
-        rule=f"a built-in name ({', '.join(DATASETS)}), a path (containing '/', or ending in .csv, .parquet or .npz), or 'local'",
-    ),
-    "data-dir": Key("", "data directory of the built-in data sets; empty: $HEADWAY_DATA_DIR, else the user cache"),
-    # your own data (docs/your-data.md): how a path source, or every node's own source (dataset=local), is read
-    "classes": Key(
-        "",
-        "comma list of the run's class names, in index order; empty: the sorted union of the names the data holds "
-        "(every node's, with dataset=local)",
-    ),
-    "label-column": Key("label", "the label column of a table or Hugging Face dataset"),
-    "image-size": Key(
-        0,
-        "side in pixels every image is resized to; 0: the images' own, where all share one",
-        check=lambda v: 0 <= v <= MAX_IMAGE_SIZE,
-        rule=f"in [0, {MAX_IMAGE_SIZE}] (a decoded image of side S takes S² x 3 bytes in every client's memory, per image)",
-    ),
-    "channels": Key(
-        0,
-        "image channels (1: grayscale, 3: RGB); 0: 1 when every image is grayscale, else 3",
-        check=lambda v: v in (0, 1, 3),
-        rule="0, 1 or 3",
-    ),
-    "test-fraction": Key(
-        0.2, "share of a source's rows held out, seeded, as its test split when it has none", check=lambda v: 0 < v < 1, rule="in (0, 1)"
-    ),
-    "server-data": Key(
-        "",
-        "dataset=local: a source the server itself holds (its test split scores the global model and LG-FedAvg's new test, "
-        "its training rows are FedProf's D^V); empty: the server holds no data",
-    ),
-    "num-clients": positive("number of clients (partitions)", 50),
-    "partition": Key("pathological", "how data is split over clients", choices=PARTITIONS),
-    "classes-per-client": positive("classes per client (pathological); shards per client (shards)", 2),
-    "dirichlet-alpha": positive("Dirichlet concentration (dirichlet)", 0.5),
-    "dominant-class-fraction": Key(
-        0.6,
-        "share of each client's data from its one dominant class (dominant); dominant classes are dealt evenly over clients",
-        check=lambda v: 0 <= v <= 1,
-        rule="in [0, 1]",
-    ),
-    "client-size-mean": non_negative(
-        "mean of clients' local data sizes, drawn from a normal distribution (iid, dominant); 0: equal shares of the data", 0.0
-    ),
-    "client-size-std": non_negative("standard deviation of clients' local data sizes (with client-size-mean)", 0.0),
-    "natural-column": Key("", "column that names a client's source (natural); empty: the data set's own"),
-    "server-holdout": non_negative(
-        "training rows kept from every client before partitioning (FedProf uses fedprof-val-size instead); set it equal to compare a method with FedProf on the same client data",
-        0,
-    ),
-    "train-fraction": Key(
-        0.0,
-        "fraction of the training rows used, drawn (stratified) before partitioning; 0: all the rows of your own data (a path, "
-        f"or dataset=local), {BUILTIN_TRAIN_FRACTION:g} of a built-in data set's (FedLog's Table 1 setting). config.json shows the value used",
-        check=lambda v: 0 <= v <= 1,
-        rule="in (0, 1], or 0 for the data set's default",
-    ),
-    "num-server-rounds": positive("federated rounds", 100),
-    "fraction-train": fraction("fraction of clients sampled per round", 1.0),
-    "client-sampling": Key(
-        "uniform",
-        "fedavg/fedprox: how the round's K clients are drawn. uniform: without replacement, updates weighted by n_k (McMahan et al.); "
-        "data-ratio: K draws with replacement with probability n_k/n, each draw weighted equally (scheme I of Li et al. 2020, FedProx's sampling)",
-        choices=SAMPLINGS,
-    ),
-    "aggregation": Key(
-        "mean",
-        "fedavg, fedprox, lg-fedavg, fedper, fedrep: how the round's accepted model updates are combined, by Flower's own rules. "
-        "mean: weighted by n_k; median: coordinate-wise (Yin et al. 2018); trimmed-mean: coordinate-wise, trimmed-mean-beta cut "
-        "at each end; krum: the one update nearest its n-f-2 closest (Blanchard et al. 2017); multi-krum: the n_k-weighted mean "
-        "of the multi-krum-select best by that score; bulyan: multi-krum keeps n-2f, then each coordinate is the mean of the "
-        "n-4f nearest their median (El Mhamdi et al. 2018). f is malicious-clients; docs/trust-and-dp.md says what each tolerates",
-        choices=AGGREGATIONS,
-    ),
-    "trimmed-mean-beta": Key(
-        0.2,
-        "aggregation=trimmed-mean: fraction of a round's replies cut at each end of every coordinate (floor(beta x n) each side); "
-        "refused unless a full round cuts at least one, and a round too small to cut one keeps the previous model",
-        check=lambda v: 0 <= v < 0.5,
-        rule="in [0, 0.5)",
-    ),
-    "malicious-clients": non_negative(
-        "aggregation=krum, multi-krum, bulyan: f, the poisoned replies a round is built to withstand; "
-        "a round needs n >= 2f+3 valid replies (krum, multi-krum) or n >= 4f+3 (bulyan), else it keeps the previous model",
-        1,
-    ),
-    "multi-krum-select": non_negative(
-        "aggregation=multi-krum: m, how many of the best-scored replies are averaged (at most n-f of a round's n); 0: n-f", 0
-    ),
-    "min-available-clients": non_negative("clients to wait for before sampling; 0: num-clients", 0),
-    "sample-timeout": non_negative("seconds to wait, once before round 1, for min-available-clients to connect", 120.0),
-    "local-epochs": non_negative("local epochs per round", 5),
-    "batch-size": positive("local batch size", 10),
-    "lr": positive("local learning rate", 1e-3),
-    "lr-decay": Key(1.0, "learning rate of round r: lr · lr-decay^(r-1)", check=lambda v: 0 < v <= 1, rule="in (0, 1]"),
-    "optimizer": Key("adam", "local optimizer", choices=OPTIMIZERS),
-    "body": Key(
-        "auto",
-        "body architecture; auto: the one that fits the data (images: mnist-cnn at 28×28, MNIST's, cifar-cnn at 32×32, "
-        "image-cnn at other sizes; tables: mlp), recorded in config.json",
-    ),
-    "inputs": Key(
-        "raw",
-        "what clients train and are scored on: raw (the data set's inputs) or features (the frozen fedpft-extractor's features of them, "
-        "at fedpft-resolution, cached in fedpft-cache-dir as FedPFT's are; give body=linear for a linear model on them, or mlp)",
-        choices=("raw", "features"),
-    ),
-    "feature-dim": Key(
-        0,
-        "m, the number of features a body outputs; 0: the body's own width",
-        check=lambda v: 0 <= v <= MAX_FEATURE_DIM,
-        rule=f"in [0, {MAX_FEATURE_DIM}] (0: the body's own width; the widest body here has 1280 features)",
-    ),
-    "body-dropout": Key(
-        0.5,
-        "dropout in training of the papers' CNN bodies (mnist-cnn: after conv2 and on the features; cifar-cnn: on the features), as their authors train them; 0: off",
-        check=lambda v: 0 <= v < 1,
-        rule="in [0, 1)",
-    ),
-    "bodies": Key("", "comma list of bodies cycled over partition ids; empty: every client runs `body`"),
-    "body-init": Key(
-        "shared",
-        "initial client models: one seed for all, or a seed per partition id (different initializations)",
-        choices=("shared", "per-client"),
-    ),
-    "seed": Key(
-        0,
-        "seed of partitions, initialization and sampling",
-        check=lambda v: 0 <= v <= MAX_SEED,
-        rule=f"in [0, 2**32 - 1 = {MAX_SEED}] (what numpy's legacy seeding and sklearn accept; torch and numpy's Generator take these too)",
-    ),
-    "target-accuracy": Key(0.0, "accuracy for bytes_to_target; 0: none", check=lambda v: 0 <= v <= 1, rule="in [0, 1]"),
-    "device": Key("auto", "torch device of clients", choices=DEVICES),
-    "round-timeout": positive(
-        "deadline in seconds of each exchange of a round; a client that misses it is not waited for again that round", 600.0
-    ),
-    "eval-every": non_negative(
-        "clients score themselves on their test splits every this many rounds and after the last; 0: only after the last", 1
-    ),
-    "client-evaluation": Key(
-        "exchange",
-        "how clients report their test scores of the global model: an evaluation exchange after each evaluated round, or "
-        "with-next-train: in the next round's train reply, scored before training (one exchange after the last round)",
-        choices=("exchange", "with-next-train"),
-    ),
-    # secure aggregation (core/secagg.py; docs/secure-aggregation.md)
-    "secure-aggregation": Key(
-        "off",
-        "secagg+: the server learns only the sum of the clients' replies, never one of them (SecAgg+; sum-shaped methods only)",
-        choices=("off", "secagg+"),
-    ),
-    "secagg-shares": non_negative(
-        "SecAgg+: clients each one shares its secrets with, itself included (odd; capped at the round's clients); 0: 2*ceil(log2 n)+1", 0
-    ),
-    "secagg-threshold": Key(
-        0.5,
-        "SecAgg+: a secret is rebuilt from more than this fraction of its shares; a round with fewer survivors among a client's "
-        "neighbours fails and keeps the previous model",
-        check=lambda v: 0.5 <= v < 1,
-        rule="in [0.5, 1): a majority of a client's shares, so no two disjoint groups of its neighbours can each rebuild its secrets",
-    ),
-    "global-eval": Key(True, "also evaluate a single global model on the whole test set, where one exists"),
-    "results-dir": Key("results", "where `flwr run` writes its results folder"),
-    "tensorboard": Key(
-        True, "write each round's figures as TensorBoard event files into the results folder (`tensorboard --logdir results/`)"
-    ),
-    "mlflow-tracking-uri": Key(
-        "",
-        "also log each round's figures to MLflow at this tracking URI (e.g. http://host:5000, sqlite:///results/mlflow.db); empty: "
-        "no MLflow. Needs the mlflow extra: pip install -e '.[mlflow]' in headway's checkout",
-    ),
-    "client-num-cpus": positive("CPUs per virtual client (simulation)", 1.0),
-    "client-num-gpus": non_negative("GPU share per virtual client (simulation)", 0.0),
-    "ray-address": Key(
-        "",
-        "Ray cluster the simulation runs on: host:port of its head (GCS), auto (RAY_ADDRESS, else the `ray start` cluster on this machine) "
-        "or empty: a private Ray started for the run (RAY_ADDRESS ignored); see docs/ray-cluster.md",
-        check=lambda v: "://" not in v,
-        rule="host:port, auto or empty (not a ray:// Ray Client address: run headway on a node of the cluster)",
-    ),
-    # data quality: some clients' training data is corrupted (core/noise.py)
-    "client-noise": Key(
-        "",
-        "comma list kind:fraction of clients whose training data is corrupted: irrelevant, blur, salt-pepper (images), polluted, noisy (tabular)",
-    ),
-    # robustness testing: chosen clients corrupt their training replies
-    "fault-clients": Key("", "comma list of partition ids whose replies are corrupted (robustness tests)"),
-    "fault-mode": Key("nan", "how faulty clients corrupt replies (see README, Robustness testing)", choices=FAULT_MODES),
-    # what a reply may be: bounds the server enforces on every client reply
-    "min-replies": positive("valid replies a round needs at its deadline; fewer and the round keeps the previous model", 1),
-    "max-update-norm": positive(
-        "model-averaging methods, from round 2: largest ‖w_client − w_global‖ accepted, relative to max(‖w_global‖, 1); "
-        "a sign-flipped model is 2; honest clients measured up to 0.95 after round 1 (20,000 examples each; Table 1 setups 0.48) (benchmarks/results/update-norms)",
-        1.5,
-    ),
-    "max-first-update-norm": positive(
-        "the same bound in round 1, whose updates start from the seeded random model and move furthest "
-        "(measured: 1.0 with 1,000 examples a client, 1.55 with 4,000, 2.7 with 20,000): raise it for clients that train that long, "
-        "knowing a sign flip (about 2.2 there) then passes round 1",
-        1.5,
-    ),
-    "max-feature-value": positive("largest |feature| a reply's feature sums or prototypes may imply (FedLog without clip, FedProto)", 1e4),
-    "max-client-examples": non_negative(
-        "largest num-examples a reply may claim when the server holds no data to compute partition sizes; 0: 1,000,000", 0
-    ),
-    **method_keys(),
-}
 
 
 def _coerce(name: str, key: Key, value: Any) -> Any:
@@ -406,7 +143,7 @@ def _check_combinations(cfg: Mapping[str, Any], import_bodies: bool = True) -> N
             f"{cfg['algorithm']} draws its clients its own way: leave it 'uniform'"
         )
     if cfg["aggregation"] != "mean":
-        _check_aggregation(cfg, method, most)
+        _check_aggregation(cfg, most)
     if cfg["client-size-std"] > 0 and cfg["client-size-mean"] <= 0:
         raise ConfigError("run-config key 'client-size-std' needs 'client-size-mean' > 0: the sizes are drawn from N(mean, std²)")
     if cfg["client-size-mean"] > 0 and cfg["partition"] not in ("iid", "dominant"):
@@ -414,7 +151,7 @@ def _check_combinations(cfg: Mapping[str, Any], import_bodies: bool = True) -> N
     if cfg["client-evaluation"] != "exchange":
         _check_scores_with_train(cfg, method)
     if cfg["secure-aggregation"] != "off":
-        _check_secure_aggregation(cfg, method)
+        _check_secure_aggregation(cfg)
     method.validate(cfg)  # the chosen method's own rules (core/methods.py)
 
 
@@ -433,14 +170,9 @@ def _check_scores_with_train(cfg: Mapping[str, Any], method: Any) -> None:
         )
 
 
-def _check_secure_aggregation(cfg: Mapping[str, Any], method: Any) -> None:
-    """secure-aggregation only for methods whose server needs nothing but the sum of the replies."""
-    if not method.secure_sum:
-        able = ", ".join(m.name for m in METHODS.values() if m.secure_sum)
-        raise ConfigError(
-            f"run-config key 'secure-aggregation' is {cfg['secure-aggregation']!r}, which only {able} implement: {cfg['algorithm']}'s "
-            "server needs what each client sends (profiles to select by, mixtures to sample from, models to compare), not only their sum"
-        )
+def _check_secure_aggregation(cfg: Mapping[str, Any]) -> None:
+    """What secure-aggregation needs of the round (whether the method's strategy can aggregate a sum alone
+    is checked where that class is known: strategies.registry.check_capabilities)."""
     if (most := max_replies(cfg)) < 3:  # core/secagg.py MIN_CLIENTS (no import: config stays free of the crypto)
         raise ConfigError(
             f"run-config key 'secure-aggregation' is {cfg['secure-aggregation']!r}, but a round of {cfg['algorithm']} asks {most} "
@@ -463,16 +195,11 @@ def _check_secure_aggregation(cfg: Mapping[str, Any], method: Any) -> None:
         )
 
 
-def _check_aggregation(cfg: Mapping[str, Any], method: Any, most: int) -> None:
-    """A robust aggregation rule only where the server averages the round's model updates, and
-    only when a full round (``most`` replies) is enough for it against malicious-clients."""
+def _check_aggregation(cfg: Mapping[str, Any], most: int) -> None:
+    """A robust aggregation rule only when a full round (``most`` replies) is enough for it against
+    malicious-clients (whether the method's strategy averages model updates, the step the rule replaces,
+    is checked where that class is known: strategies.registry.check_capabilities)."""
     rule, f = cfg["aggregation"], cfg["malicious-clients"]
-    if not method.robust_aggregation:
-        able = ", ".join(m.name for m in METHODS.values() if m.robust_aggregation)
-        raise ConfigError(
-            f"run-config key 'aggregation' is {rule!r}, which only {able} implement (it replaces their average of the round's "
-            f"model updates); {cfg['algorithm']} {method.server_combines}: leave it 'mean'"
-        )
     if rule == "trimmed-mean":
         _check_trimmed_mean(cfg["trimmed-mean-beta"], most)
     if rule not in SELECTING:

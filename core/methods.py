@@ -1,22 +1,25 @@
-"""Every federated method, declared once: its name, a one-line summary, its run-config keys,
-and its own rules (value combinations it refuses, rows the server holds out, how many clients
-a round asks, whether it builds the config's body).
+"""Every federated method, declared once: its name and summary, its run-config keys (a typed
+settings class), the wire names only it uses, where its strategy and its client procedure live,
+and its own rules (value combinations it refuses, rows the server holds out, how many clients a
+round asks, whether it builds the config's body).
 
-The config schema, the run-config checks, the partition's holdout, the generated
-``[tool.flwr.app.config]`` block and docs/configuration.md all read these declarations.
-Nothing here names the strategy or the client procedure: each registers itself under the
-method's name in its own package (``strategies/registry.py``, ``client/registry.py``), so
-``core`` never refers to either side. Adding a method means one entry here, its strategy
-module, its client procedure, and their tests.
+The config schema and the typed settings (core/settings.py), the run-config checks, the
+partition's holdout, the generated ``[tool.flwr.app.config]`` block and docs/configuration.md
+all read these declarations; ``strategies/registry.py`` and ``client/registry.py`` load the
+classes named here. The classes are named relative to their package (``"fedavg:FedAvg"`` is
+``strategies.fedavg.FedAvg``) so that ``core`` never imports or names a layer above it. What a
+strategy can do (secure sums, robust rules) is read from the strategy class itself
+(``strategies/capabilities.py``), never declared here. docs/methods.md says what adding a
+method touches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
-from core.schema import ConfigError, Key, non_negative, positive
+from core.schema import ConfigError, Key, keys_of, non_negative, positive, setting
 
 
 def no_rules(cfg: Mapping[str, Any]) -> None:
@@ -29,7 +32,11 @@ class Method:
 
     name: str
     summary: str
-    keys: dict[str, Key] = field(default_factory=dict)
+    strategy: str  # its server strategy: "module:Class" in the strategies package (strategies/registry.py loads it)
+    procedure: str  # its client procedure: "module:Class" in client.procedures (client/registry.py loads it)
+    settings: type | None = None  # its own keys: a frozen dataclass of core.schema.setting fields, one per key
+    prefix: str = ""  # what its keys start with, before a '-'; empty: its name
+    records: object | None = None  # a frozen dataclass of the wire names only it uses (payload arrays; phases as phase_*)
     # raises ConfigError naming the key when the resolved config combines its values in a way the method cannot run
     validate: Callable[[Mapping[str, Any]], None] = no_rules
     holdout_key: str = "server-holdout"  # the key counting the training rows the server keeps from every client
@@ -39,15 +46,279 @@ class Method:
     # client-evaluation=with-next-train gives the same scores as the evaluation exchange: a client's evaluation of the model a
     # train message brings, before it trains, is the one it would have made in the exchange after the previous round
     scores_with_train: bool = False
-    # honours the aggregation key: its server averages the round's model updates, the step a robust rule replaces
-    robust_aggregation: bool = False
-    server_combines: str = ""  # what its server does instead (the aggregation key's refusal says it)
-    # secure-aggregation=secagg+: the server needs only the sum of the training replies (core/secagg.py)
-    secure_sum: bool = False
+    server_combines: str = ""  # what its server does instead of averaging model updates (the aggregation key's refusal says it)
+
+    @property
+    def attr(self) -> str:
+        """Its attribute on the typed settings (core.settings.Settings): its name with '-' as '_'."""
+        return self.name.replace("-", "_")
+
+    @property
+    def key_prefix(self) -> str:
+        """What its keys start with (before a '-')."""
+        return self.prefix or self.name
+
+    @property
+    def keys(self) -> dict[str, Key]:
+        """Its own run-config keys, from its settings class: field ``rest`` is key ``<prefix>-rest`` ('_' as '-')."""
+        return keys_of(self.settings, self.key_prefix)
+
+    def record_names(self) -> dict[str, str]:
+        """Field -> wire name of the names only it uses (empty: it sends only shared records)."""
+        if self.records is None:
+            return {}
+        return {f.name: getattr(self.records, f.name) for f in fields(self.records)}  # type: ignore[arg-type]
 
     def holdout(self, cfg: Mapping[str, Any]) -> int:
         """Training rows the server keeps for itself before partitioning."""
         return int(cfg[self.holdout_key])
+
+
+# ------------------------------------------------------------------ wire names only one method uses
+
+
+@dataclass(frozen=True)
+class FedLogRecords:
+    """FedLog's payload arrays and its statistics round."""
+
+    eta: str = "eta"  # the global head η (server -> client)
+    stats: str = "stats"  # a client's sufficient statistic T = Σ φ⊗e_y (client -> server)
+    stats_sum: str = "stats-sum"  # FedLog-C: the aggregate Φ (server -> client)
+    stats_rows: str = "stats-rows"  # sparse uplink: [class index, row of T] for each class a client holds
+    phase_stats: str = "stats"  # fedlog-init=stats: statistics of the untrained bodies
+
+
+@dataclass(frozen=True)
+class LGFedAvgRecords:
+    """LG-FedAvg's new test."""
+
+    phase_upload: str = "upload-model"  # a client sends its whole local model once
+
+
+@dataclass(frozen=True)
+class FedProfRecords:
+    """FedProf's profiles."""
+
+    profile: str = "profile"  # per unit (mean, variance) of the profiled layer (client -> server)
+    phase_profile: str = "profile"  # before round 1: every client profiles the initial model, no training
+
+
+@dataclass(frozen=True)
+class FedProtoRecords:
+    """FedProto's payload arrays."""
+
+    prototypes: str = "prototypes"
+    class_counts: str = "class-counts"
+
+
+@dataclass(frozen=True)
+class FedPFTRecords:
+    """FedPFT's payload arrays (core/fedpft.py describes them) and its chain."""
+
+    gmm_classes: str = "gmm-classes"  # int32 (m, 3): label, examples, components of each class sent
+    gmm_weights: str = "gmm-weights"
+    gmm_means: str = "gmm-means"
+    gmm_covariances: str = "gmm-covariances"
+    head_weight: str = "head-weight"  # the linear head (server -> client)
+    head_bias: str = "head-bias"
+    phase_chain: str = "chain"  # decentralized: a client gets the previous client's mixtures, relayed
+
+
+FEDLOG_RECORDS = FedLogRecords()
+LG_FEDAVG_RECORDS = LGFedAvgRecords()
+FEDPROF_RECORDS = FedProfRecords()
+FEDPROTO_RECORDS = FedProtoRecords()
+FEDPFT_RECORDS = FedPFTRecords()
+
+
+# ------------------------------------------------------------------ each method's own keys
+
+
+@dataclass(frozen=True)
+class FedProxSettings:
+    """fedprox's own run-config keys (fedprox-*)."""
+
+    mu: float = setting(non_negative("FedProx: proximal term weight mu", 0.01))
+
+
+@dataclass(frozen=True)
+class FedLogSettings:
+    """fedlog's own run-config keys (fedlog-*)."""
+
+    prior_nu: float = setting(non_negative("prior strength nu of the conjugate prior", 1.0))
+    prior_chi: float = setting(Key(0.0, "prior chi (every entry)"))
+    init: str = setting(Key("stats", "first head: one statistics round on untrained bodies, or random", choices=("stats", "random")))
+    alpha: float = setting(non_negative("FedLog-C auxiliary loss weight; 0: plain FedLog", 0.0))
+    dp: str = setting(
+        Key(
+            "off",
+            "differential privacy of the statistics: local (each client noises its own), central (the server noises the sum), "
+            "distributed (each client adds its share of the central noise under secure-aggregation; docs/trust-and-dp.md)",
+            choices=("off", "local", "central", "distributed"),
+        )
+    )
+    dp_withholding: int = setting(
+        non_negative(
+            "fedlog-dp=distributed: how many clients of a round may withhold their noise share (dishonest or broken); "
+            "each share is σ/√(min-replies − this), so any accepted sum keeps σ with that many missing; must be < min-replies",
+            0,
+        )
+    )
+    epsilon: float = setting(positive("DP epsilon", 1.0))
+    delta: float = setting(Key(0.01, "DP delta", check=lambda v: 0 < v < 1, rule="in (0, 1)"))
+    clip: float = setting(non_negative("clip body features to [-b, b]; 0: no clip (required > 0 with DP)", 0.0))
+    uplink: str = setting(
+        Key(
+            "dense",
+            "FedLog: statistics sent dense (classes × m) or sparse (only the rows of the classes a client holds, with their indices: lossless; not with fedlog-dp=local)",
+            choices=("dense", "sparse"),
+        )
+    )
+    wire_dtype: str = setting(
+        Key(
+            "float32",
+            "FedLog: dtype of the head η (and FedLog-C's class means) sent to clients; the server adds and solves in float64",
+            choices=("float32", "float16"),
+        )
+    )
+    uplink_dtype: str = setting(
+        Key(
+            "float32",
+            "FedLog: dtype of the statistics sent up; float16 sends each class as [count, feature means] (the same rows in float32 for a client with a class above 2048 examples); the server rebuilds the sums in float64; not with fedlog-dp local or central",
+            choices=("float32", "float16"),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class LGFedAvgSettings:
+    """lg-fedavg's own run-config keys (lg-*)."""
+
+    global_layers: int = setting(positive("LG-FedAvg: top layers that are global and averaged (1 or 2 in FedLog's Table 1)", 1))
+    warmup_rounds: int = setting(non_negative("LG-FedAvg: first rounds run as FedAvg on the whole model before bodies go local", 0))
+    new_test: bool = setting(
+        Key(
+            True,
+            "LG-FedAvg: after the last round clients upload their models once and the server scores their logit ensemble on the whole test set",
+        )
+    )
+
+
+@dataclass(frozen=True)
+class FedPerSettings:
+    """fedper's own run-config keys (fedper-*)."""
+
+    local_layers: int = setting(positive("FedPer: top layers kept local; the rest are averaged", 2))
+
+
+@dataclass(frozen=True)
+class FedRepSettings:
+    """fedrep's own run-config keys (fedrep-*)."""
+
+    local_layers: int = setting(positive("FedRep: top layers kept local (the head); the rest are averaged", 1))
+    head_epochs: int = setting(non_negative("FedRep: epochs training the local head (body fixed) before the body epochs", 10))
+
+
+@dataclass(frozen=True)
+class FedProtoSettings:
+    """fedproto's own run-config keys (fedproto-*)."""
+
+    lambda_: float = setting(non_negative("FedProto: weight of the pull of features towards the global prototypes", 1.0))
+    predict: str = setting(
+        Key(
+            "head",
+            "FedProto: the accuracy reported first: local head, or nearest global prototype (both are recorded)",
+            choices=("head", "prototype"),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class FedProfSettings:
+    """fedprof's own run-config keys (fedprof-*)."""
+
+    layer: str = setting(
+        Key(
+            "body",
+            "FedProf: the module whose outputs are profiled (a name from the model's named_modules; body: the feature layer)",
+        )
+    )
+    alpha: float = setting(non_negative("FedProf: penalty alpha of the score exp(-alpha * div); 0: uniform selection", 10.0))
+    val_size: int = setting(
+        positive(
+            "FedProf: training rows the server holds out (never given to a client); its validation set D^V for baseline profiles is a private random half of them",
+            1000,
+        )
+    )
+    aggregation: str = setting(
+        Key(
+            "full",
+            "FedProf: full (unselected clients count with the previous global model), full-cache (unselected clients count with "
+            "their last local model, which the server keeps) or partial (scheme II of Li et al. 2020)",
+            choices=("full", "full-cache", "partial"),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class FedPFTSettings:
+    """fedpft's own run-config keys (fedpft-*)."""
+
+    extractor: str = setting(
+        Key(
+            "efficientnet-lite0",
+            "FedPFT: frozen pretrained feature extractor shared by all clients (identity: the raw input)",
+            choices=("efficientnet-lite0", "resnet18", "resnet50", "vit_b_16", "identity"),
+        )
+    )
+    extractor_weights: str = setting(
+        Key(
+            "",
+            "FedPFT: state-dict file of the extractor's weights; empty: the packaged (efficientnet-lite0) or downloaded (torchvision) ones",
+        )
+    )
+    resolution: int = setting(
+        non_negative("FedPFT: side in pixels images are resized to before extraction; 0: the extractor's own (224)", 0)
+    )
+    cache_dir: str = setting(Key("", "FedPFT: feature cache folder; empty: $HEADWAY_CACHE_DIR/features or the user cache; none: no cache"))
+    components: int = setting(positive("FedPFT: K, Gaussian components per class (a class with n < 2K examples gets max(1, n // 2))", 1))
+    covariance: str = setting(Key("spherical", "FedPFT: covariance family of the mixtures", choices=("spherical", "diag", "full")))
+    min_class_examples: int = setting(
+        positive("FedPFT: classes with fewer local examples are not sent (a 1-example mixture would be the raw feature)", 2)
+    )
+    em_init: str = setting(Key("kmeans", "FedPFT: EM initialization", choices=("kmeans", "k-means++", "random")))
+    em_tol: float = setting(positive("FedPFT: EM stops when a class's mean log-likelihood changes less than this", 1e-3))
+    em_max_iter: int = setting(positive("FedPFT: EM iterations at most", 100))
+    reg_covar: float = setting(positive("FedPFT: added to every variance in EM", 1e-6))
+    topology: str = setting(
+        Key(
+            "centralized",
+            "FedPFT: centralized (the server trains the head) or chain (clients pass mixtures along partition ids, relayed by the server)",
+            choices=("centralized", "chain"),
+        )
+    )
+    dp: str = setting(Key("off", "FedPFT: DP-FedPFT (Theorem 4.1; K = 1, features scaled to the unit sphere)", choices=("off", "on")))
+    epsilon: float = setting(positive("FedPFT: DP epsilon per class", 1.0))
+    delta: float = setting(Key(0.0, "FedPFT: DP delta per class; 0: 1/n of each class", check=lambda v: 0 <= v < 1, rule="in [0, 1)"))
+    max_synthetic: int = setting(
+        positive(
+            "FedPFT: most synthetic features drawn at once (server, or a chain client); larger claimed counts are scaled down proportionally",
+            500_000,
+        )
+    )
+    head_optimizer: str = setting(
+        Key(
+            "adamw",
+            "FedPFT: optimizer of the head (adamw: the authors' Flower baseline; adam: the paper)",
+            choices=("adamw", "adam"),
+        )
+    )
+    head_lr: float = setting(positive("FedPFT: learning rate of the head", 1e-4))
+    head_epochs: int = setting(positive("FedPFT: epochs of head training", 50))
+    head_batch_size: int = setting(positive("FedPFT: batch size of head training", 32))
+
+
+# ------------------------------------------------------------------ each method's own rules
 
 
 def _fedlog_rules(cfg: Mapping[str, Any]) -> None:
@@ -147,129 +418,71 @@ METHODS: dict[str, Method] = {
         Method(
             "fedavg",
             "whole-model averaging weighted by n_k (McMahan et al. 2017)",
+            strategy="fedavg:FedAvg",
+            procedure="fedavg:FedAvgClient",
             client_sampling=True,
             scores_with_train=True,
-            secure_sum=True,
-            robust_aggregation=True,
         ),
         Method(
             "fedprox",
             "FedAvg with the proximal term (mu/2)|w - w_global|^2 (Li et al. 2020)",
-            {"fedprox-mu": non_negative("FedProx: proximal term weight mu", 0.01)},
+            strategy="fedprox:FedProx",
+            procedure="fedavg:FedProxClient",
+            settings=FedProxSettings,
             client_sampling=True,
             scores_with_train=True,
-            secure_sum=True,
-            robust_aggregation=True,
         ),
         Method(
             "fedlog",
             "per-class feature sums and the exact MAP head of Eq. 12 (FedLog, FedLog-C, DP-FedLog)",
-            {
-                "fedlog-prior-nu": non_negative("prior strength nu of the conjugate prior", 1.0),
-                "fedlog-prior-chi": Key(0.0, "prior chi (every entry)"),
-                "fedlog-init": Key("stats", "first head: one statistics round on untrained bodies, or random", choices=("stats", "random")),
-                "fedlog-alpha": non_negative("FedLog-C auxiliary loss weight; 0: plain FedLog", 0.0),
-                "fedlog-dp": Key(
-                    "off",
-                    "differential privacy of the statistics: local (each client noises its own), central (the server noises the sum), "
-                    "distributed (each client adds its share of the central noise under secure-aggregation; docs/trust-and-dp.md)",
-                    choices=("off", "local", "central", "distributed"),
-                ),
-                "fedlog-dp-withholding": non_negative(
-                    "fedlog-dp=distributed: how many clients of a round may withhold their noise share (dishonest or broken); "
-                    "each share is σ/√(min-replies − this), so any accepted sum keeps σ with that many missing; must be < min-replies",
-                    0,
-                ),
-                "fedlog-epsilon": positive("DP epsilon", 1.0),
-                "fedlog-delta": Key(0.01, "DP delta", check=lambda v: 0 < v < 1, rule="in (0, 1)"),
-                "fedlog-clip": non_negative("clip body features to [-b, b]; 0: no clip (required > 0 with DP)", 0.0),
-                "fedlog-uplink": Key(
-                    "dense",
-                    "FedLog: statistics sent dense (classes × m) or sparse (only the rows of the classes a client holds, with their indices: lossless; not with fedlog-dp=local)",
-                    choices=("dense", "sparse"),
-                ),
-                "fedlog-wire-dtype": Key(
-                    "float32",
-                    "FedLog: dtype of the head η (and FedLog-C's class means) sent to clients; the server adds and solves in float64",
-                    choices=("float32", "float16"),
-                ),
-                "fedlog-uplink-dtype": Key(
-                    "float32",
-                    "FedLog: dtype of the statistics sent up; float16 sends each class as [count, feature means] (the same rows in float32 for a client with a class above 2048 examples); the server rebuilds the sums in float64; not with fedlog-dp local or central",
-                    choices=("float32", "float16"),
-                ),
-            },
+            strategy="fedlog:FedLog",
+            procedure="fedlog:FedLogClient",
+            settings=FedLogSettings,
+            records=FEDLOG_RECORDS,
             validate=_fedlog_rules,
             scores_with_train=True,
             server_combines="adds per-class feature statistics and solves for the head, with no model update to average",
-            secure_sum=True,
         ),
         Method(
             "lg-fedavg",
             "local bodies, averaged top layers (Liang et al. 2020, Alg. 1)",
-            {
-                "lg-global-layers": positive("LG-FedAvg: top layers that are global and averaged (1 or 2 in FedLog's Table 1)", 1),
-                "lg-warmup-rounds": non_negative("LG-FedAvg: first rounds run as FedAvg on the whole model before bodies go local", 0),
-                "lg-new-test": Key(
-                    True,
-                    "LG-FedAvg: after the last round clients upload their models once and the server scores their logit ensemble on the whole test set",
-                ),
-            },
+            strategy="lg_fedavg:LGFedAvg",
+            procedure="lg_fedavg:LGFedAvgClient",
+            settings=LGFedAvgSettings,
+            prefix="lg",
+            records=LG_FEDAVG_RECORDS,
             validate=_lg_fedavg_rules,
-            robust_aggregation=True,
-            secure_sum=True,
         ),
         Method(
             "fedper",
             "averaged bodies, local top layers (Arivazhagan et al. 2019)",
-            {"fedper-local-layers": positive("FedPer: top layers kept local; the rest are averaged", 2)},
-            robust_aggregation=True,
-            secure_sum=True,
+            strategy="fedper:FedPer",
+            procedure="layer_sharing:SharedLayersClient",
+            settings=FedPerSettings,
         ),
         Method(
             "fedrep",
             "averaged body, local head fitted first (Collins et al. 2021)",
-            {
-                "fedrep-local-layers": positive("FedRep: top layers kept local (the head); the rest are averaged", 1),
-                "fedrep-head-epochs": non_negative("FedRep: epochs training the local head (body fixed) before the body epochs", 10),
-            },
-            robust_aggregation=True,
-            secure_sum=True,
+            strategy="fedrep:FedRep",
+            procedure="fedrep:FedRepClient",
+            settings=FedRepSettings,
         ),
         Method(
             "fedproto",
             "per-class mean features averaged by class counts (Tan et al. 2022)",
-            {
-                "fedproto-lambda": non_negative("FedProto: weight of the pull of features towards the global prototypes", 1.0),
-                "fedproto-predict": Key(
-                    "head",
-                    "FedProto: the accuracy reported first: local head, or nearest global prototype (both are recorded)",
-                    choices=("head", "prototype"),
-                ),
-            },
+            strategy="fedproto:FedProto",
+            procedure="fedproto:FedProtoClient",
+            settings=FedProtoSettings,
+            records=FEDPROTO_RECORDS,
             server_combines="averages per-class prototypes by class counts while models stay local",
-            secure_sum=True,
         ),
         Method(
             "fedprof",
             "FedAvg with clients sampled by exp(-alpha * KL) of their representation profiles (Wu et al. 2023)",
-            {
-                "fedprof-layer": Key(
-                    "body",
-                    "FedProf: the module whose outputs are profiled (a name from the model's named_modules; body: the feature layer)",
-                ),
-                "fedprof-alpha": non_negative("FedProf: penalty alpha of the score exp(-alpha * div); 0: uniform selection", 10.0),
-                "fedprof-val-size": positive(
-                    "FedProf: training rows the server holds out (never given to a client); its validation set D^V for baseline profiles is a private random half of them",
-                    1000,
-                ),
-                "fedprof-aggregation": Key(
-                    "full",
-                    "FedProf: full (unselected clients count with the previous global model), full-cache (unselected clients count with "
-                    "their last local model, which the server keeps) or partial (scheme II of Li et al. 2020)",
-                    choices=("full", "full-cache", "partial"),
-                ),
-            },
+            strategy="fedprof:FedProf",
+            procedure="fedprof:FedProfClient",
+            settings=FedProfSettings,
+            records=FEDPROF_RECORDS,
             validate=_fedprof_rules,
             holdout_key="fedprof-val-size",
             server_combines="averages every client's model, sampled this round or not (fedprof-aggregation), not the round's replies alone",
@@ -277,56 +490,10 @@ METHODS: dict[str, Method] = {
         Method(
             "fedpft",
             "per-class Gaussian mixtures of frozen-extractor features; the server trains a head on samples of them, one shot (Beitollahi et al. 2024)",
-            {
-                "fedpft-extractor": Key(
-                    "efficientnet-lite0",
-                    "FedPFT: frozen pretrained feature extractor shared by all clients (identity: the raw input)",
-                    choices=("efficientnet-lite0", "resnet18", "resnet50", "vit_b_16", "identity"),
-                ),
-                "fedpft-extractor-weights": Key(
-                    "",
-                    "FedPFT: state-dict file of the extractor's weights; empty: the packaged (efficientnet-lite0) or downloaded (torchvision) ones",
-                ),
-                "fedpft-resolution": non_negative(
-                    "FedPFT: side in pixels images are resized to before extraction; 0: the extractor's own (224)", 0
-                ),
-                "fedpft-cache-dir": Key(
-                    "", "FedPFT: feature cache folder; empty: $HEADWAY_CACHE_DIR/features or the user cache; none: no cache"
-                ),
-                "fedpft-components": positive(
-                    "FedPFT: K, Gaussian components per class (a class with n < 2K examples gets max(1, n // 2))", 1
-                ),
-                "fedpft-covariance": Key("spherical", "FedPFT: covariance family of the mixtures", choices=("spherical", "diag", "full")),
-                "fedpft-min-class-examples": positive(
-                    "FedPFT: classes with fewer local examples are not sent (a 1-example mixture would be the raw feature)", 2
-                ),
-                "fedpft-em-init": Key("kmeans", "FedPFT: EM initialization", choices=("kmeans", "k-means++", "random")),
-                "fedpft-em-tol": positive("FedPFT: EM stops when a class's mean log-likelihood changes less than this", 1e-3),
-                "fedpft-em-max-iter": positive("FedPFT: EM iterations at most", 100),
-                "fedpft-reg-covar": positive("FedPFT: added to every variance in EM", 1e-6),
-                "fedpft-topology": Key(
-                    "centralized",
-                    "FedPFT: centralized (the server trains the head) or chain (clients pass mixtures along partition ids, relayed by the server)",
-                    choices=("centralized", "chain"),
-                ),
-                "fedpft-dp": Key(
-                    "off", "FedPFT: DP-FedPFT (Theorem 4.1; K = 1, features scaled to the unit sphere)", choices=("off", "on")
-                ),
-                "fedpft-epsilon": positive("FedPFT: DP epsilon per class", 1.0),
-                "fedpft-delta": Key(0.0, "FedPFT: DP delta per class; 0: 1/n of each class", check=lambda v: 0 <= v < 1, rule="in [0, 1)"),
-                "fedpft-max-synthetic": positive(
-                    "FedPFT: most synthetic features drawn at once (server, or a chain client); larger claimed counts are scaled down proportionally",
-                    500_000,
-                ),
-                "fedpft-head-optimizer": Key(
-                    "adamw",
-                    "FedPFT: optimizer of the head (adamw: the authors' Flower baseline; adam: the paper)",
-                    choices=("adamw", "adam"),
-                ),
-                "fedpft-head-lr": positive("FedPFT: learning rate of the head", 1e-4),
-                "fedpft-head-epochs": positive("FedPFT: epochs of head training", 50),
-                "fedpft-head-batch-size": positive("FedPFT: batch size of head training", 32),
-            },
+            strategy="fedpft:FedPFT",
+            procedure="fedpft:FedPFTClient",
+            settings=FedPFTSettings,
+            records=FEDPFT_RECORDS,
             validate=_fedpft_rules,
             every_client=True,
             server_combines="trains a head once on samples of the clients' Gaussian mixtures, with no average to replace",
@@ -339,7 +506,8 @@ ALGORITHMS: tuple[str, ...] = tuple(METHODS)
 
 
 def method_keys() -> dict[str, Key]:
-    """Every method's own run-config keys, in declaration order."""
+    """Every method's own run-config keys, in declaration order; RuntimeError naming a key two
+    methods declare, or one whose name does not start with its method's prefix."""
     out: dict[str, Key] = {}
     for method in METHODS.values():
         for name, key in method.keys.items():
@@ -349,24 +517,9 @@ def method_keys() -> dict[str, Key]:
     return out
 
 
-def one_per_method(kind: str, claims: Iterable[tuple[str, Any]]) -> dict[str, Any]:
-    """Method name -> the one ``kind`` (strategy, client procedure) that claims it, in declaration
-    order. RuntimeError naming the names when a declared method has none or several, or a
-    claimed name is declared by no method."""
-    found: dict[str, list[Any]] = {}
-    for name, thing in claims:
-        found.setdefault(name, []).append(thing)
-    problems = [f"{name!r} has no {kind}" for name in METHODS if name not in found]
-    problems += [f"{name!r} has {len(things)} ({', '.join(map(_label, things))})" for name, things in found.items() if len(things) > 1]
-    problems += [
-        f"{_label(things[0])} claims {name!r}, which core/methods.py does not declare"
-        for name, things in found.items()
-        if name not in METHODS
-    ]
-    if problems:
-        raise RuntimeError(f"every declared method needs exactly one {kind}: " + "; ".join(problems))
-    return {name: found[name][0] for name in METHODS}
-
-
-def _label(thing: Any) -> str:
-    return f"{thing.__module__}.{thing.__qualname__}"
+def class_path(path: str) -> tuple[str, str]:
+    """A declaration's ``"module:Class"`` as (module, class); ValueError when it is not of that form."""
+    module, sep, name = path.partition(":")
+    if not (sep and module.replace(".", "_").isidentifier() and name.isidentifier()):
+        raise ValueError(f"{path!r} is not 'module:Class'")
+    return module, name

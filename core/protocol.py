@@ -1,6 +1,9 @@
-"""What server and clients agree on: record names, config fields, metric names, phases
-and error codes. Kept free of Flower so both sides (and tests) import it without a framework.
+"""What server and clients agree on, for every method: record names, config fields, metric
+names, phases and error codes (a method's own wire names are in its declaration). Kept free
+of Flower so both sides (and tests) import it without a framework.
 """
+
+from core.methods import FEDLOG_RECORDS, FEDPFT_RECORDS, FEDPROF_RECORDS, FEDPROTO_RECORDS, LG_FEDAVG_RECORDS
 
 ARRAYS = "arrays"  # ArrayRecord: a model, a head, or a method's payload
 CONFIG = "config"  # ConfigRecord: round, phase and per-round settings
@@ -30,33 +33,28 @@ ERROR_UNREGISTERED = 4003  # a dataset=local node holds no schema (it restarted)
 # phases: what an exchange is for (config field PHASE; also the byte meter's keys)
 PHASE_REGISTER = "register"  # before round 1: every client states its partition id and body
 PHASE_DESCRIBE = "describe"  # dataset=local, before the strategy exists: every node describes its data (classes, columns, counts)
-PHASE_STATS = "stats"  # FedLog fedlog-init=stats: statistics of the untrained bodies
 PHASE_TRAIN = "train"
 PHASE_EVALUATE = "evaluate"
-PHASE_UPLOAD = "upload-model"  # LG-FedAvg new test: a client sends its whole local model once
-PHASE_PROFILE = "profile"  # FedProf before round 1: every client profiles the initial model, no training
 
-# FedLog payload arrays
-ETA = "eta"  # the global head η (server -> client)
-STATS = "stats"  # a client's sufficient statistic T = Σ φ⊗e_y (client -> server)
-STATS_SUM = "stats-sum"  # FedLog-C: the aggregate Φ (server -> client)
-STATS_ROWS = "stats-rows"  # FedLog sparse uplink: [class index, row of T] for each class a client holds
-
-# FedProf payload array: per unit (mean, variance) of the profiled layer (client -> server)
-PROFILE = "profile"
-
-# FedProto payload arrays
-PROTOTYPES = "prototypes"
-CLASS_COUNTS = "class-counts"
-
-# FedPFT payload arrays (core/fedpft.py describes them)
-GMM_CLASSES = "gmm-classes"  # int32 (m, 3): label, examples, components of each class sent
-GMM_WEIGHTS = "gmm-weights"
-GMM_MEANS = "gmm-means"
-GMM_COVARIANCES = "gmm-covariances"
-HEAD_WEIGHT = "head-weight"  # FedPFT's linear head (server -> client)
-HEAD_BIAS = "head-bias"
-PHASE_CHAIN = "chain"  # FedPFT decentralized: a client gets the previous client's mixtures, relayed
+# Wire names only one method uses live in its declaration (core/methods.py, ``records``). These
+# aliases keep the old names importable until the strategies and procedures read them there.
+ETA = FEDLOG_RECORDS.eta
+STATS = FEDLOG_RECORDS.stats
+STATS_SUM = FEDLOG_RECORDS.stats_sum
+STATS_ROWS = FEDLOG_RECORDS.stats_rows
+PHASE_STATS = FEDLOG_RECORDS.phase_stats
+PHASE_UPLOAD = LG_FEDAVG_RECORDS.phase_upload
+PROFILE = FEDPROF_RECORDS.profile
+PHASE_PROFILE = FEDPROF_RECORDS.phase_profile
+PROTOTYPES = FEDPROTO_RECORDS.prototypes
+CLASS_COUNTS = FEDPROTO_RECORDS.class_counts
+GMM_CLASSES = FEDPFT_RECORDS.gmm_classes
+GMM_WEIGHTS = FEDPFT_RECORDS.gmm_weights
+GMM_MEANS = FEDPFT_RECORDS.gmm_means
+GMM_COVARIANCES = FEDPFT_RECORDS.gmm_covariances
+HEAD_WEIGHT = FEDPFT_RECORDS.head_weight
+HEAD_BIAS = FEDPFT_RECORDS.head_bias
+PHASE_CHAIN = FEDPFT_RECORDS.phase_chain
 
 
 def as_int(value: object) -> int:

@@ -24,7 +24,7 @@ from server.tracking import check_trackers
 from strategies.base import HeadwayStrategy
 from strategies.discovery import DiscoveryFailed, discover
 from strategies.engine import RoundFailed
-from strategies.registry import STRATEGIES
+from strategies.registry import STRATEGIES, check_capabilities
 from strategies.services import Services
 
 log = logging.getLogger("headway")
@@ -85,9 +85,11 @@ def check_partition(cfg: Mapping[str, Any], dataset: Any) -> None:
 
 
 def check_strategy(cfg: dict[str, Any]) -> None:
-    """Every check that needs no client: the config against the data set's spec and the
-    method (bodies, feature widths, shared layers), and the trackers it names (mlflow installed).
+    """Every check that needs no client: what the method's strategy implements (secure sum, robust rule),
+    the config against the data set's spec and the method (bodies, feature widths, shared layers), and the
+    trackers it names (mlflow installed).
     Raises ConfigError naming the key."""
+    check_capabilities(cfg)
     check_trackers(cfg)
     build_strategy(cfg)
 
@@ -100,6 +102,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     """
     show_headway_log()  # headway's lines at INFO; not basicConfig(INFO): it turned on every library's INFO (httpx: a line per request)
     cfg = resolve(run_config)
+    check_capabilities(cfg)  # what the method's strategy cannot do (a secure sum, a robust rule): before any node is asked
     check_trackers(cfg)  # before discovery: a missing mlflow is said at once, not after the nodes are asked
     out = Path(out_dir) if out_dir else default_out_dir(cfg)
     try:

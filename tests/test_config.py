@@ -1,5 +1,7 @@
-"""The run-config schema, the method declarations' own rules, the files generated from them
-(pyproject's ``[tool.flwr.app.config]``, docs/configuration.md) and the two registries."""
+"""The run-config schema, the method declarations' own rules and the files generated from them
+(pyproject's ``[tool.flwr.app.config]``, docs/configuration.md); what every declaration must
+hold (its classes, its keys through the typed settings, its capabilities) is in
+tests/test_methods.py."""
 
 import re
 import shutil
@@ -8,7 +10,7 @@ import tomllib
 import pytest
 
 from core.config import SCHEMA, ConfigError, body_for, check_bodies, defaults, max_replies, resolve
-from core.methods import ALGORITHMS, METHODS, method_keys, no_rules, one_per_method
+from core.methods import METHODS, method_keys, no_rules
 from core.partition import server_holdout
 from headway import generate
 from tests.conftest import ROOT
@@ -124,7 +126,7 @@ def test_a_method_accepts_what_it_can_run(sets):
 def test_only_the_methods_declaring_it_honour_client_sampling():
     honour = [m.name for m in METHODS.values() if m.client_sampling]
     assert honour and len(honour) < len(METHODS)  # both branches below are taken
-    for name in ALGORITHMS:
+    for name in METHODS:
         sets = {"algorithm": name, "client-sampling": "data-ratio"}
         if METHODS[name].client_sampling:
             assert resolve(sets)["client-sampling"] == "data-ratio"
@@ -230,34 +232,3 @@ def test_a_pyproject_without_the_generated_block_is_refused(tmp_path, capsys):
     (tmp_path / generate.PYPROJECT).write_text('[tool.flwr.app.config]\nalgorithm = "fedlog"\n')
     assert generate.main(["--root", str(tmp_path)]) == 2
     assert "one generated block" in capsys.readouterr().err
-
-
-# --- the registries: every declared method has exactly one strategy and one client procedure ---
-
-
-def test_every_algorithm_has_one_strategy_and_one_client_procedure():
-    from client.registry import PROCEDURES
-    from strategies.registry import STRATEGIES
-
-    assert list(STRATEGIES) == list(ALGORITHMS) == list(PROCEDURES)
-    assert all(cls.name == name for name, cls in STRATEGIES.items())
-    assert all(name in procedure.methods for name, procedure in PROCEDURES.items())
-
-
-class A:
-    pass
-
-
-class B:
-    pass
-
-
-def test_a_registry_names_what_is_missing_doubled_or_undeclared():
-    full = [(name, A) for name in ALGORITHMS]
-    assert one_per_method("strategy", reversed(full)) == dict(full)
-    with pytest.raises(RuntimeError, match="'fedrep' has no strategy"):
-        one_per_method("strategy", [c for c in full if c[0] != "fedrep"])
-    with pytest.raises(RuntimeError, match=r"'fedlog' has 2 \(tests.test_config.A, tests.test_config.B\)"):
-        one_per_method("strategy", [*full, ("fedlog", B)])
-    with pytest.raises(RuntimeError, match="tests.test_config.B claims 'no-such-method', which core/methods.py does not declare"):
-        one_per_method("client procedure", [*full, ("no-such-method", B)])

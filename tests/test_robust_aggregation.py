@@ -29,14 +29,16 @@ from core import protocol as P
 from core.aggregate import relative_update_norm, weighted_average
 from core.config import ConfigError, resolve
 from core.methods import METHODS
+from strategies.capabilities import ROBUST_AGGREGATION
 from strategies.fedavg import FedAvg
+from strategies.registry import CAPABILITIES, check_capabilities
 from strategies.robust import Rule, robust_aggregate
 from tests.conftest import needs_data
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 RULES = ("median", "trimmed-mean", "krum", "multi-krum", "bulyan")
-AVERAGING = tuple(m.name for m in METHODS.values() if m.robust_aggregation)  # the methods whose server averages model updates
-COMBINING = tuple(m.name for m in METHODS.values() if not m.robust_aggregation)
+AVERAGING = tuple(n for n in METHODS if ROBUST_AGGREGATION in CAPABILITIES[n])  # the methods whose strategy averages model updates
+COMBINING = tuple(n for n in METHODS if ROBUST_AGGREGATION not in CAPABILITIES[n])
 ATTACKERS = (9, 10)  # partition ids of the poisoned replies: 2 of 11 (Bulyan with f = 2 needs n >= 4f + 3 = 11)
 F = len(ATTACKERS)
 
@@ -284,7 +286,7 @@ def test_a_trimmed_mean_round_too_small_to_cut_one_reply_keeps_the_model(task_id
 @pytest.mark.parametrize("algorithm", COMBINING)
 def test_methods_that_do_not_average_model_updates_refuse_a_robust_rule(algorithm):
     with pytest.raises(ConfigError) as refused:
-        resolve({"algorithm": algorithm, "aggregation": "median"})
+        check_capabilities(resolve({"algorithm": algorithm, "aggregation": "median"}))  # the strategy's capability, checked by the server
     text = str(refused.value)
     assert "\n" not in text and METHODS[algorithm].server_combines in text, text
     assert text.startswith(
@@ -354,7 +356,7 @@ def test_the_bounds_admit_what_runs():
 @pytest.mark.parametrize(
     ("sets", "says"),
     [
-        (["algorithm=fedlog", "aggregation=trimmed-mean"], "run-config key 'aggregation' is 'trimmed-mean', which only"),
+        (["algorithm=fedlog", "aggregation=median"], "run-config key 'aggregation' is 'median', which only"),
         (["algorithm=fedavg", "aggregation=bulyan"], "run-config key 'malicious-clients' is 1, but aggregation=bulyan needs"),
         (["algorithm=fedavg", "aggregation=trimmed-mean"], "run-config key 'trimmed-mean-beta' is 0.2: a full round of 3 replies cuts"),
         (["image-size=60000"], "run-config key 'image-size' is 60000; it must be in [0, 1024]"),
