@@ -39,6 +39,7 @@ class ClientEnv:
 
     @property
     def outputs(self) -> int:
+        """The head's width: one output per class of the data set, so every client's head lines up."""
         return self.data.num_classes
 
     @property

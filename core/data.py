@@ -104,6 +104,7 @@ class Dataset:
 
     @property
     def is_image(self) -> bool:
+        """Whether rows are (C, H, W) images rather than a table, which decides their normalization and the export formats."""
         return len(self.input_shape) == 3
 
 

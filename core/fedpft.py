@@ -53,6 +53,7 @@ class ClassMixture:
     covariance: str
 
     def as_mixture(self, dtype: torch.dtype = torch.float32) -> Mixture:
+        """This class's parameters as a one-group batched :class:`Mixture`, the shape the sampler and EM take."""
         t = lambda a: torch.as_tensor(a, dtype=dtype)[None]  # noqa: E731
         return Mixture(t(self.weights), t(self.means), t(self.covariances), self.covariance)
 
@@ -339,6 +340,7 @@ def train_head(
 
 
 def head_logits(x: torch.Tensor, weight: np.ndarray, bias: np.ndarray) -> torch.Tensor:
+    """The head's logits for features ``x``, with the weights as numpy arrays, so a head sent as a payload scores without building a module."""
     return x @ torch.as_tensor(weight, dtype=x.dtype, device=x.device).T + torch.as_tensor(bias, dtype=x.dtype, device=x.device)
 
 

@@ -19,8 +19,8 @@ The start is scikit-learn's: greedy k-means++ seeds and Lloyd's steps to converg
 no centre left holding a single point.
 
 EM is sparse EM (Neal & Hinton 1998): after each pass over all points, the rows whose
-responsibilities are exactly one-hot in the fit's dtype (85–90 % of real features in
-float32, whose second-best component is more than ~103 nats behind) keep them and their
+responsibilities are exactly one-hot in the fit's dtype (most rows of well-separated real
+features in float32, whose second-best component is more than ~103 nats behind) keep them and their
 sums frozen, and a few iterations score only the other rows; each step still raises EM's
 free energy, and convergence is tested on full passes alone, over several iterations.
 
@@ -55,6 +55,7 @@ class Mixture:
 
     @property
     def dim(self) -> int:
+        """The feature dimension d, read from the means so every covariance kind answers alike."""
         return int(self.means.shape[-1])
 
 
@@ -124,7 +125,7 @@ def _kmeans_pp(x: torch.Tensor, mask: torch.Tensor, k: int, gen: torch.Generator
     return torch.stack(seeds, 1)
 
 
-CHUNK_BYTES = 8 << 20  # rows per CPU pass: about 8 MiB of points (2, 8, 16 MiB: 21, 18.6, 20 ms an iteration, d = 1 280)
+CHUNK_BYTES = 8 << 20  # rows per CPU pass: about 8 MiB of points, small enough to stay in cache between products (_row_chunks)
 
 
 def _row_chunks(x: torch.Tensor) -> list[slice]:
@@ -166,8 +167,8 @@ def _lloyd_pass(
 
 def _rows_by_label(rows: torch.Tensor, label: torch.Tensor, k: int) -> torch.Tensor:
     """The sums of a chunk's rows (B,r,d) by label (B,r) in 0..k, label k dropped: (B,k,d).
-    On the CPU a scatter, which reads the rows once (a one-hot (K,r)·(r,d) product costs 3×
-    as much); on an accelerator that product, deterministic where a scatter's atomic adds are not."""
+    On the CPU a scatter, which reads the rows once (a one-hot (K,r)·(r,d) product also multiplies
+    by K−1 zeros per row); on an accelerator that product, deterministic where a scatter's atomic adds are not."""
     b, _, d = rows.shape
     if rows.device.type != "cpu":
         onehot = torch.nn.functional.one_hot(label, k + 1)[..., :k].to(rows.dtype)
@@ -264,7 +265,7 @@ class _Sums:
 
 def _em_points(x: torch.Tensor, covariance: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The points as the E- and M-steps read them, built once a fit: diag [x | x²] (B,N,2d),
-    so that each step is one product over both halves (16 % faster an iteration than two
+    so that each step is one product over both halves (one pass over the points instead of two
     products and a square per chunk, for twice the points' memory); spherical x and its
     norms ‖x‖² (B,N), in float64 then rounded; full x."""
     if covariance == "diag":
@@ -357,7 +358,7 @@ def _log_density(pts: torch.Tensor, sq: torch.Tensor | None, p: _Precisions, cov
     [x | x²]·[−2μ/σ² | 1/σ²] + μ²/σ², one batched product; spherical:
     (‖x‖² − 2 x·μ + ‖μ‖²)/σ², one; full: ‖(x − μ)ᵀ(L⁻¹)ᵀ‖² per component."""
     if covariance == "diag":
-        # the product as (K,2d)·(2d,r): MKL runs this orientation 2-4× faster than (r,2d)·(2d,K) on the CPU
+        # the product as (K,2d)·(2d,r): the points are the contiguous axis, the orientation MKL runs fastest on the CPU
         maha = torch.matmul(p.a, pts.transpose(1, 2)).add_(p.quad[..., None])
     elif covariance == "spherical":
         assert sq is not None

@@ -38,6 +38,7 @@ class CNN(nn.Module):
         self.out_dim = fcs[-1].out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The features after the feature dropout, what the head is trained on."""
         return self.forward_pair(x)[0]
 
     def forward_pair(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,6 +111,7 @@ class MLP(nn.Module):
         self.out_dim = sizes[-1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The input flattened and passed through every layer with a ReLU after each, the last included: these are features, not logits."""
         x = x.flatten(1)
         for fc in self.fcs:
             x = torch.relu(fc(x))
@@ -132,6 +134,7 @@ class Flat(nn.Module):
         self.out_dim = width
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The input flattened: the features are the raw inputs, so a head on them is a linear probe."""
         return x.flatten(1)
 
 
@@ -167,6 +170,7 @@ class TorchvisionBody(nn.Module):
         self.out_dim = m or width
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The wrapped network's output through the dropout and the projection to the configured width."""
         return self.proj(self.dropout(self.net(x)))
 
     def forward_pair(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,6 +241,7 @@ class Net(nn.Module):
         self.head = head
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the head on the body's features."""
         return self.head(self.body(x))
 
 

@@ -17,6 +17,9 @@ from core.data import Dataset
 from core.methods import METHODS
 from core.sampling import sample_size
 
+# a partitioner's answer: each client's training row indices, then its test row indices
+Split = tuple[list[np.ndarray], list[np.ndarray]]
+
 
 @dataclass(frozen=True)
 class Partition:
@@ -28,6 +31,7 @@ class Partition:
 
     @property
     def num_clients(self) -> int:
+        """How many clients the split serves: one training index array each."""
         return len(self.train)
 
 
@@ -116,7 +120,11 @@ def split_by_class(labels: np.ndarray, weights: np.ndarray, rng: np.random.Gener
     return [np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for p in parts]
 
 
-def pathological(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_classes: int, per_client: int, rng: np.random.Generator):
+def pathological(
+    y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_classes: int, per_client: int, rng: np.random.Generator
+) -> Split:
+    """Each client gets ``per_client`` distinct classes, every class used as evenly as possible, and an equal share of
+    the rows of each class it holds with the other holders; its test rows follow the same class mix."""
     classes = assign_classes(num_clients, num_classes, per_client, rng)
     weights = np.zeros((num_clients, num_classes))
     for k, cs in enumerate(classes):
@@ -124,7 +132,7 @@ def pathological(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_
     return split_by_class(y_train, weights, rng), split_by_class(y_test, weights, rng)
 
 
-def shards(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_classes: int, per_client: int, rng: np.random.Generator):
+def shards(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_classes: int, per_client: int, rng: np.random.Generator) -> Split:
     """The split of the FedAvg and FedLog authors' code: training rows sorted by label (in a
     random order within a class), cut into num_clients·per_client equal shards, and
     ``per_client`` shards dealt at random to each client, so a client may hold one class
@@ -140,7 +148,7 @@ def shards(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_classe
     return train, split_by_class(y_test, counts, rng)
 
 
-def dirichlet(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_classes: int, alpha: float, rng: np.random.Generator):
+def dirichlet(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, num_classes: int, alpha: float, rng: np.random.Generator) -> Split:
     """Per class, shares over clients drawn from Dir(alpha); test rows follow each client's class mix."""
     weights = rng.dirichlet(np.full(num_clients, alpha), size=num_classes).T  # clients x classes
     train = split_by_class(y_train, weights, rng)
@@ -156,7 +164,7 @@ def dominant(
     fraction: float,
     sizes: np.ndarray | None,
     rng: np.random.Generator,
-):
+) -> Split:
     """FedProf §5: each client has one dominant class holding ``fraction`` of its data, the
     rest spread evenly over the other classes. Dominant classes are dealt round-robin in a
     random order, so every class dominates equally many clients and the class supply
@@ -190,7 +198,8 @@ def client_sizes(num_clients: int, mean: float, std: float, available: int, seed
     return sizes
 
 
-def natural(src_train: np.ndarray, src_test: np.ndarray, num_clients: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def natural(src_train: np.ndarray, src_test: np.ndarray, num_clients: int) -> Split:
+    """One client per source value of the ``natural-column`` (e.g. a writer): the split the data already has, refused unless num-clients matches the sources."""
     sources = np.unique(src_train)
     if len(sources) != num_clients:
         raise ValueError(

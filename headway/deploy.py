@@ -48,6 +48,7 @@ CONTROL_PORT = 8000  # SuperLink Control API, where `flwr run` submits runs
 
 
 def flwr_home() -> Path:
+    """Flower's home folder ($FLWR_HOME, else ~/.flwr), where connections and keys live, read as Flower reads it."""
     return Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr")
 
 

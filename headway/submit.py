@@ -42,6 +42,7 @@ class Verdict:
 
 
 def parser(prog: str = "headway submit") -> argparse.ArgumentParser:
+    """The argument parser of ``headway submit``; its own and the ones it passes on to ``flwr run``."""
     p = argparse.ArgumentParser(
         prog=prog,
         description=(

@@ -31,6 +31,7 @@ log = logging.getLogger("headway")
 
 
 def default_out_dir(cfg: Mapping[str, Any]) -> Path:
+    """A fresh results folder named by method, data set and start time, so runs never overwrite each other."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path(cfg["results-dir"]) / f"{cfg['algorithm']}-{dataset_label(cfg)}-{stamp}"
 
@@ -228,6 +229,7 @@ class FlowerExitLines(logging.Filter):
         self.reported = False
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Keep a log record unless it is one of the exit lines this filter exists to drop."""
         try:
             text = record.getMessage()
         except Exception:  # not one of these lines

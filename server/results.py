@@ -122,6 +122,7 @@ class Recorder:
         return self
 
     def round(self, record: dict[str, Any]) -> None:
+        """Add a round's record to the running byte count and target check, and append it to rounds.jsonl at once so a crash keeps it."""
         self.cumulative += record["bytes_down"] + record["bytes_up"]
         record["cumulative_bytes"] = self.cumulative
         acc = record.get("accuracy")
@@ -217,8 +218,8 @@ def format_duration(seconds: float) -> str:
 def progress(rounds: list[dict[str, Any]], total: int, elapsed: float) -> str:
     """The round line's tail: time since the run began and, while rounds remain, the time
     left at the pace (mean ``seconds``) of the last five rounds after round 1. Round 1 gives no
-    estimate: it carries the start-up (workers, data loading, FedLog's statistics round), ~25 s
-    of a 1 s-a-round run, so the time left appears from round 2's line on."""
+    estimate: it carries the start-up (workers, data loading, FedLog's statistics round), which
+    can outweigh many later rounds, so the time left appears from round 2's line on."""
     done = len(rounds)
     shown = f"elapsed {format_duration(elapsed)}"
     if done >= total or done < 2:

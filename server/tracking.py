@@ -42,9 +42,11 @@ class Sink(Protocol):
 
     name: str
 
-    def round(self, record: Mapping[str, Any]) -> None: ...
+    def round(self, record: Mapping[str, Any]) -> None:
+        """Record one round's figures; a failure here is caught by Trackers and ends only this sink."""
 
-    def finish(self, summary: Mapping[str, Any]) -> None: ...
+    def finish(self, summary: Mapping[str, Any]) -> None:
+        """Record the run's summary and close, since no more rounds follow."""
 
 
 def scalar_tag(name: str) -> str:
@@ -129,6 +131,7 @@ class TensorBoardSink:
         self.writer.add_text("config", "\n".join(f"    {k} = {v!r}" for k, v in sorted(cfg.items())), 0)
 
     def round(self, record: Mapping[str, Any]) -> None:
+        """Write the round's scalars and histograms at its step and flush, so an open TensorBoard sees the round now."""
         step = int(record["round"])
         for tag, value in round_scalars(record).items():
             self.writer.add_scalar(tag, value, step)
@@ -137,6 +140,7 @@ class TensorBoardSink:
         self.writer.flush()  # a TensorBoard open during the run sees the round now, not in two minutes
 
     def finish(self, summary: Mapping[str, Any]) -> None:
+        """Write the summary's scalars and the run's status, then close the writer."""
         step = int(summary.get("rounds") or 0)
         for tag, value in summary_scalars(summary).items():
             self.writer.add_scalar(tag, value, step)
@@ -163,6 +167,7 @@ class MLflowSink:
         self.client.log_batch(self.run_id, params=[mlflow.entities.Param(k, v) for k, v in _flat_params(cfg).items()])
 
     def round(self, record: Mapping[str, Any]) -> None:
+        """Log the round's scalars to the MLflow run in one batch; histograms go as min, max and mean, which MLflow can show."""
         import time
 
         from mlflow.entities import Metric
@@ -175,6 +180,7 @@ class MLflowSink:
         self.client.log_batch(self.run_id, metrics=metrics)
 
     def finish(self, summary: Mapping[str, Any]) -> None:
+        """Log the summary's scalars and the run's status and reason as tags."""
         import time
 
         from mlflow.entities import Metric, RunTag
@@ -257,8 +263,10 @@ class Trackers:
                 )
 
     def round(self, record: Mapping[str, Any]) -> None:
+        """Pass the round to every sink still working; one that fails is dropped with a warning, never failing the run."""
         self._each("round", record)
 
     def finish(self, summary: Mapping[str, Any]) -> None:
+        """Pass the summary to every sink still working, then drop them all, since the run has ended."""
         self._each("finish", summary)
         self.sinks = []

@@ -10,7 +10,7 @@
    both keep the 0.1 s poll as a fallback. See docs/flower-extractor.md.
 3. The Ray backend runs one worker thread per actor, and a thread hands its actor the next message
    only after the last reply came back to the driver, so every actor idles for a round trip per
-   message (about a quarter of its time at 1 000 clients). :func:`queue_ahead` gives each actor
+   message (docs/flower-extractor.md, "A second defect"). :func:`queue_ahead` gives each actor
    :data:`TASKS_PER_ACTOR` slots, so its next message is already queued at the actor when it finishes.
    A message goes to the actor with the most idle slots, so it queues behind another only when
    every actor is busy; the price: a message queued behind a slow or hanging client waits for it,
@@ -42,13 +42,13 @@ log = logging.getLogger("headway")
 FLOWER_VERSION = "1.39.0"
 POLL_INTERVAL = 0.1  # Flower's own poll, kept as the fallback when no store event comes
 SWEEP_INTERVAL = 1.0  # seconds at least between two walks of the whole store or of every missing reply
-SWEEP_SHARE = 0.02  # and at most this share of the driver's time in them: a sweep of 10 000 messages takes 0.1-0.2 s
+SWEEP_SHARE = 0.02  # and at most this share of the driver's time in them: a sweep's cost grows with the messages stored
 
 
 def next_sweep(started: float, now: float) -> float:
     """When the next whole-store sweep may start, the last one having run from ``started``
     to ``now`` (monotonic seconds): SWEEP_INTERVAL later, or later still when a sweep is so
-    long (a store of 10 000 messages) that one a second would take more than SWEEP_SHARE of
+    long (a store of many thousands of messages) that one a second would take more than SWEEP_SHARE of
     the driver. Sweeps find only what no event signals (expiry, Flower's own error replies),
     so they may be rare; a sweep a second made the driver's cost a message grow with the clients."""
     return started + max(SWEEP_INTERVAL, (now - started) / SWEEP_SHARE)
@@ -165,7 +165,7 @@ def send_and_receive(self: Any, messages: Iterable[Any], *, timeout: float | Non
     between pulls it waits until as many replies were stored as it still misses (or
     ``pull_interval`` passes), instead of always sleeping ``pull_interval``, and that it pulls
     only the ids whose reply was stored since (Flower's pull costs O(ids asked), ten times a
-    second: a third of the driver at 10 000 clients), asking for every missing id only once per
+    second, so at many clients pulling crowds out the driver's work), asking for every missing id only once per
     sweep (:func:`next_sweep`; the replies Flower makes itself: expired or undeliverable messages)."""
     sig = _signals(self.state)
     msg_ids = set(self.push_messages(messages))
@@ -206,8 +206,8 @@ _LOADERS: dict[str, Any] = {}  # in each actor process: the ClientApp loaders it
 
 class LoadOnce:
     """A ClientApp loader that crosses to the actors as bytes: Flower's loader is a closure, which
-    Ray's cloudpickle serialises by value for every message (a fifth of the driver's time at
-    10 000 clients); this one is pickled once, in the driver, and unpickled once per actor."""
+    Ray's cloudpickle serialises by value for every message, a driver cost that grows with the
+    clients; this one is pickled once, in the driver, and unpickled once per actor."""
 
     def __init__(self, app_fn: Any) -> None:
         from ray import cloudpickle
@@ -216,6 +216,7 @@ class LoadOnce:
         self.digest = hashlib.sha256(self.blob).hexdigest()
 
     def __call__(self) -> Any:
+        """The ClientApp, from this process's cache of unpickled loaders, so each actor unpickles it once."""
         load = _LOADERS.get(self.digest)
         if load is None:
             from ray import cloudpickle

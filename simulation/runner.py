@@ -16,8 +16,9 @@ import time
 import tomllib
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import psutil
@@ -38,7 +39,7 @@ EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
 STOP_GRACE = 3.0  # seconds Ray's processes get after SIGTERM on a stop by signal, before a helper SIGKILLs them
 INTERRUPTED = "interrupted by Ctrl-C (SIGINT) in the simulation runner"
 TERMINATED = "interrupted by SIGTERM (e.g. timeout, docker stop or a job scheduler) in the simulation runner"
-STOP_REASONS = {signal.SIGINT: INTERRUPTED, signal.SIGTERM: TERMINATED}
+STOP_REASONS: dict[int, str] = {signal.SIGINT: INTERRUPTED, signal.SIGTERM: TERMINATED}  # by number: a handler is given the number
 # What a default run does not print (--verbose does): Flower's banner that run_simulation is deprecated
 # (see quiet_engine for why the runner still calls it) and Ray's tip that it may one day stop hiding
 # GPUs from clients given none (it still does; headway relies on that: client-num-gpus=0 trains on the CPU)
@@ -330,8 +331,8 @@ for proc in alive:
 
 def stop_processes(pids: list[int], grace: float = STOP_GRACE) -> subprocess.Popen[bytes] | None:
     """SIGTERM each of ``pids`` now, and leave a detached helper that SIGKILLs those still alive
-    after ``grace`` seconds (Ray's agents, gcs_server and dashboard took 15-70 s to go, or
-    stayed). The caller need not wait: waiting here, inside the run, let Ray's dying raylet
+    after ``grace`` seconds (Ray's agents, gcs_server and dashboard may take long to go after
+    a SIGTERM, or stay). The caller need not wait: waiting here, inside the run, let Ray's dying raylet
     abort the driver (exit -6) before it exited with its own code. Returns the helper."""
     for pid in pids:
         with contextlib.suppress(OSError):
@@ -350,7 +351,7 @@ def stop_processes(pids: list[int], grace: float = STOP_GRACE) -> subprocess.Pop
         return None
 
 
-def _stop_on_signal(cfg: dict[str, Any], out: Path, started: float):
+def _stop_on_signal(cfg: dict[str, Any], out: Path, started: float) -> Callable[[int, FrameType | None], None]:
     """A SIGINT/SIGTERM handler for the command line: write the interrupted summary (and
     plots) with the rounds done, at once, stop Ray's processes and end the process with
     128 + the signal (130 for Ctrl-C, 143 for SIGTERM: what `timeout`, `docker stop` and
@@ -359,7 +360,7 @@ def _stop_on_signal(cfg: dict[str, Any], out: Path, started: float):
     threads, which can abort the process before a summary is written, and leaves its
     ServerApp thread, not a daemon, waiting for replies that never come."""
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> None:
         for sig in STOP_REASONS:  # a second signal ends the process at once
             signal.signal(sig, signal.SIG_DFL)
         _report_interrupted(
@@ -373,7 +374,7 @@ def _stop_on_signal(cfg: dict[str, Any], out: Path, started: float):
     return handler
 
 
-def _keep_sigterm_handler():
+def _keep_sigterm_handler() -> Callable[[], None]:
     """Stop ``ray.init`` from replacing the runner's SIGTERM handler with Ray's own (which
     raises SystemExit(15) in the middle of Flower's engine); returns the undo. Ray installs
     it through ``ray._private.utils.set_sigterm_handler``, looked up at call time."""

@@ -20,9 +20,11 @@ class Procedure(Protocol):
 
     methods: tuple[str, ...]  # the declared methods (core/methods.py) it serves; client/registry.py reads it
 
-    def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict: ...
+    def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        """Run the method's local round on a TRAIN message and return what the server aggregates."""
 
-    def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict: ...
+    def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        """Score the model a message (or the node's state) names on the local test split, for the server to pool."""
 
 
 def round_of(content: RecordDict) -> int:

@@ -33,6 +33,7 @@ class FeatureMap(torch.nn.Module):
         self.clip = clip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """φ(x) for a batch, with the body's dropout as its mode sets it."""
         return self._phi(self.body(x))
 
     def pair(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,6 +129,7 @@ class FedLogClient:
         return feature_map(env, kept)
 
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        """Train the body against the server's η (in the train phase) and send the local statistics the server's MAP solve needs."""
         cfg, rnd = env.cfg, round_of(content)
         fmap = self._features(env, state)
         arrays = content.array_records[P.ARRAYS]
@@ -146,6 +148,7 @@ class FedLogClient:
         return RecordDict({P.ARRAYS: reply, P.METRICS: train_metrics(env, loss)})
 
     def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        """Score the global head η on this client's own features, since bodies stay local."""
         fmap = self._features(env, state).eval()
         eta = torch.as_tensor(content.array_records[P.ARRAYS][P.ETA].numpy(), dtype=torch.float32, device=env.device)
         return RecordDict({P.METRICS: test_metrics(env, lambda x: fmap(x) @ eta.T)})

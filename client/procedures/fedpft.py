@@ -90,6 +90,7 @@ class FedPFTClient:
         )
 
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        """Send this client's per-class mixtures (centralized), or refit them on the relayed ones and pass them on (chain)."""
         cfg = env.cfg
         phase = str(content[P.CONFIG].get(P.PHASE, P.PHASE_TRAIN))
         f, y = self._features(env, "train"), env.y_train.numpy()
@@ -127,6 +128,7 @@ class FedPFTClient:
         return mixtures
 
     def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        """Score the head the server sent, or under the chain the heads trained here, on the local test features."""
         f = self._features(env, "test")
         arrays = content.array_records.get(P.ARRAYS, ArrayRecord())
         extra: dict[str, float] = {}

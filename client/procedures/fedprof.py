@@ -24,6 +24,7 @@ class FedProfClient(FedAvgClient):
     methods = ("fedprof",)
 
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        """Send the received model's profile (alone in the profile phase), then FedAvg's trained layers with it."""
         model, shared = self.model(env, content, state)
         profile = model_profile(model, env.cfg["fedprof-layer"], env.x_train, device=env.device).astype(np.float32)
         phase = str(content[P.CONFIG].get(P.PHASE, P.PHASE_TRAIN))

@@ -43,6 +43,7 @@ class FedProtoClient:
     methods = ("fedproto",)
 
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        """Train the local model with the pull towards the global prototypes and send this client's class prototypes."""
         cfg, rnd = env.cfg, round_of(content)
         model = local_model(env, state)
         glob = global_prototypes(content, env.device)
@@ -81,6 +82,7 @@ class FedProtoClient:
         return RecordDict({P.ARRAYS: reply, P.METRICS: train_metrics(env, loss)})
 
     def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        """Score both predictors, the local head and the nearest global prototype, so the server can report either."""
         model = local_model(env, state).eval()
         metrics = test_metrics(env, model)
         head_correct = P.as_int(metrics[P.CORRECT])

@@ -16,6 +16,7 @@ class FedRepClient(SharedLayersClient):
     methods = ("fedrep",)
 
     def fit(self, env: ClientEnv, model: Net, shared: list[str], server_round: int) -> float:
+        """Fit the local head first on the fixed received body, then the shared body, as FedRep alternates them."""
         names = [n for n, _ in model.named_parameters()]
         body = [n for n in names if n in shared]
         head = [n for n in names if n not in shared]

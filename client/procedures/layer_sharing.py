@@ -83,6 +83,7 @@ class SharedLayersClient:
         )
 
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        """Train the merged model and send back exactly the layers the server shares, keeping the rest local."""
         model, shared = self.model(env, content, state)
         loss = self.fit(env, model, shared, round_of(content))
         weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
@@ -92,5 +93,6 @@ class SharedLayersClient:
         return RecordDict({P.ARRAYS: reply, P.METRICS: train_metrics(env, loss)})
 
     def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        """Score the merged model (local layers plus the server's) on the local test split."""
         model, _ = self.model(env, content, state)
         return RecordDict({P.METRICS: test_metrics(env, model.eval())})

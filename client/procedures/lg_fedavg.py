@@ -17,6 +17,7 @@ class LGFedAvgClient(SharedLayersClient):
     methods = ("lg-fedavg",)
 
     def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
+        """Score as the other layer-sharing methods, except in the upload phase, where the whole model goes up for the new-test evaluation."""
         if str(content[P.CONFIG].get(P.PHASE, "")) != P.PHASE_UPLOAD:
             return super().evaluate(env, content, state)
         model, _ = self.model(env, content, state)
