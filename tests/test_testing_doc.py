@@ -153,3 +153,18 @@ def test_a_missing_data_set_skips_or_under_require_data_fails(tmp_path, required
     assert done.returncode == (1 if required else 0), done.stdout[-3000:]
     if required:
         assert done.stdout.count("HEADWAY_REQUIRE_DATA=1: missing data fails the test") >= 3, done.stdout[-3000:]
+
+
+def test_the_lint_rules_and_typed_packages_are_the_configured_ones():
+    """The Lint section's ruff rule codes are all selected, and the packages it says mypy
+    requires typed are exactly those with ``disallow_untyped_defs``, none exempted."""
+    section = PAGE.split("## Lint", 1)[1].split("\n## ", 1)[0]
+    tools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]
+    codes = set(re.findall(r"`([A-Z]+\d*)`", section))
+    assert {"PT", "SIM", "D101", "D103"} <= codes and codes <= set(tools["ruff"]["lint"]["select"]), codes
+    typed = set(re.findall(r"`(\w+)`", section.split("mypy, which", 1)[1].split("(`disallow_untyped_defs`", 1)[0]))
+    overrides = tools["mypy"]["overrides"]
+    required = {m.removesuffix(".*") for o in overrides if o.get("disallow_untyped_defs") for m in o["module"]}
+    assert typed == required and len(typed) == 6, (typed, required)
+    exempted = [m for o in overrides if o.get("disallow_untyped_defs") is False for m in o["module"] if m.split(".")[0] in required]
+    assert "no module exempted" in section and not exempted, exempted
