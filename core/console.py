@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 HEADWAY_LOGGER = "headway"
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
@@ -16,7 +16,7 @@ HTTP_CLIENT_LOGGERS = ("httpx", "httpcore")
 DIGITS = 4
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StderrHandler(logging.StreamHandler[TextIO]):
     """Writes to whatever ``sys.stderr`` is when a record comes (Flower swaps or wraps it to
     upload a deployed app's output), not the stream of the moment the handler was made."""
 

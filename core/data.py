@@ -133,8 +133,9 @@ def _find_idx(root: Path, subdirs: tuple[str, ...]) -> list[Path] | None:
     for sub in subdirs:
         cand = root / sub if sub else root
         paths = [next((p for p in (cand / f, cand / f.removesuffix(".gz")) if p.is_file()), None) for f in MNIST_FILES]
-        if all(p is not None for p in paths):
-            return paths  # type: ignore[return-value]
+        found = [p for p in paths if p is not None]
+        if len(found) == len(paths):
+            return found
     return None
 
 
