@@ -161,7 +161,7 @@ def test_the_lint_rules_and_typed_packages_are_the_configured_ones():
     section = PAGE.split("## Lint", 1)[1].split("\n## ", 1)[0]
     tools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]
     codes = set(re.findall(r"`([A-Z]+\d*)`", section))
-    assert {"PT", "SIM", "D101", "D103"} <= codes and codes <= set(tools["ruff"]["lint"]["select"]), codes
+    assert {"PT", "SIM", "D101", "D102", "D103"} <= codes and codes <= set(tools["ruff"]["lint"]["select"]), codes
     typed = set(re.findall(r"`(\w+)`", section.split("mypy, which", 1)[1].split("(`disallow_untyped_defs`", 1)[0]))
     overrides = tools["mypy"]["overrides"]
     required = {m.removesuffix(".*") for o in overrides if o.get("disallow_untyped_defs") for m in o["module"]}
