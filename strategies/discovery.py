@@ -21,15 +21,19 @@ import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from core import protocol as P
 from core.run_data import read_profile, source_options
-from strategies.engine import Engine, RoundFailed, _short
+from strategies.engine import Engine, RoundFailed
+from strategies.meter import short_reason
 from strategies.services import Services
+
+if TYPE_CHECKING:  # core.sources is imported when a description is merged
+    from core.sources import DataSchema, SourceOptions
 
 log = logging.getLogger("headway")
 
@@ -42,6 +46,7 @@ class DiscoveryFailed(RoundFailed):
         self.left_out = left_out
 
     def summary(self) -> dict[str, Any]:
+        """What summary.json says of a discovery that failed."""
         return {"discovery": {"nodes": 0, "left_out": self.left_out}}
 
 
@@ -49,7 +54,7 @@ class DiscoveryFailed(RoundFailed):
 class Discovery:
     """What the description exchange gave: the schema, and figures for summary.json."""
 
-    schema: Any
+    schema: DataSchema
     nodes: int
     bytes_down: int
     bytes_up: int
@@ -59,6 +64,7 @@ class Discovery:
     )  # node id -> the description merged (registration may not declare more)
 
     def summary(self) -> dict[str, Any]:
+        """What summary.json says of the discovery: nodes, bytes, who was left out, and the schema in brief."""
         return {
             "discovery": {
                 "nodes": self.nodes,
@@ -80,7 +86,7 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
     engine = Engine(grid, cfg, Services(cfg))
     nodes = engine.wait_for_clients()
     content = RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 0, P.PHASE: P.PHASE_DESCRIBE})})
-    replies = engine._send(P.PHASE_DESCRIBE, {n: content for n in nodes}, MessageType.QUERY)
+    replies = engine.send(P.PHASE_DESCRIBE, {n: content for n in nodes}, MessageType.QUERY)
     opts = source_options(cfg)
     described: list[tuple[str, int, dict[str, Any]]] = []
     left_out: list[str] = list(engine.meter.failures)
@@ -89,7 +95,7 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
         node = reply.metadata.src_node_id
         try:
             if reply.has_error():
-                raise ValueError(f"error {reply.error.code}: {_short(reply.error.reason or '')}")
+                raise ValueError(f"error {reply.error.code}: {short_reason(reply.error.reason or '')}")
             record = reply.content.config_records.get(P.CONFIG)
             text = None if record is None else record.get(P.DATA_PROFILE)
             if isinstance(text, str) and len(text) > MAX_PROFILE_CHARS:  # refused before measuring: serializing it is the cost
@@ -98,7 +104,7 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
             profile = read_profile(text)
             described.append((json.dumps(profile, sort_keys=True), node, profile))
         except Exception as exc:
-            left_out.append(f"node {node}: {type(exc).__name__}: {_short(str(exc))}")
+            left_out.append(f"node {node}: {type(exc).__name__}: {short_reason(str(exc))}")
     agreeing = _agreeing(described, opts, left_out)
     schema, kept = _robust(agreeing, opts, engine.example_cap(), int(cfg["num-clients"]), left_out)
     for reason in left_out[logged:]:
@@ -118,7 +124,7 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
     return Discovery(schema, len(kept), down, up, left_out, kept)
 
 
-def _agreeing(described: list[tuple[str, int, dict[str, Any]]], opts: Any, left_out: list[str]) -> dict[int, dict[str, Any]]:
+def _agreeing(described: list[tuple[str, int, dict[str, Any]]], opts: SourceOptions, left_out: list[str]) -> dict[int, dict[str, Any]]:
     """The descriptions that merge with each other (same kind, columns and types, classes
     within a pinned list), the largest group of agreeing ones first; the others go to ``left_out``."""
     from core.sources import fits, merge, profile_problem
@@ -134,7 +140,7 @@ def _agreeing(described: list[tuple[str, int, dict[str, Any]]], opts: Any, left_
         except Exception as exc:
             problem = f"{type(exc).__name__}: {exc}"
         if problem:
-            left_out.append(f"node {node}: its description does not agree with the others or the run: {_short(problem)}")
+            left_out.append(f"node {node}: its description does not agree with the others or the run: {short_reason(problem)}")
             continue
         profiles.append(profile)
         kept[node] = profile
@@ -142,8 +148,8 @@ def _agreeing(described: list[tuple[str, int, dict[str, Any]]], opts: Any, left_
 
 
 def _robust(
-    agreeing: dict[int, dict[str, Any]], opts: Any, cap: int, clients: int, left_out: list[str]
-) -> tuple[Any, dict[int, dict[str, Any]]]:
+    agreeing: dict[int, dict[str, Any]], opts: SourceOptions, cap: int, clients: int, left_out: list[str]
+) -> tuple[DataSchema | None, dict[int, dict[str, Any]]]:
     """The schema of at most ``clients`` descriptions, merged by :func:`core.node_merge.merge_robustly`
     (a minority cannot shape it), and the descriptions merged; the nodes left out go to ``left_out``.
     The nodes with the lowest ids come first, as registration offers them the client indices: a
@@ -151,7 +157,8 @@ def _robust(
     from core.node_merge import merge_robustly
 
     out: dict[int, str] = {}
-    schema, chosen = None, {}
+    schema: DataSchema | None = None
+    chosen: dict[int, dict[str, Any]] = {}
     while True:
         pool = [n for n in sorted(agreeing) if n not in out]
         chosen = {n: agreeing[n] for n in pool[:clients]}
@@ -161,12 +168,12 @@ def _robust(
         out.update(dropped)
         if not dropped or len(pool) <= clients:  # all fit, or no description waits to take a left-out one's place
             break
-    left_out.extend(f"node {n}: left out of the schema: {_short(why)}" for n, why in out.items())
+    left_out.extend(f"node {n}: left out of the schema: {short_reason(why)}" for n, why in out.items())
     kept = {n: p for n, p in chosen.items() if n not in out}
     return (schema if kept else None), kept
 
 
-def _shape(profile: dict[str, Any], opts: Any) -> str:
+def _shape(profile: dict[str, Any], opts: SourceOptions) -> str:
     """What descriptions must share to merge: the kind, and the columns with their types, or
     the image size where the run takes the images' own (image-size=0)."""
     if profile.get("kind") == "image":

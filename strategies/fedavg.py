@@ -121,7 +121,9 @@ class FedAvg(HeadwayStrategy):
         key = "max-first-update-norm" if server_round <= 1 else "max-update-norm"
         return key, float(self.cfg[key])
 
-    def check_update(self, arrays: dict[str, np.ndarray], reply: Reply, ctx: TrainRound) -> tuple[dict[str, np.ndarray] | None, str | None]:
+    def check_update(
+        self, arrays: dict[str, np.ndarray], reply: Reply, ctx: TrainRound
+    ) -> tuple[dict[str, np.ndarray] | None, str | Rejection | None]:
         """``arrays`` when they may be averaged: a count to weigh them by, and an update no
         further from the model sent (``ctx.sent``) than the round's bound allows."""
         if reply.count == 0:

@@ -56,7 +56,7 @@ from core.profiles import (
 from strategies.base import Step, TrainRound, mean_finite
 from strategies.engine import Engine
 from strategies.fedavg import FedAvg, to_numpy, to_record
-from strategies.replies import ArraySpec, Layout, Reply
+from strategies.replies import ArraySpec, Layout, Rejection, Reply
 from strategies.services import Services
 
 log = logging.getLogger("headway")
@@ -299,7 +299,8 @@ class FedProf(FedAvg):
 
     def check_update_and_profile(
         self, arrays: dict[str, np.ndarray], reply: Reply, ctx: TrainRound
-    ) -> tuple[dict[str, np.ndarray] | None, str | None]:
+    ) -> tuple[dict[str, np.ndarray] | None, str | Rejection | None]:
+        problem: str | Rejection | None
         _, problem = self.check_profile(arrays, reply)
         if problem:
             return None, problem

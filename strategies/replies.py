@@ -12,15 +12,41 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, cast
 
 import numpy as np
 from flwr.app import Message
+from flwr.app.typing import ConfigRecordValues, MetricRecordValues
+from typing_extensions import TypeVar
 
 from core import protocol as P
 
-# A method's own check of decoded arrays: (payload, None) or (None, reason).
-Check = Callable[[dict[str, np.ndarray], "Reply"], tuple[Any, str | None]]
+# What a layout's check makes of a reply's arrays: the reply's payload. A bare ``Layout`` or
+# ``Reply`` (a layout built where the payload's type is not known) has a payload of any type.
+T = TypeVar("T", default=Any)
+
+
+@dataclass(init=False)
+class Rejection:
+    """Why a reply was refused, with figures the round reports (e.g. its update norm): what a
+    layout's check may return instead of a plain reason."""
+
+    reason: str
+    figures: dict[str, float]
+
+    def __init__(self, reason: str, **figures: float):
+        self.reason = reason
+        self.figures = figures
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+# Why a reply was refused: the reason, or a Rejection that also carries figures.
+Problem = str | Rejection
+
+# A method's own check of decoded arrays: (payload, None) or (None, why).
+Check = Callable[[dict[str, np.ndarray], "Reply[Any]"], "tuple[T | None, Problem | None]"]
 
 
 @dataclass(frozen=True)
@@ -34,16 +60,20 @@ class ArraySpec:
 
     @property
     def dtypes(self) -> tuple[str, ...]:
+        """The dtypes accepted, as a tuple."""
         return (self.dtype,) if isinstance(self.dtype, str) else tuple(self.dtype)
 
     def max_shape(self, dims: Mapping[str, int]) -> tuple[int, ...]:
+        """The shape with each named dimension at its largest length in ``dims``."""
         return tuple(dims[d] if isinstance(d, str) else d for d in self.shape)
 
     def nbytes_max(self, dims: Mapping[str, int]) -> int:
+        """The most bytes the array's values may take, named dimensions bounded by ``dims``."""
         return int(np.prod(self.max_shape(dims), dtype=np.int64)) * max(np.dtype(d).itemsize for d in self.dtypes)
 
     @property
     def nbytes(self) -> int:
+        """The bytes of an array with no named dimensions, in its widest dtype."""
         return self.nbytes_max({})
 
 
@@ -54,7 +84,7 @@ PER_ARRAY_BYTES = 1024
 
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(Generic[T]):
     """What a reply of one phase may hold.
 
     ``arrays``: the exact arrays (None: the reply carries no ArrayRecord).
@@ -75,30 +105,20 @@ class Layout:
     metrics: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()
     config: tuple[str, ...] | None = None
-    check: Check | None = None
+    check: Check[T] | None = None
     slack_bytes: int = 64 * 1024
     dims: Mapping[str, int] = field(default_factory=dict)
-    scores: Layout | None = None
+    scores: Layout[Any] | None = None
 
     @property
     def max_bytes(self) -> int:
+        """The largest reply, in bytes on the wire, this layout accepts."""
         arrays = self.arrays or {}
         return sum(s.nbytes_max(self.dims) for s in arrays.values()) + self.slack_bytes + PER_ARRAY_BYTES * len(arrays)
 
 
-class Rejection(str):
-    """Why a reply was refused, carrying figures the round reports (e.g. its update norm)."""
-
-    figures: dict[str, float]
-
-    def __new__(cls, reason: str, **figures: float) -> Rejection:
-        out = super().__new__(cls, reason)
-        out.figures = figures
-        return out
-
-
 @dataclass
-class Reply:
+class Reply(Generic[T]):
     """A decoded, valid reply: who sent it and what it holds."""
 
     node_id: int
@@ -106,11 +126,11 @@ class Reply:
     arrays: dict[str, np.ndarray]
     count: int | None
     metrics: dict[str, float]
-    config: dict[str, Any] = field(default_factory=dict)
-    payload: Any = None  # what the layout's check made of the arrays
+    payload: T  # what the layout's check made of the arrays (None where the layout has no check)
+    config: dict[str, ConfigRecordValues] = field(default_factory=dict)
     nbytes: int = 0
     max_count: float = math.inf  # the most examples the sender can hold (its partition's size, or the cap)
-    scores: Reply | None = None  # the test scores a train reply carried (client-evaluation=with-next-train), decoded
+    scores: Reply[Any] | None = None  # the test scores a train reply carried (client-evaluation=with-next-train), decoded
 
     @property
     def examples(self) -> int:
@@ -120,7 +140,7 @@ class Reply:
         return self.count
 
 
-def _metric_problem(name: str, value: Any) -> str | None:
+def _metric_problem(name: str, value: MetricRecordValues) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"metric {name!r} is a {type(value).__name__}, expected a number"
     if not math.isfinite(float(value)):
@@ -151,7 +171,9 @@ def _match_shape(
     return got, None
 
 
-def _decode_metrics(record: Any, layout: Layout, partition_id: int, max_count: float) -> tuple[dict[str, float], int | None, str | None]:
+def _decode_metrics(
+    record: Mapping[str, MetricRecordValues], layout: Layout[Any], partition_id: int, max_count: float
+) -> tuple[dict[str, float], int | None, str | None]:
     """(metrics, count, None) when a MetricRecord holds what ``layout`` requires and allows, else ({}, None, the reason)."""
     metrics: dict[str, float] = {}
     expected = set(layout.metrics) | ({P.NUM_EXAMPLES} if layout.count else set()) | {P.PARTITION_ID}
@@ -174,20 +196,25 @@ def _decode_metrics(record: Any, layout: Layout, partition_id: int, max_count: f
     return metrics, count, None
 
 
-def _checked(layout: Layout, arrays: dict[str, np.ndarray], out: Reply) -> str | None:
-    """Run the layout's own check on ``out`` (setting its payload); the reason it fails, or None."""
+def _checked(layout: Layout[T], arrays: dict[str, np.ndarray], draft: Reply[None]) -> tuple[Reply[T] | None, Problem | None]:
+    """Run the layout's own check on ``draft`` (a valid reply before its payload): the reply with the
+    payload the check made, or the reason it fails. Without a check the payload is None."""
     if layout.check is None:
-        return None
+        return cast("Reply[T]", draft), None
     try:
-        out.payload, problem = layout.check(arrays, out)
+        payload, problem = layout.check(arrays, draft)
     except Exception as exc:  # a method check that trips on odd input is a bad reply, not a crash
-        problem = f"payload cannot be checked: {type(exc).__name__}: {exc}"
-    return problem
+        return None, f"payload cannot be checked: {type(exc).__name__}: {exc}"
+    if problem:
+        return None, problem
+    made = cast("T", payload)  # None only where the check makes no payload (a check of metrics alone)
+    d = draft
+    return Reply(d.node_id, d.partition_id, d.arrays, d.count, d.metrics, made, d.config, d.nbytes, d.max_count, d.scores), None
 
 
 def decode(
-    reply: Message, layout: Layout, partition_id: int, max_count: int, nbytes: int, max_test_count: float = math.inf
-) -> tuple[Reply | None, str | None]:
+    reply: Message, layout: Layout[T], partition_id: int, max_count: int, nbytes: int, max_test_count: float = math.inf
+) -> tuple[Reply[T] | None, Problem | None]:
     """(Reply, None) when ``reply`` is what ``layout`` allows, else (None, the reason).
 
     ``partition_id`` is what the registry knows of the sender; ``max_count`` bounds its
@@ -211,17 +238,18 @@ def decode(
     metrics, count, problem = _decode_metrics(content.metric_records[P.METRICS], layout, partition_id, max_count)
     if problem:
         return None, problem
-    scores = None
+    scores: Reply[Any] | None = None
+    score_problem: Problem | None
     if layout.scores is not None:
         if P.SCORES not in content.metric_records:
             return None, "reply without its scores record (client-evaluation=with-next-train)"
-        scored, n, problem = _decode_metrics(content.metric_records[P.SCORES], layout.scores, partition_id, max_test_count)
-        if not problem:
-            scores = Reply(reply.metadata.src_node_id, partition_id, {}, n, scored, max_count=max_test_count)
-            problem = _checked(layout.scores, {}, scores)
-        if problem:
-            return None, f"scores: {problem}"
-    config: dict[str, Any] = {}
+        scored, n, score_problem = _decode_metrics(content.metric_records[P.SCORES], layout.scores, partition_id, max_test_count)
+        if not score_problem:
+            draft = Reply(reply.metadata.src_node_id, partition_id, {}, n, scored, None, max_count=max_test_count)
+            scores, score_problem = _checked(layout.scores, {}, draft)
+        if score_problem:
+            return None, f"scores: {score_problem}"
+    config: dict[str, ConfigRecordValues] = {}
     if layout.config is not None and P.CONFIG in content.config_records:
         config = dict(content.config_records[P.CONFIG])
         if extra := sorted(set(config) - set(layout.config)):
@@ -253,7 +281,5 @@ def decode(
             if np.issubdtype(data.dtype, np.floating) and not np.all(np.isfinite(data)):
                 return None, f"array {name!r} contains NaN or Inf"
             arrays[name] = data
-    out = Reply(reply.metadata.src_node_id, partition_id, arrays, count, metrics, config, nbytes=nbytes, max_count=max_count, scores=scores)
-    if problem := _checked(layout, arrays, out):
-        return None, problem
-    return out, None
+    draft = Reply(reply.metadata.src_node_id, partition_id, arrays, count, metrics, None, config, nbytes, max_count, scores)
+    return _checked(layout, arrays, draft)

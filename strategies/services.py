@@ -5,9 +5,10 @@ the data. Nothing here talks to clients."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -18,9 +19,18 @@ from core.data import Dataset, DatasetMissingError, to_tensors
 from core.partition import make_partition
 from core.run_data import load_run_dataset, load_server_data
 
+if TYPE_CHECKING:  # core.sources is imported when a user source is read
+    from core.sources import DataSchema
+
 log = logging.getLogger("headway")
 
 DEFAULT_EXAMPLE_CAP = 1_000_000  # num-examples cap when the server has no data and max-client-examples = 0
+
+
+def example_cap(cfg: Mapping[str, Any]) -> int:
+    """The most examples one client may declare or report where the server holds no
+    partition sizes: ``max-client-examples``, else :data:`DEFAULT_EXAMPLE_CAP`."""
+    return int(cfg["max-client-examples"]) or DEFAULT_EXAMPLE_CAP
 
 
 class ServerData:
@@ -28,9 +38,9 @@ class ServerData:
     the way every client computes its own partition (deterministic in the run seed).
     A deployment server may hold no data; then every accessor returns None."""
 
-    def __init__(self, cfg: dict[str, Any], schema: Any = None):
+    def __init__(self, cfg: dict[str, Any], schema: DataSchema | None = None):
         self.cfg = cfg
-        self.schema = schema  # dataset=local: the nodes' agreed schema (core.sources.DataSchema)
+        self.schema = schema  # dataset=local: the nodes' agreed schema
 
     @property
     def local(self) -> bool:
@@ -95,7 +105,7 @@ class ServerData:
         sizes = self.partition_sizes
         if sizes is not None and 0 <= partition_id < len(sizes):
             return sizes[partition_id][0 if split == "train" else 1]
-        return int(self.cfg["max-client-examples"]) or DEFAULT_EXAMPLE_CAP
+        return example_cap(self.cfg)
 
 
 def private_rng() -> np.random.Generator:
@@ -109,7 +119,7 @@ class Services:
     """Handed to every strategy: data, the seeded sampling stream, the private stream."""
 
     cfg: dict[str, Any]
-    schema: Any = None  # dataset=local: the schema the nodes agreed on (core.sources.DataSchema)
+    schema: DataSchema | None = None  # dataset=local: the schema the nodes agreed on
     described: dict[int, dict[str, Any]] = field(default_factory=dict)  # dataset=local: node id -> the description discovery merged
     data: ServerData = field(init=False)
     sampling: np.random.Generator = field(init=False)
