@@ -1,4 +1,4 @@
-"""User data sources (core/sources.py): every format read from files written here, class names
+"""User data sources (core/sources/): every format read from files written here, class names
 and tabular scaling agreed across nodes, the schema checks, and one-line errors."""
 
 from __future__ import annotations
