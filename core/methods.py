@@ -220,6 +220,26 @@ class FedRepSettings:
 
 
 @dataclass(frozen=True)
+class FedBABUSettings:
+    """fedbabu's own run-config keys (fedbabu-*)."""
+
+    finetune_epochs: int = setting(
+        non_negative(
+            "FedBABU: epochs each client fine-tunes on its training rows before it scores (the fine-tuned model is "
+            "used for that score only); 0: score the global body on the fixed head",
+            5,
+        )
+    )
+    finetune_part: str = setting(
+        Key(
+            "full",
+            "FedBABU: what fine-tuning trains: the whole model, the head only or the body only",
+            choices=("full", "head", "body"),
+        )
+    )
+
+
+@dataclass(frozen=True)
 class FedProtoSettings:
     """fedproto's own run-config keys (fedproto-*)."""
 
@@ -466,6 +486,13 @@ METHODS: dict[str, Method] = {
             strategy="fedrep:FedRep",
             procedure="fedrep:FedRepClient",
             settings=FedRepSettings,
+        ),
+        Method(
+            "fedbabu",
+            "averaged bodies on a fixed random head, fine-tuned on each client before it scores (Oh et al. 2022)",
+            strategy="fedbabu:FedBABU",
+            procedure="fedbabu:FedBABUClient",
+            settings=FedBABUSettings,
         ),
         Method(
             "fedproto",

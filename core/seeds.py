@@ -19,6 +19,7 @@ PER_CLIENT_INIT = "init"
 # ClientEnv.seed_for(round, SALT): one client's streams within a round (hashed with the seed, partition id and round)
 BATCHES = 0  # local training's batch order and crops (every method's training)
 FEDREP_HEAD = 2  # FedRep: the head's epochs, before the body's (BATCHES)
+FEDBABU_FINETUNE = 0x62616275  # FedBABU: the fine-tuning a client runs before it scores (evaluation only)
 FEDPFT_MIXTURES = 0x676D6D  # FedPFT: the EM fit of a client's class mixtures
 FEDPFT_LOCAL_HEAD = 1  # FedPFT chain: a client's head on its own features
 FEDPFT_SYNTHESIS = 2  # FedPFT chain: the draws from the mixtures relayed to it

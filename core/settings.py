@@ -18,6 +18,7 @@ from core.aggregate import AGGREGATIONS
 from core.methods import (
     ALGORITHMS,
     METHODS,
+    FedBABUSettings,
     FedLogSettings,
     FedPerSettings,
     FedPFTSettings,
@@ -382,6 +383,7 @@ class Settings(CommonSettings):
     lg_fedavg: LGFedAvgSettings = field(default_factory=LGFedAvgSettings)
     fedper: FedPerSettings = field(default_factory=FedPerSettings)
     fedrep: FedRepSettings = field(default_factory=FedRepSettings)
+    fedbabu: FedBABUSettings = field(default_factory=FedBABUSettings)
     fedproto: FedProtoSettings = field(default_factory=FedProtoSettings)
     fedprof: FedProfSettings = field(default_factory=FedProfSettings)
     fedpft: FedPFTSettings = field(default_factory=FedPFTSettings)
