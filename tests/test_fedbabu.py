@@ -157,3 +157,29 @@ def test_a_short_mnist_run_learns_and_sends_only_the_body(tmp_path, data_dir):
     assert all(near(r["bytes_down"], 3 * down_bytes(body, r["round"]), 3) for r in rounds)  # the head never travels
     assert rounds[-1]["accuracy"] > 0.8  # fine-tuned on 2-class clients; a 10-class guess scores 0.1
     assert rounds[-1]["accuracy_initial"] > 0.2  # the global body on the fixed head learned too
+
+
+def test_with_dataset_local_nodes_train_the_body_and_a_count_beyond_a_declaration_is_refused(task_identity):
+    """dataset=local: three nodes declare their data, register and get the body alone; one then claims
+    10,000 examples where it declared 10: refused, and the body is the honest average."""
+    from tests.test_local_attacks import Script, ScriptedGrid, _model_reply, discover, image_profile, local_cfg, registered, text
+
+    cfg = local_cfg(algorithm="fedbabu", classes="0,1", **{"fraction-train": 1.0})
+    prof = text(image_profile({"0": [5, 1], "1": [5, 1]}))
+    pids: dict[int, int] = {}
+
+    def honest(node, msg):
+        return _model_reply(msg, pids[node], 0.98, 10)
+
+    def liar(node, msg):
+        return _model_reply(msg, pids[node], 0.9, 10_000)
+
+    grid = ScriptedGrid([Script(prof, answer=honest), Script(prof, answer=liar), Script(prof, answer=honest)])
+    strategy, engine = registered(cfg, discover(grid, cfg).schema, grid)
+    pids.update({n: c.partition_id for n, c in engine.registry.clients.items()})
+    start = strategy.initial_arrays()
+    step = strategy.train_round(1, strategy.initial_state(start), engine)
+    assert step.clients == 2 and any("above the 10 this client can hold" in f for f in engine.meter.failures), engine.meter.failures
+    assert step.arrays is not None and set(step.arrays) == set(start) - HEAD
+    for name, arr in step.arrays.items():
+        np.testing.assert_allclose(arr.numpy(), start[name].numpy() * 0.98, rtol=1e-5, atol=1e-7)
