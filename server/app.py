@@ -25,6 +25,7 @@ from strategies.base import HeadwayStrategy
 from strategies.discovery import DiscoveryFailed, discover
 from strategies.engine import RoundFailed
 from strategies.registry import STRATEGIES, check_capabilities
+from strategies.round_loop import RoundLoop
 from strategies.services import Services
 
 log = logging.getLogger("headway")
@@ -118,14 +119,15 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     engine = strategy.connect(grid)  # kept here: who took part goes into summary.json even when the run raises
     if found is not None:
         engine.waited = True  # discovery waited sample-timeout for the nodes already: no second wait, no second warning
+    loop = RoundLoop(strategy, engine, on_round=recorder.round)  # its state: what summary.json reports, also after a raise
     try:
-        strategy.run(engine, strategy.initial_arrays(), cfg["num-server-rounds"], on_round=recorder.round)
+        loop.run(strategy.initial_state(), cfg["num-server-rounds"])
     except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, a stop signal (Flower exits 0), or Flower exiting on an error
         status, why = "interrupted", "interrupted (Ctrl-C, or a stop signal: e.g. the SuperLink shutting down)"
         if isinstance(exc, SystemExit) and exc.code not in (0, None):
             status, why = "failed", f"Flower exited with code {exc.code} (e.g. the SuperLink became unreachable)"
         summary = recorder.finish(
-            {**strategy.summary_extra(engine), **strategy.participants(engine)},
+            {**strategy.summary_extra(engine, loop.state), **strategy.participants(engine)},
             status=status,
             reason=why,
             unfinished_failures=len(engine.meter.failures),  # the round under way: its record was never written
@@ -134,7 +136,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
         raise
     except Exception as exc:
         summary = recorder.finish(
-            {**strategy.summary_extra(engine), **strategy.participants(engine)},
+            {**strategy.summary_extra(engine, loop.state), **strategy.participants(engine)},
             status="failed",
             reason=f"{type(exc).__name__}: {exc}",
             unfinished_failures=len(engine.meter.failures),  # e.g. round 1's, when every client failed in it
@@ -142,7 +144,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
         log.error("run failed after %s: %s", plural(summary["rounds"], "round"), summary["reason"])
         raise
     extra = {
-        **strategy.summary_extra(engine),
+        **strategy.summary_extra(engine, loop.state),
         **strategy.participants(engine),
         "aggregated_rounds": sum(bool(r.get("aggregated")) for r in recorder.rounds),
         **({} if found is None else found.summary()),

@@ -1,9 +1,15 @@
 """What a strategy can do, read from what it implements (never from a hand-set flag): a
 method supports ``secure-aggregation`` when its strategy can aggregate from a sum alone, and
-a robust ``aggregation`` rule when its strategy averages the round's model updates."""
+a robust ``aggregation`` rule when its strategy averages the round's model updates.
+
+A capability's hooks count only where they stand for the class's own aggregation: a class
+that replaces ``aggregate_train`` with a different rule (FedProf's full/partial aggregation
+over FedAvg) does not keep the sum and averaging hooks it inherits, which describe the rule
+it replaced."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 SECURE_SUM = "secure_sum"
@@ -22,25 +28,33 @@ class SecureSummable(Protocol):
 
 @runtime_checkable
 class RobustAggregatable(Protocol):
-    """A strategy whose aggregation is an average of model updates, the step a robust rule replaces."""
+    """A strategy whose aggregation is a weighted average of model updates (the weights from
+    ``update_weights``), the average a robust rule replaces (:class:`strategies.robust.RobustAverage`)."""
 
-    def robust_step(self, ctx: object, replies: list, weights: object, metrics: dict) -> object: ...  # noqa: D102
+    def update_weights(self, ctx: object, replies: list) -> Sequence[float]: ...  # noqa: D102
 
 
 def capabilities_of(cls: type) -> frozenset[str]:
-    """The capability names a strategy class implements (a method on the class, not ``NotImplementedError`` stubs of a base)."""
+    """The capability names a strategy class implements (see the module docstring)."""
     found = set()
     if _implements(cls, ("sum_spec", "aggregate_sum")):
         found.add(SECURE_SUM)
-    if _implements(cls, ("robust_step",)):
+    if _implements(cls, ("update_weights",)):
         found.add(ROBUST_AGGREGATION)
     return frozenset(found)
 
 
+def _owner(cls: type, name: str) -> type | None:
+    """The class of ``cls``'s MRO that defines ``name`` (None: none does)."""
+    return next((base for base in cls.__mro__ if name in vars(base)), None)
+
+
 def _implements(cls: type, names: tuple[str, ...]) -> bool:
-    """Every one of ``names`` is defined by ``cls`` or a base other than the abstract HeadwayStrategy."""
+    """Every one of ``names`` is defined for ``cls`` by the class that defines its ``aggregate_train``
+    or by a subclass of it (so the hook describes the aggregation ``cls`` really runs)."""
+    aggregation = _owner(cls, "aggregate_train")
     for name in names:
-        owner = next((base for base in cls.__mro__ if name in vars(base)), None)
-        if owner is None or owner.__name__ == "HeadwayStrategy":
+        owner = _owner(cls, name)
+        if owner is None or aggregation is None or not issubclass(owner, aggregation):
             return False
     return True

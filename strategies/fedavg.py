@@ -11,45 +11,37 @@ for FedAvg, FedProx and the layer-sharing methods, which all aggregate here."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
 from core import protocol as P
-from core.aggregate import SELECTING, float_norm, relative_update_norm, weighted_average
+from core.aggregate import float_norm, relative_update_norm
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.models import build_model
 from core.sum_bounds import count_problem, update_sum_problem
+from strategies.arrays import to_numpy, to_record
 from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
 from strategies.replies import ArraySpec, Layout, Rejection, Reply
-from strategies.robust import Rule, robust_aggregate
+from strategies.robust import Averaging, averaging_for
 from strategies.secure_aggregation import SecureSum, SumSpec
 from strategies.services import Services
+from strategies.state import ServerState
+
+__all__ = ["FedAvg", "FedAvgState", "to_numpy", "to_record"]  # to_numpy/to_record: where the layer-sharing methods import them
 
 
-def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
-    """A record's arrays as numpy arrays, by name."""
-    return {k: v.numpy() for k, v in record.items()}
+@dataclass(frozen=True)
+class FedAvgState:
+    """What FedAvg's server keeps across rounds besides the model: under ``client-sampling=data-ratio``
+    without server data, the count each client's last accepted training reply gave (partition id -> n)."""
 
-
-def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    """Numpy arrays as a record, each C-contiguous as Flower's Array needs."""
-    return ArrayRecord(
-        {k: Array(np.asarray(v, order="C")) for k, v in arrays.items()}
-    )  # order="C" keeps 0-d arrays 0-d (BatchNorm counters); ascontiguousarray makes them (1,)
-
-
-@dataclass
-class FedAvgClientState:
-    """What FedAvg keeps of one client across rounds."""
-
-    n: int | None = None  # client-sampling=data-ratio: the count its last accepted training reply gave
+    counts: dict[int, int] = field(default_factory=dict)
 
 
 class FedAvg(HeadwayStrategy):
@@ -64,8 +56,10 @@ class FedAvg(HeadwayStrategy):
         super().__init__(cfg, spec, services)
         if not self.mixed_bodies and body_names(cfg) != [cfg["body"]]:
             raise ConfigError(f"{self.name} averages {self.averages}, so every client must run the same body: leave 'bodies' empty")
+        self.averaging: Averaging = averaging_for(cfg, self)  # the weighted mean, or the robust rule ``aggregation`` names
 
     def initial_arrays(self) -> ArrayRecord:
+        """The run body's seeded initial model."""
         model = build_model(
             self.cfg["body"],
             self.spec.input_shape,
@@ -86,16 +80,21 @@ class FedAvg(HeadwayStrategy):
         """The part of the server's arrays exchanged in ``server_round`` (FedAvg: all)."""
         return arrays
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
-        sent = self.shared(server_round, arrays)
+    def initial_method_state(self) -> Any:
+        """A :class:`FedAvgState` with no client's count heard yet (a subclass may keep a state of its own, e.g. FedProf)."""
+        return FedAvgState()
+
+    def configure_train(self, server_round: int, state: ServerState, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
+        """The shared part of the model to ``fraction-train`` of the clients (data-ratio: drawn ∝ n_k)."""
+        sent = self.shared(server_round, state.arrays)
         content = self.content(server_round, sent)
         if self.cfg["client-sampling"] == "data-ratio":
-            draws = engine.draw(self.cfg["fraction-train"], self.data_ratio(engine))
-            return TrainRound(server_round, engine, to_numpy(sent), draws), {node: content for node in draws}
+            draws = engine.draw(self.cfg["fraction-train"], self.data_ratio(engine, state.method))
+            return TrainRound(server_round, engine, state, to_numpy(sent), draws), {node: content for node in draws}
         nodes = engine.sample(self.cfg["fraction-train"])
-        return TrainRound(server_round, engine, to_numpy(sent)), {node: content for node in nodes}
+        return TrainRound(server_round, engine, state, to_numpy(sent)), {node: content for node in nodes}
 
-    def data_ratio(self, engine: Engine) -> dict[int, float]:
+    def data_ratio(self, engine: Engine, method: FedAvgState) -> dict[int, float]:
         """n_k of every available node, for draws ∝ n_k/n: the partition's size where the
         server holds the data, else the count its last accepted reply gave (capped like
         every count), and the mean of the known ones for a node not yet heard from."""
@@ -103,7 +102,7 @@ class FedAvg(HeadwayStrategy):
         nodes = engine.nodes()
         if sizes is not None:
             return {n: float(sizes[engine.partition_of(n)][0]) for n in nodes}
-        counts = {n: engine.registry.state(n, FedAvgClientState).n for n in nodes}
+        counts = {n: method.counts.get(engine.partition_of(n)) for n in nodes}
         known = {n: float(c) for n, c in counts.items() if c is not None}
         fill = float(np.mean(list(known.values()))) if known else 1.0
         return {n: known.get(n, fill) for n in nodes}
@@ -144,19 +143,24 @@ class FedAvg(HeadwayStrategy):
         norms = [relative_update_norm(sent, r.payload) for r in replies]
         return {"update_norm_max": max(norms), "update_norm_mean": float(np.mean(norms))} if norms else {}
 
+    def update_weights(self, ctx: TrainRound, replies: list[Reply]) -> list[float]:
+        """Each reply's weight in the average: its n_k, or under data-ratio sampling the times its
+        node was drawn (scheme I: every draw weighs the same)."""
+        if self.cfg["client-sampling"] == "data-ratio":
+            return [ctx.draws.get(r.node_id, 0) for r in replies]
+        return [r.examples for r in replies]
+
     def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
-        if self.cfg["client-sampling"] == "data-ratio":  # scheme I: every draw weighs the same
-            for r in replies:
-                ctx.engine.registry.state(r.node_id, FedAvgClientState).n = r.examples
-            weights = [ctx.draws.get(r.node_id, 0) for r in replies]
-        else:
-            weights = [r.examples for r in replies]
+        """The run's averaging (:mod:`strategies.robust`) of the replies, weighted by :meth:`update_weights`;
+        under data-ratio sampling the state also keeps each reply's count for the next draws."""
         losses = [r.metrics.get(P.LOSS, float("nan")) for r in replies]
         metrics = {"loss": mean_finite(losses), **self.update_norms(ctx.sent, replies)}
-        if self.cfg["aggregation"] == "mean":
-            avg = weighted_average([r.payload for r in replies], weights, like=ctx.sent)
-            return Step(to_record(avg), len(replies), metrics)
-        return self.robust_step(ctx, replies, weights, metrics)
+        step = self.averaging.step(ctx, replies, self.update_weights(ctx, replies), metrics)
+        if self.cfg["client-sampling"] != "data-ratio":
+            return step
+        method: FedAvgState = ctx.state.method
+        heard = {r.partition_id: r.examples for r in replies}
+        return replace(step, method=FedAvgState({**method.counts, **heard}))
 
     def sum_spec(self, ctx: TrainRound, nodes: list[int]) -> SumSpec:
         """Under secure-aggregation: n_k·(w_k − w) of the float arrays, each update L2-clipped to
@@ -187,14 +191,3 @@ class FedAvg(HeadwayStrategy):
         cpu = {f"secagg_server_cpu_{stage}": sec for stage, sec in total.cpu.items()}
         figures = {"update_norm_of_mean": relative_update_norm(ctx.sent, new), "sum_examples": n, "sum_examples_bound": total.max_examples}
         return Step(to_record(new), len(total), {**figures, **cpu})
-
-    def robust_step(self, ctx: TrainRound, replies: list[Reply], weights: Sequence[float], metrics: dict[str, float]) -> Step:
-        """The round's step under a robust ``aggregation`` rule (strategies/robust.py); too few
-        replies for the rule keep the previous model, the reason counted as a failure."""
-        rule = Rule.from_config(self.cfg)
-        if problem := rule.shortfall(len(replies)):
-            ctx.engine.meter.fail(f"train: {problem}; keeping the previous model")
-            return Step(None, len(replies), metrics, kept=True)
-        avg, kept = robust_aggregate([r.payload for r in replies], weights, rule, ctx.sent)
-        details = {"aggregation_kept": sorted(replies[i].partition_id for i in kept)} if rule.name in SELECTING else {}
-        return Step(to_record(avg), len(replies), metrics, details)

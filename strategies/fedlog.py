@@ -6,26 +6,37 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, RecordDict
 
 from core import protocol as P
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
-from core.fedlog import StatsCheck, add_noise, class_means, dense_statistics, noise_sigma, share_sigma, solve_head, sum_rows
+from core.fedlog import StatsCheck, class_means, dense_statistics, noise_sigma, share_sigma, solve_head, sum_rows
 from core.models import common_width, nonnegative_features
 from core.sum_bounds import count_problem
 from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
-from strategies.privacy import fedlog_dp_report
+from strategies.privacy import Release, fedlog_dp_report, release_for
 from strategies.replies import ArraySpec, Layout, Reply
 from strategies.secure_aggregation import SecureSum, SumSpec
 from strategies.services import Services
+from strategies.state import ServerState
 
 log = logging.getLogger("headway")
+
+
+@dataclass(frozen=True)
+class FedLogState:
+    """What FedLog's server keeps across rounds: the head η (float64), the last summed statistics Φ
+    (FedLog-C sends them; None before the first sum) and the seconds each solve of Eq. 12 took."""
+
+    eta: np.ndarray
+    phi_sum: np.ndarray | None = None
+    solve_seconds: tuple[float, ...] = ()
 
 
 class FedLog(HeadwayStrategy):
@@ -58,27 +69,32 @@ class FedLog(HeadwayStrategy):
             precision=precision,
             nonnegative=self.nonnegative,
         )
-        self.eta = np.random.default_rng(cfg["seed"]).normal(0.0, 1.0 / np.sqrt(self.m), size=(self.classes, self.m))
-        self.phi_sum: np.ndarray | None = None  # last aggregate Φ (FedLog-C sends it)
-        self.solve_seconds: list[float] = []
+        self.release: Release = release_for(cfg, self.sigma, services.private)  # the sum as released: exact, or with central DP's noise
 
     def body_problem(self, body: str) -> str | None:
+        """A node's body must send this run's feature width (and non-negative features where the checks assume them)."""
         if problem := self.width_problem(body, self.m - 1):
             return problem
         if self.nonnegative and not nonnegative_features(body, self.spec.input_shape, self.cfg["feature-dim"]):
             return f"registration names body {body!r}, whose features can be negative, but this run checks statistics for the non-negative features of {body_names(self.cfg)}"
         return None
 
-    def initial_arrays(self) -> ArrayRecord:
-        return self.head_record()
+    def initial_method_state(self) -> FedLogState:
+        """The seeded random η, no statistics yet."""
+        eta = np.random.default_rng(self.cfg["seed"]).normal(0.0, 1.0 / np.sqrt(self.m), size=(self.classes, self.m))
+        return FedLogState(eta)
 
-    def head_record(self) -> ArrayRecord:
-        """η (and FedLog-C's Φ) as sent, in ``fedlog-wire-dtype``. Under float16, Φ goes as
+    def initial_arrays(self) -> ArrayRecord:
+        """The initial η as sent."""
+        return self.head_record(self.initial_method_state())
+
+    def head_record(self, method: FedLogState) -> ArrayRecord:
+        """η (and FedLog-C's Φ) of ``method`` as sent, in ``fedlog-wire-dtype``. Under float16, Φ goes as
         its class means (rows [1, Φ̄_y]: bounded like the features, where sums could overflow),
         which is all a client computes from it."""
-        arrays = {P.ETA: Array(self._wire(self.eta))}
-        if self.cfg["fedlog-alpha"] > 0 and self.phi_sum is not None:
-            phi = class_means(self.phi_sum) if self.cfg["fedlog-wire-dtype"] == "float16" else self.phi_sum
+        arrays = {P.ETA: Array(self._wire(method.eta))}
+        if self.cfg["fedlog-alpha"] > 0 and method.phi_sum is not None:
+            phi = class_means(method.phi_sum) if self.cfg["fedlog-wire-dtype"] == "float16" else method.phi_sum
             arrays[P.STATS_SUM] = Array(self._wire(phi))
         return ArrayRecord(arrays)
 
@@ -92,29 +108,22 @@ class FedLog(HeadwayStrategy):
         return values.astype(np.float32)
 
     # ----- rounds ---------------------------------------------------------------
-    def prepare(self, arrays: ArrayRecord, engine: Engine) -> tuple[ArrayRecord, Step | None]:
+    def prepare(self, state: ServerState, engine: Engine) -> tuple[ServerState, Step | None]:
         """fedlog-init=stats: one statistics round on the untrained bodies sets the first η."""
         if self.cfg["fedlog-init"] != "stats":
-            return arrays, None
-        ctx = TrainRound(0, engine)
-        content = self.content(0, self.head_record(), **{P.PHASE: P.PHASE_STATS})
-        contents = {n: content for n in engine.nodes()}
-        if self.cfg["secure-aggregation"] != "off":
-            step = self.secure_step(P.PHASE_STATS, ctx, contents)
-            if step.arrays is None:
-                return arrays, step
-        else:
-            replies = engine.exchange(P.PHASE_STATS, contents, MessageType.TRAIN, self.train_layout(ctx))
-            if not engine.quorum(P.PHASE_STATS, replies):
-                return arrays, Step(None, len(replies))
-            step = self.aggregate_train(ctx, replies)
-        assert step.arrays is not None, "FedLog's aggregation always solves a head"
+            return state, None
+        ctx = TrainRound(0, engine, state)
+        content = self.content(0, self.head_record(state.method), **{P.PHASE: P.PHASE_STATS})
+        step = self.aggregation.step(self, P.PHASE_STATS, ctx, {n: content for n in engine.nodes()})
+        if step.arrays is None:
+            return state, step
         log.info("fedlog: first head from %d clients' statistics", step.clients)
-        return step.arrays, Step(step.arrays, step.clients, {"clients": float(step.clients)})
+        return state.advance(step), Step(step.arrays, step.clients, {"clients": float(step.clients)})
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
-        content = self.content(server_round, self.head_record(), **{P.PHASE: P.PHASE_TRAIN})
-        return TrainRound(server_round, engine), {node: content for node in engine.sample(self.cfg["fraction-train"])}
+    def configure_train(self, server_round: int, state: ServerState, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
+        """The state's η (and Φ) to ``fraction-train`` of the clients."""
+        content = self.content(server_round, self.head_record(state.method), **{P.PHASE: P.PHASE_TRAIN})
+        return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.cfg["fraction-train"])}
 
     def train_layout(self, ctx: TrainRound) -> Layout:
         """Statistics (classes × m; or, with fedlog-uplink=sparse, the rows of the classes a
@@ -131,6 +140,7 @@ class FedLog(HeadwayStrategy):
         return Layout(arrays, count=True, optional=(P.LOSS,), check=self.check_statistics)
 
     def check_statistics(self, arrays: dict[str, np.ndarray], reply: Reply) -> tuple[np.ndarray | None, str | None]:
+        """A reply's statistics as float64 sums (dense), or why they cannot be a client's real statistics."""
         if P.STATS_ROWS in arrays:
             stats, problem = dense_statistics(arrays[P.STATS_ROWS].astype(np.float64), self.classes)
             if stats is None:
@@ -145,13 +155,14 @@ class FedLog(HeadwayStrategy):
         return stats, self.checker.problem(stats, count, reply.max_count)
 
     def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
+        """Eq. 11's sum of the replies' statistics, and the head it gives."""
         phi = np.sum([r.payload for r in replies], axis=0)  # Eq. 11
         if self.local_dp:
             n = max(float(np.sum(phi[:, 0])), 0.0)  # the noised count row: post-processing, no privacy cost
         else:
             n = float(sum(r.examples for r in replies))
         metrics = {} if self.local_dp else {"loss": mean_finite([r.metrics.get(P.LOSS, float("nan")) for r in replies])}
-        return self.head_step(phi, n, len(replies), metrics)
+        return self.head_step(ctx, phi, n, len(replies), metrics)
 
     def sum_spec(self, ctx: TrainRound, nodes: list[int]) -> SumSpec:
         """T (classes × m) of every client; |a sum| ≤ the examples the clients can hold times max(b, 1)
@@ -178,26 +189,25 @@ class FedLog(HeadwayStrategy):
                 f"secure sum of {len(total)} clients is not a sum of real statistics ({problem}); keeping the previous head"
             )
             return Step(None, 0)
-        return self.head_step(phi, n, len(total), {f"secagg_server_cpu_{stage}": sec for stage, sec in total.cpu.items()})
+        return self.head_step(ctx, phi, n, len(total), {f"secagg_server_cpu_{stage}": sec for stage, sec in total.cpu.items()})
 
-    def head_step(self, phi: np.ndarray, n: float, clients: int, metrics: dict[str, float]) -> Step:
-        """Eq. 12's head from the summed statistics ``phi`` of ``n`` examples. Under central DP the
-        sum is noised once here, and n is read from its noised count row (the head is then
-        post-processing of the release; the clean n would release the round's total count)."""
-        if self.cfg["fedlog-dp"] == "central":
-            phi = add_noise(phi, self.sigma, self.services.private)  # once, on the sum, from OS entropy
-            n = max(float(np.sum(phi[:, 0])), 0.0)
+    def head_step(self, ctx: TrainRound, phi: np.ndarray, n: float, clients: int, metrics: dict[str, float]) -> Step:
+        """Eq. 12's head from the summed statistics ``phi`` of ``n`` examples, as released by the
+        run's :attr:`release` (under central DP: noised once, n read from the noised count row)."""
+        phi, n = self.release(phi, n)
         t0 = time.perf_counter()
-        self.eta = solve_head(phi, n, chi=self.cfg["fedlog-prior-chi"], nu=self.cfg["fedlog-prior-nu"])  # Eq. 12
+        eta = solve_head(phi, n, chi=self.cfg["fedlog-prior-chi"], nu=self.cfg["fedlog-prior-nu"])  # Eq. 12
         dt = time.perf_counter() - t0
-        self.solve_seconds.append(dt)
-        self.phi_sum = phi
-        return Step(self.head_record(), clients, {"solve_seconds": dt, **metrics})
+        method = FedLogState(eta, phi, (*ctx.state.method.solve_seconds, dt))
+        return Step(self.head_record(method), clients, {"solve_seconds": dt, **metrics}, method=method)
 
-    def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
-        return ArrayRecord({P.ETA: Array(self._wire(self.eta))})
+    def evaluate_arrays(self, state: ServerState) -> ArrayRecord:
+        """η alone: what a client scores itself with."""
+        return ArrayRecord({P.ETA: Array(self._wire(state.method.eta))})
 
-    def summary_extra(self, engine: Engine) -> dict[str, Any]:
+    def summary_extra(self, engine: Engine, state: ServerState | None) -> dict[str, Any]:
+        """The variant, m, the prior, init, clip, the mean solve time and the DP report."""
+        solves = state.method.solve_seconds if state is not None else ()
         cfg = self.cfg
         extra: dict[str, Any] = {
             "variant": "fedlog-c" if cfg["fedlog-alpha"] > 0 else "fedlog",
@@ -206,7 +216,7 @@ class FedLog(HeadwayStrategy):
             "prior_chi": cfg["fedlog-prior-chi"],
             "init": cfg["fedlog-init"],
             "clip": cfg["fedlog-clip"],
-            "solve_seconds_mean": float(np.mean(self.solve_seconds)) if self.solve_seconds else None,
+            "solve_seconds_mean": float(np.mean(solves)) if solves else None,
         }
         if self.dp_report is not None:
             extra["dp"] = {**self.dp_report, "noise": "OS entropy"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -35,10 +36,28 @@ from strategies.engine import Engine
 from strategies.privacy import fedpft_dp_report
 from strategies.replies import ArraySpec, Layout, Reply
 from strategies.services import Services
+from strategies.state import ServerState
 
 log = logging.getLogger("headway")
 
 GMM_ARRAYS = (P.GMM_CLASSES, P.GMM_WEIGHTS, P.GMM_MEANS, P.GMM_COVARIANCES)
+
+
+@dataclass(frozen=True)
+class FedPFTState:
+    """What FedPFT's server keeps: the trained head (weight, bias; None before it), the (class, count)
+    of every mixture received, each valid reply's wire bytes, and the seconds the head took to train.
+    The chain's order lives within its one round (the relay), so no position is kept between rounds."""
+
+    head: tuple[np.ndarray, np.ndarray] | None = None
+    received: tuple[tuple[int, int], ...] = ()
+    payload_bytes: tuple[int, ...] = ()
+    head_seconds: float = 0.0
+
+    def noted(self, replies: list[Reply]) -> FedPFTState:
+        """This state with ``replies``' mixtures and bytes counted."""
+        received = tuple((m.label, m.count) for r in replies for m in r.payload)
+        return FedPFTState(self.head, self.received + received, self.payload_bytes + tuple(r.nbytes for r in replies), self.head_seconds)
 
 
 class FedPFT(HeadwayStrategy):
@@ -76,10 +95,10 @@ class FedPFT(HeadwayStrategy):
         self.checker = PayloadCheck(
             self.classes, self.dim, self.k, self.covariance, cfg["max-feature-value"], cfg["fedpft-min-class-examples"], value_range
         )
-        self.head: tuple[np.ndarray, np.ndarray] | None = None
-        self.received: list[tuple[int, int]] = []  # (class, count) of every mixture received
-        self.payload_bytes: list[int] = []  # wire bytes of each valid reply
-        self.head_seconds = 0.0
+
+    def initial_method_state(self) -> FedPFTState:
+        """No head, nothing received."""
+        return FedPFTState()
 
     # ----- what a reply may be ------------------------------------------------------
     def train_layout(self, ctx: TrainRound) -> Layout:
@@ -113,27 +132,28 @@ class FedPFT(HeadwayStrategy):
         return self.checker.decode(arrays, bound)
 
     # ----- the round --------------------------------------------------------------------
-    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
+    def configure_train(self, server_round: int, state: ServerState, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
         """One shot: every available client is asked for its mixtures."""
         content = self.content(server_round, ArrayRecord(), **{P.PHASE: P.PHASE_TRAIN})
-        return TrainRound(server_round, engine), {n: content for n in engine.nodes()}
+        return TrainRound(server_round, engine, state), {n: content for n in engine.nodes()}
 
-    def train_round(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> Step:
+    def train_round(self, server_round: int, state: ServerState, engine: Engine) -> Step:
+        """The star's one exchange (every strategy's round), or under ``fedpft-topology=chain`` the relay."""
         if self.chain:
-            return self._chain(server_round, engine)
-        return super().train_round(server_round, arrays, engine)
+            return self._chain(server_round, state, engine)
+        return super().train_round(server_round, state, engine)
 
     def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
         """Alg. 1 lines 13–17: sample every received class mixture, train the head."""
         mixtures = [m for r in replies for m in r.payload]
-        self._note(replies)
+        noted = ctx.state.method.noted(replies)
         gen = torch.Generator().manual_seed(int(self.cfg["seed"]))  # synthetic draws protect nothing: seeded, reproducible
         x, y = synthesize(mixtures, gen, capped_counts(mixtures, self.cfg["fedpft-max-synthetic"]))
         if len(y) == 0:  # valid replies, but no class anyone could send: no head this round
-            return Step(None, len(replies), {"synthetic_examples": 0.0})
+            return Step(None, len(replies), {"synthetic_examples": 0.0}, method=noted)
         cfg = self.cfg
         t0 = time.perf_counter()
-        self.head = train_head(
+        head = train_head(
             x,
             y,
             self.classes,
@@ -144,14 +164,16 @@ class FedPFT(HeadwayStrategy):
             cfg["seed"],
             resolve_device(cfg["device"]),
         )
-        self.head_seconds = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        method = FedPFTState(head, noted.received, noted.payload_bytes, seconds)
         return Step(
-            self.head_record(),
+            self.head_record(method),
             len(replies),
-            {"synthetic_examples": float(len(y)), "classes_received": float(len(mixtures)), "head_seconds": self.head_seconds},
+            {"synthetic_examples": float(len(y)), "classes_received": float(len(mixtures)), "head_seconds": seconds},
+            method=method,
         )
 
-    def _chain(self, server_round: int, engine: Engine) -> Step:
+    def _chain(self, server_round: int, state: ServerState, engine: Engine) -> Step:
         """§4.2: relay each client's mixtures to the next, in partition order; a hop's reply
         is bounded by its own examples plus those the mixtures it was sent summarize."""
 
@@ -167,34 +189,34 @@ class FedPFT(HeadwayStrategy):
         out = engine.relay(
             P.PHASE_CHAIN, engine.nodes(), first, forward, self.payload_layout(relayed=0), hop_timeout=self.cfg["round-timeout"]
         )
-        self._note(out)
-        return Step(None, len(out), {"chain_hops": float(len(out))}, {"chain_order": [r.partition_id for r in out]})
-
-    def _note(self, replies: list[Reply]) -> None:
-        self.received += [(m.label, m.count) for r in replies for m in r.payload]
-        self.payload_bytes += [r.nbytes for r in replies]
+        details = {"chain_order": [r.partition_id for r in out]}
+        return Step(None, len(out), {"chain_hops": float(len(out))}, details, method=state.method.noted(out))
 
     # ----- the head -----------------------------------------------------------------------
-    def head_record(self) -> ArrayRecord:
-        if self.head is None:
+    def head_record(self, method: FedPFTState) -> ArrayRecord:
+        """The head of ``method`` as float32 weight and bias (empty before it is trained)."""
+        if method.head is None:
             return ArrayRecord()
-        return ArrayRecord({P.HEAD_WEIGHT: Array(self.head[0].astype(np.float32)), P.HEAD_BIAS: Array(self.head[1].astype(np.float32))})
+        return ArrayRecord({P.HEAD_WEIGHT: Array(method.head[0].astype(np.float32)), P.HEAD_BIAS: Array(method.head[1].astype(np.float32))})
 
-    def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
-        return self.head_record()  # chain: empty, clients score their own heads
+    def evaluate_arrays(self, state: ServerState) -> ArrayRecord:
+        """The server's head (chain: empty, clients score their own heads)."""
+        return self.head_record(state.method)
 
-    def global_evaluation(self, arrays: ArrayRecord) -> dict[str, float]:
+    def global_evaluation(self, state: ServerState) -> dict[str, float]:
         """The server's head on the whole test set, where the server holds the data."""
-        if self.head is None or not self.cfg["global-eval"]:
+        head = state.method.head
+        if head is None or not self.cfg["global-eval"]:
             return {}
         test = self.services.data.test_tensors()
         if test is None:
             return {}
         f = features(self.cfg, self.cfg["dataset"], test[0], resolve_device(self.cfg["device"]))
-        s = task_metrics("classification", head_logits(f, *self.head), test[1])
+        s = task_metrics("classification", head_logits(f, *head), test[1])
         return {f"global_{k}": v for k, v in s.items()}
 
     def aggregate_evaluate(self, server_round: int, replies: list[Reply]) -> dict[str, float]:
+        """Every method's figures; in the chain also each client's accuracy with the last head and its own."""
         out = super().aggregate_evaluate(server_round, replies)
         if self.chain:  # each client's own head, by partition id (§5.4)
             for r in replies:
@@ -212,7 +234,9 @@ class FedPFT(HeadwayStrategy):
             out["participants"] = {pid: runs for pid in out["participants"]}
         return out
 
-    def summary_extra(self, engine: Engine) -> dict[str, Any]:
+    def summary_extra(self, engine: Engine, state: ServerState | None) -> dict[str, Any]:
+        """The extractor, mixtures and head figures, and the DP report of the classes received."""
+        method: FedPFTState = state.method if state is not None else FedPFTState()
         cfg = self.cfg
         extra: dict[str, Any] = {
             "extractor": cfg["fedpft-extractor"],
@@ -221,13 +245,13 @@ class FedPFT(HeadwayStrategy):
             "components": self.k,
             "covariance": self.covariance,
             "topology": cfg["fedpft-topology"],
-            "classes_received": len(self.received),
-            "payload_bytes_per_client": float(np.mean(self.payload_bytes)) if self.payload_bytes else None,
-            "head_seconds": self.head_seconds,
+            "classes_received": len(method.received),
+            "payload_bytes_per_client": float(np.mean(method.payload_bytes)) if method.payload_bytes else None,
+            "head_seconds": method.head_seconds,
         }
         if cfg["fedpft-dp"] == "on":
             extra["dp"] = {
-                **fedpft_dp_report(cfg["fedpft-epsilon"], cfg["fedpft-delta"], [int(n) for _, n in self.received]),
+                **fedpft_dp_report(cfg["fedpft-epsilon"], cfg["fedpft-delta"], [int(n) for _, n in method.received]),
                 "noise": "OS entropy, added by each client before sending",
                 "features": "L2-normalized to the unit sphere",
             }

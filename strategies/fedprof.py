@@ -31,7 +31,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -53,11 +53,12 @@ from core.profiles import (
     profile_problem,
     score,
 )
+from strategies.arrays import to_numpy, to_record
 from strategies.base import Step, TrainRound, mean_finite
 from strategies.engine import Engine
-from strategies.fedavg import FedAvg, to_numpy, to_record
+from strategies.fedavg import FedAvg
 from strategies.replies import ArraySpec, Layout, Rejection, Reply
-from strategies.services import Services
+from strategies.state import ServerState
 
 log = logging.getLogger("headway")
 
@@ -97,7 +98,7 @@ def profiled_layers(cfg: Mapping[str, Any], spec: DatasetSpec) -> list[str]:
     return list(dict.fromkeys(seen))
 
 
-@dataclass
+@dataclass(frozen=True)
 class FedProfClientState:
     """What FedProf keeps of one client across rounds."""
 
@@ -108,6 +109,31 @@ class FedProfClientState:
     misses: int = 0  # asks in a row that got no valid profile
     n: int | None = None  # the count its last valid reply gave
     model: dict[str, np.ndarray] | None = None  # full-cache: its last local model
+
+
+@dataclass(frozen=True)
+class Validation:
+    """D^V: the inputs of a private half of the rows the server holds out, where the draw came from, and the rows held out."""
+
+    inputs: torch.Tensor
+    source: str
+    held_out: int
+
+
+@dataclass(frozen=True)
+class FedProfState:
+    """What FedProf's server keeps across rounds: the global model's version (the last round that
+    changed it) and the baselines RP^B of the versions in use, the profiled width q, the model before
+    round 1 (what a client never trained holds, for full-cache), every client's state by partition id,
+    the rounds each partition was selected in (summary.json), and D^V (drawn once, before round 1)."""
+
+    version: int = 0
+    baselines: dict[int, np.ndarray] = field(default_factory=dict)
+    units: int = 0
+    initial: dict[str, np.ndarray] = field(default_factory=dict)
+    clients: dict[int, FedProfClientState] = field(default_factory=dict)
+    selections: dict[int, int] = field(default_factory=dict)
+    validation: Validation | None = None
 
 
 @dataclass(frozen=True)
@@ -122,20 +148,16 @@ class ProfileRound(TrainRound):
 class FedProf(FedAvg):
     """Score-weighted client selection by representation profiles (see the module docstring).
 
-    Kept across rounds (set here, changed by ``prepare`` and ``aggregate_train``): the global
-    version and the baselines of the versions in use, the profiled width q, the initial model
-    and D^V; ``selections`` counts each client's selections for summary.json."""
+    Its state between rounds is a :class:`FedProfState`; within a hook, per-client states are
+    gathered in a fresh dict (partition id -> state) and frozen into the next state.
+
+    Neither secure-aggregation nor a robust ``aggregation`` rule: scoring needs each selected
+    client's own profile, full-cache needs each client's own model, and its full/partial rules
+    are not the update average a robust rule replaces. So it defines ``aggregate_train`` without
+    ``sum_spec``/``aggregate_sum``/``update_weights`` of its own (:mod:`strategies.capabilities`),
+    and building it with either setting is a ConfigError."""
 
     name = "fedprof"
-
-    def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
-        super().__init__(cfg, spec, services)
-        self.version = 0  # the global model's version: the last round that changed it
-        self.baselines: dict[int, np.ndarray] = {}  # version -> RP^B on D^V
-        self.units = 0  # q, the profiled layer's width
-        self.initial: dict[str, np.ndarray] = {}  # the model before round 1: what a client never trained holds (full-cache)
-        self.selections: dict[int, int] = {}  # partition id -> rounds selected
-        self.validation: tuple[Any, str, int] | None = None  # (D^V inputs, the draw's source, rows held out)
 
     @classmethod
     def check_config(cls, cfg: Mapping[str, Any], spec: DatasetSpec) -> None:
@@ -148,24 +170,25 @@ class FedProf(FedAvg):
                 f"choose one of: {', '.join(names)}"
             )
 
-    # ----- the baseline -------------------------------------------------------------
-    def validation_inputs(self) -> torch.Tensor:
-        """D^V's inputs: a private half of the rows the server holds out (drawn once)."""
-        if self.validation is None:
-            held = self.services.data.validation_tensors()
-            if held is None:
-                raise ConfigError(
-                    "fedprof needs the server to hold the data set for its validation set D^V (fedprof-val-size rows); "
-                    "give the server a data-dir with the data"
-                )
-            rng, source = validation_stream(self.cfg["seed"], os.environ.get(SECRET_ENV))
-            rows = private_validation_rows(len(held[0]), rng)
-            self.validation = (held[0][rows], source, len(held[0]))
-        return self.validation[0]
+    def initial_method_state(self) -> FedProfState:
+        """Version 0, no baseline, no profile, D^V not drawn yet (:meth:`start_from` draws it)."""
+        return FedProfState()
 
-    def baseline(self, arrays: ArrayRecord) -> np.ndarray:
+    # ----- the baseline -------------------------------------------------------------
+    def draw_validation(self) -> Validation:
+        """D^V: a private half of the rows the server holds out (OS entropy, or ``$HEADWAY_FEDPROF_SECRET``)."""
+        held = self.services.data.validation_tensors()
+        if held is None:
+            raise ConfigError(
+                "fedprof needs the server to hold the data set for its validation set D^V (fedprof-val-size rows); "
+                "give the server a data-dir with the data"
+            )
+        rng, source = validation_stream(self.cfg["seed"], os.environ.get(SECRET_ENV))
+        rows = private_validation_rows(len(held[0]), rng)
+        return Validation(held[0][rows], source, len(held[0]))
+
+    def baseline(self, validation: Validation, arrays: ArrayRecord) -> np.ndarray:
         """RP^B of the global model ``arrays`` on the server's validation set."""
-        val = self.validation_inputs()
         model = build_model(
             self.cfg["body"],
             self.spec.input_shape,
@@ -175,133 +198,157 @@ class FedProf(FedAvg):
             self.cfg["body-dropout"],
         )
         model.load_state_dict(arrays.to_torch_state_dict())
-        return model_profile(model, self.cfg["fedprof-layer"], val)
+        return model_profile(model, self.cfg["fedprof-layer"], validation.inputs)
 
-    def new_version(self, version: int, arrays: ArrayRecord, engine: Engine) -> None:
-        """Record global version ``version`` and its baseline; drop baselines no client's profile refers to."""
-        self.version = version
-        self.baselines[version] = self.baseline(arrays)
-        self.units = len(self.baselines[version])
-        in_use = {s.version for s in engine.registry.states(FedProfClientState).values() if s.version is not None} | {version}
-        self.baselines = {v: b for v, b in self.baselines.items() if v in in_use}
+    def new_version(self, method: FedProfState, version: int, arrays: ArrayRecord, engine: Engine) -> FedProfState:
+        """``method`` at global version ``version`` with its baseline (on D^V, drawn the first time it is
+        needed); baselines no registered client's profile refers to are dropped."""
+        validation = method.validation if method.validation is not None else self.draw_validation()
+        baseline = self.baseline(validation, arrays)
+        baselines = {**method.baselines, version: baseline}
+        in_use = {s.version for s in self.client_states(engine, method).values() if s.version is not None} | {version}
+        kept = {v: b for v, b in baselines.items() if v in in_use}
+        return replace(method, version=version, baselines=kept, units=len(baseline), validation=validation)
 
-    def start_from(self, arrays: ArrayRecord, engine: Engine) -> None:
+    def start_from(self, method: FedProfState, arrays: ArrayRecord, engine: Engine) -> FedProfState:
         """The model before round 1: version 0, its baseline, and what an untrained client holds."""
-        self.new_version(0, arrays, engine)
-        self.initial = to_numpy(arrays)
+        return replace(self.new_version(method, 0, arrays, engine), initial=to_numpy(arrays))
 
-    # ----- scores -------------------------------------------------------------------
-    def scores(self, engine: Engine) -> dict[int, float]:
-        """λ_k of every available node (Alg. 1 lines 8-9). A node without a valid profile
-        scores 0, the lowest: the sampler takes it only when fewer than K nodes score above
-        0 (a node never asked is profiled before the draw: :meth:`profile_missing`)."""
-        alpha = self.cfg["fedprof-alpha"]
-        out = {}
-        for node in engine.nodes():
-            state = engine.registry.state(node, FedProfClientState)
-            if state.profile is not None and state.version is not None:  # set together (remember)
-                state.div = divergence(state.profile, self.baselines[state.version])
-                out[node] = score(state.div, alpha)
-            else:
-                out[node] = 0.0
-        return out
+    # ----- clients' states -------------------------------------------------------------
+    @staticmethod
+    def client_states(engine: Engine, method: FedProfState) -> dict[int, FedProfClientState]:
+        """Every registered node's state (node id -> state, registration order; a new client's is empty)."""
+        return {node: method.clients.get(info.partition_id, FedProfClientState()) for node, info in engine.registry.clients.items()}
 
-    def remember(self, engine: Engine, reply: Reply, version: int) -> None:
-        state = engine.registry.state(reply.node_id, FedProfClientState)
-        state.profile, state.version = reply.payload[P.PROFILE].astype(np.float64), version
-        state.asked, state.misses = engine.round, 0
-        if reply.count is not None:
-            state.n = int(reply.count)
+    @staticmethod
+    def remember(engine: Engine, clients: dict[int, FedProfClientState], reply: Reply, version: int) -> None:
+        """``reply``'s profile (of global ``version``) and count into ``clients`` (partition id -> state)."""
+        state = clients.get(reply.partition_id, FedProfClientState())
+        n = int(reply.count) if reply.count is not None else state.n
+        profile = reply.payload[P.PROFILE].astype(np.float64)
+        clients[reply.partition_id] = replace(state, profile=profile, version=version, asked=engine.round, misses=0, n=n)
 
-    def forget(self, engine: Engine, node: int) -> None:
+    @staticmethod
+    def forget(engine: Engine, clients: dict[int, FedProfClientState], node: int) -> None:
         """``node`` was asked for a profile and gave no valid one: it has none until it does."""
-        state = engine.registry.state(node, FedProfClientState)
-        state.profile = state.version = state.div = None
-        state.asked, state.misses = engine.round, state.misses + 1
+        pid = engine.partition_of(node)
+        state = clients.get(pid, FedProfClientState())
+        clients[pid] = replace(state, profile=None, version=None, div=None, asked=engine.round, misses=state.misses + 1)
 
-    def due(self, engine: Engine, node: int) -> bool:
-        """Whether ``node`` is to be asked for a profile before this round's draw: never asked,
+    @staticmethod
+    def due(engine: Engine, state: FedProfClientState) -> bool:
+        """Whether a client in ``state`` is to be asked for a profile before this round's draw: never asked,
         or without a profile since its last ask 2^(misses-1) or more rounds ago."""
-        state = engine.registry.state(node, FedProfClientState)
         if state.asked is None:
             return True
         return state.profile is None and engine.round - state.asked >= 2 ** max(state.misses - 1, 0)
 
-    def ask_profiles(self, engine: Engine, nodes: list[int], server_round: int, arrays: ArrayRecord, version: int) -> list[Reply]:
-        """A profile-only exchange (no training) with ``nodes``: who answers validly is
-        remembered, who does not is forgotten."""
+    # ----- scores -------------------------------------------------------------------
+    def scores(self, engine: Engine, method: FedProfState, clients: dict[int, FedProfClientState]) -> dict[int, float]:
+        """λ_k of every available node (Alg. 1 lines 8-9), each scored client's divergence noted in
+        ``clients``. A node without a valid profile scores 0, the lowest: the sampler takes it only
+        when fewer than K nodes score above 0 (a node never asked is profiled before the draw)."""
+        alpha = self.cfg["fedprof-alpha"]
+        out = {}
+        for node in engine.nodes():
+            pid = engine.partition_of(node)
+            state = clients.get(pid, FedProfClientState())
+            if state.profile is not None and state.version is not None:  # set together (remember)
+                div = divergence(state.profile, method.baselines[state.version])
+                clients[pid] = replace(state, div=div)
+                out[node] = score(div, alpha)
+            else:
+                out[node] = 0.0
+        return out
+
+    def ask_profiles(
+        self,
+        engine: Engine,
+        method: FedProfState,
+        clients: dict[int, FedProfClientState],
+        nodes: list[int],
+        server_round: int,
+        arrays: ArrayRecord,
+    ) -> list[Reply]:
+        """A profile-only exchange (no training) with ``nodes`` on the model of ``method``'s version: who
+        answers validly is remembered in ``clients``, who does not is forgotten."""
         if not nodes:
             return []
         content = self.content(server_round, arrays, **{P.PHASE: P.PHASE_PROFILE})
-        replies = engine.exchange(P.PHASE_PROFILE, {n: content for n in nodes}, MessageType.TRAIN, self.profile_layout())
+        replies = engine.exchange(P.PHASE_PROFILE, {n: content for n in nodes}, MessageType.TRAIN, self.profile_layout(method.units))
         for reply in replies:
-            self.remember(engine, reply, version)
+            self.remember(engine, clients, reply, method.version)
         answered = {r.node_id for r in replies}
         for node in nodes:
             if node not in answered and node in engine.registry.clients:
-                self.forget(engine, node)
+                self.forget(engine, clients, node)
         return replies
 
-    def profile_missing(self, engine: Engine, server_round: int, arrays: ArrayRecord) -> None:
-        """Alg. 1 line 4 for nodes that were not there before round 1 (and the retries of
-        nodes that gave no valid profile): profile the current global model before the draw."""
-        self.ask_profiles(engine, [n for n in engine.nodes() if self.due(engine, n)], server_round, arrays, self.version)
-
     # ----- rounds ---------------------------------------------------------------------
-    def prepare(self, arrays: ArrayRecord, engine: Engine) -> tuple[ArrayRecord, Step | None]:
+    def prepare(self, state: ServerState, engine: Engine) -> tuple[ServerState, Step | None]:
         """Alg. 1 lines 4-6: every client's profile of the initial model, and its baseline."""
-        self.start_from(arrays, engine)
-        replies = self.ask_profiles(engine, engine.nodes(), 0, arrays, 0)
-        return arrays, Step(None, len(replies), {"clients": float(len(replies))})
+        method = self.start_from(state.method, state.arrays, engine)
+        clients = dict(method.clients)
+        replies = self.ask_profiles(engine, method, clients, engine.nodes(), 0, state.arrays)
+        return ServerState(state.arrays, replace(method, clients=clients)), Step(None, len(replies), {"clients": float(len(replies))})
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> tuple[ProfileRound, dict[int, RecordDict]]:
-        if self.version not in self.baselines:  # no profiling round ran (e.g. a round driven on its own)
-            self.start_from(arrays, engine)
-        self.profile_missing(engine, server_round, arrays)
-        content = self.content(server_round, arrays, **{P.PHASE: P.PHASE_TRAIN})
-        scores = self.scores(engine)
+    def configure_train(self, server_round: int, state: ServerState, engine: Engine) -> tuple[ProfileRound, dict[int, RecordDict]]:
+        """Alg. 1 line 4 (late joiners and retries profiled first), lines 8-10 (the draw by score); the
+        round's context carries the state with the profiles, divergences and selections this made."""
+        method: FedProfState = state.method
+        if method.version not in method.baselines:  # no profiling round ran (e.g. a round driven on its own)
+            method = self.start_from(method, state.arrays, engine)
+        clients = dict(method.clients)
+        due = [n for n in engine.nodes() if self.due(engine, clients.get(engine.partition_of(n), FedProfClientState()))]
+        self.ask_profiles(engine, method, clients, due, server_round, state.arrays)
+        content = self.content(server_round, state.arrays, **{P.PHASE: P.PHASE_TRAIN})
+        scores = self.scores(engine, method, clients)
         chosen = engine.sample(self.cfg["fraction-train"], scores)
+        selections = dict(method.selections)
+        for node in chosen:
+            pid = engine.partition_of(node)
+            selections[pid] = selections.get(pid, 0) + 1
         by_partition = {engine.partition_of(n): v for n, v in scores.items()}  # λ the sampler used, for rounds.jsonl
-        ctx = ProfileRound(server_round, engine, to_numpy(arrays), version=self.version, scores=by_partition)
+        method = replace(method, clients=clients, selections=selections)
+        sent = to_numpy(state.arrays)
+        ctx = ProfileRound(server_round, engine, ServerState(state.arrays, method), sent, version=method.version, scores=by_partition)
         return ctx, {node: content for node in chosen}
 
-    def train_round(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> Step:
-        """As every strategy's round, and then: a selected node whose reply was missing or
-        refused has no valid profile of this version, so it loses its score (line 15 takes
-        only the profiles that arrived), even when too few replies came to aggregate."""
-        ctx, contents = self.configure_train(server_round, arrays, engine)
-        for node in contents:
-            pid = engine.partition_of(node)
-            self.selections[pid] = self.selections.get(pid, 0) + 1
-        replies = engine.exchange(P.PHASE_TRAIN, contents, MessageType.TRAIN, self.train_layout(ctx))
+    def received(self, ctx: TrainRound, contents: Mapping[int, RecordDict], replies: list[Reply]) -> TrainRound:
+        """Alg. 1 line 15, quorum or not: the selected clients' fresh profiles, of the version they were
+        sent; a selected node whose reply was missing or refused has no valid profile of it and loses its score."""
+        method: FedProfState = ctx.state.method
+        clients = dict(method.clients)
+        for reply in replies:
+            self.remember(ctx.engine, clients, reply, method.version)
         answered = {r.node_id for r in replies}
-        for reply in replies:  # line 15: selected clients' fresh profiles, of the version they were sent
-            self.remember(engine, reply, ctx.version)
         for node in contents:
-            if node not in answered and node in engine.registry.clients:
-                self.forget(engine, node)
-        if not engine.quorum(P.PHASE_TRAIN, replies):
-            return Step(None, len(replies))
-        return self.aggregate_train(ctx, replies)
+            if node not in answered and node in ctx.engine.registry.clients:
+                self.forget(ctx.engine, clients, node)
+        return replace(ctx, state=ServerState(ctx.state.arrays, replace(method, clients=clients)))
 
-    def profile_layout(self) -> Layout:
-        return Layout({P.PROFILE: ArraySpec((self.units, 2))}, count=True, optional=(P.LOSS,), check=self.check_profile)
+    def profile_layout(self, units: int) -> Layout:
+        """A profile-only reply: the (q, 2) profile of ``units`` = q units, and n."""
+        return Layout({P.PROFILE: ArraySpec((units, 2))}, count=True, optional=(P.LOSS,), check=partial(self.check_profile, units=units))
 
     def train_layout(self, ctx: TrainRound) -> Layout:
         """The model it was sent (as FedAvg) plus its (q, 2) profile."""
+        units = ctx.state.method.units
         specs = {k: ArraySpec(tuple(v.shape), str(v.dtype)) for k, v in ctx.sent.items()}
-        specs[P.PROFILE] = ArraySpec((self.units, 2))
+        specs[P.PROFILE] = ArraySpec((units, 2))
         return Layout(specs, count=True, optional=(P.LOSS,), check=partial(self.check_update_and_profile, ctx=ctx))
 
-    def check_profile(self, arrays: dict[str, np.ndarray], reply: Reply) -> tuple[dict[str, np.ndarray] | None, str | None]:
-        problem = profile_problem(arrays[P.PROFILE], self.units)
+    def check_profile(self, arrays: dict[str, np.ndarray], reply: Reply, units: int) -> tuple[dict[str, np.ndarray] | None, str | None]:
+        """``arrays`` when their profile is a valid one of ``units`` units, else why not."""
+        problem = profile_problem(arrays[P.PROFILE], units)
         return (None, problem) if problem else (arrays, None)
 
     def check_update_and_profile(
         self, arrays: dict[str, np.ndarray], reply: Reply, ctx: TrainRound
     ) -> tuple[dict[str, np.ndarray] | None, str | Rejection | None]:
+        """A valid profile and a model update FedAvg's check admits (:meth:`FedAvg.check_update`)."""
         problem: str | Rejection | None
-        _, problem = self.check_profile(arrays, reply)
+        _, problem = self.check_profile(arrays, reply, ctx.state.method.units)
         if problem:
             return None, problem
         model = {k: v for k, v in arrays.items() if k != P.PROFILE}
@@ -311,9 +358,11 @@ class FedProf(FedAvg):
         return {**checked, P.PROFILE: arrays[P.PROFILE]}, None
 
     def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
+        """Alg. 1 lines 16-18: the ``fedprof-aggregation`` rule over the replies, and the new version's baseline."""
         assert isinstance(ctx, ProfileRound), "a FedProf round is set up by FedProf.configure_train"
-        engine = ctx.engine  # line 15 (selected clients' fresh profiles) ran in train_round, quorum or not
-        states = engine.registry.states(FedProfClientState)
+        engine = ctx.engine  # line 15 (selected clients' fresh profiles) ran in received, quorum or not
+        method: FedProfState = ctx.state.method
+        states = self.client_states(engine, method)
         models = [{k: v for k, v in r.payload.items() if k != P.PROFILE} for r in replies]
         sizes = [r.examples for r in replies]
         known = {n: s.n for n, s in states.items() if s.n is not None}
@@ -323,30 +372,36 @@ class FedProf(FedAvg):
             new = full_aggregate(ctx.sent, models, sizes, total)
         elif mode == "full-cache":
             for reply, model in zip(replies, models, strict=True):
-                states[reply.node_id].model = model
+                states[reply.node_id] = replace(states[reply.node_id], model=model)
             cached = [(s.model, s.n) for s in states.values() if s.model is not None and s.n is not None]  # the known clients' models
-            new = cached_aggregate(self.initial, [m for m, _ in cached], [n for _, n in cached], total)
+            new = cached_aggregate(method.initial, [m for m, _ in cached], [n for _, n in cached], total)
+            clients = dict(method.clients)
+            clients.update({engine.partition_of(node): s for node, s in states.items()})
+            method = replace(method, clients=clients)
         else:
             new = partial_aggregate(models, sizes, total, len(known), like=ctx.sent)
         arrays = to_record(new)
-        self.new_version(ctx.server_round, arrays, engine)  # line 18: the baseline of the new version
+        method = self.new_version(method, ctx.server_round, arrays, engine)  # line 18: the baseline of the new version
         divs = [s.div for s in states.values() if s.div is not None]
         metrics = {"loss": mean_finite([r.metrics.get(P.LOSS, float("nan")) for r in replies])}
         if divs:
             metrics["fedprof_div_mean"] = float(np.mean(divs))
         details = {"fedprof_scores": {str(p): round(v, 6) for p, v in sorted(ctx.scores.items())}}
-        return Step(arrays, len(replies), metrics, details)
+        return Step(arrays, len(replies), metrics, details, method=method)
 
-    def summary_extra(self, engine: Engine) -> dict[str, Any]:
-        states = engine.registry.states(FedProfClientState)
+    def summary_extra(self, engine: Engine, state: ServerState | None) -> dict[str, Any]:
+        """α, the aggregation rule, selections by partition, last divergences and where D^V came from."""
+        method: FedProfState = state.method if state is not None else FedProfState()
+        states = self.client_states(engine, method)
         divs = {str(engine.partition_of(n)): s.div for n, s in states.items() if s.div is not None}
+        validation = method.validation
         return {
             "fedprof_alpha": self.cfg["fedprof-alpha"],
             "fedprof_aggregation": self.cfg["fedprof-aggregation"],
-            "fedprof_selections": {str(k): v for k, v in sorted(self.selections.items())},
+            "fedprof_selections": {str(k): v for k, v in sorted(method.selections.items())},
             "fedprof_last_divergence": divs,
             # where D^V came from, never the draw itself: a client must not be able to rebuild it
             "fedprof_validation": None
-            if self.validation is None
-            else {"rows": int(len(self.validation[0])), "held_out": self.validation[2], "drawn_from": self.validation[1]},
+            if validation is None
+            else {"rows": int(len(validation.inputs)), "held_out": validation.held_out, "drawn_from": validation.source},
         }

@@ -5,6 +5,7 @@ weighted by the counts. Clients pull their features towards the global prototype
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,8 +22,17 @@ from strategies.engine import Engine
 from strategies.replies import ArraySpec, Layout, Reply
 from strategies.secure_aggregation import SecureSum, SumSpec
 from strategies.services import Services
+from strategies.state import ServerState
 
 log = logging.getLogger("headway")
+
+
+@dataclass(frozen=True)
+class FedProtoState:
+    """The global prototypes (classes × m) and their class counts; None before the first aggregation."""
+
+    protos: np.ndarray | None = None
+    counts: np.ndarray | None = None
 
 
 class FedProto(HeadwayStrategy):
@@ -40,27 +50,33 @@ class FedProto(HeadwayStrategy):
         except ValueError as exc:
             raise ConfigError(f"fedproto: {exc}") from None
         self.classes = spec.num_classes
-        self.protos: np.ndarray | None = None
-        self.counts: np.ndarray | None = None
 
     def body_problem(self, body: str) -> str | None:
+        """A node's body must send this run's feature width."""
         return self.width_problem(body, self.m)
 
-    def global_record(self) -> ArrayRecord:
-        """The global prototypes and counts (empty before the first aggregation)."""
-        if self.protos is None or self.counts is None:  # set together, by aggregate_train
-            return ArrayRecord()
-        return ArrayRecord({P.PROTOTYPES: Array(self.protos.astype(np.float32)), P.CLASS_COUNTS: Array(self.counts.astype(np.float32))})
+    def initial_method_state(self) -> FedProtoState:
+        """No prototypes yet."""
+        return FedProtoState()
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
-        content = self.content(server_round, self.global_record())
-        return TrainRound(server_round, engine), {node: content for node in engine.sample(self.cfg["fraction-train"])}
+    def global_record(self, method: FedProtoState) -> ArrayRecord:
+        """The global prototypes and counts of ``method`` (empty before the first aggregation)."""
+        if method.protos is None or method.counts is None:  # set together, by aggregate_train
+            return ArrayRecord()
+        return ArrayRecord({P.PROTOTYPES: Array(method.protos.astype(np.float32)), P.CLASS_COUNTS: Array(method.counts.astype(np.float32))})
+
+    def configure_train(self, server_round: int, state: ServerState, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
+        """The state's global prototypes to ``fraction-train`` of the clients."""
+        content = self.content(server_round, self.global_record(state.method))
+        return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.cfg["fraction-train"])}
 
     def train_layout(self, ctx: TrainRound) -> Layout:
+        """Prototypes (classes × m) and class counts, with n and an optional loss."""
         arrays = {P.PROTOTYPES: ArraySpec((self.classes, self.m)), P.CLASS_COUNTS: ArraySpec((self.classes,))}
         return Layout(arrays, count=True, optional=(P.LOSS,), check=self.check_prototypes)
 
     def check_prototypes(self, arrays: dict[str, np.ndarray], reply: Reply) -> tuple[tuple[np.ndarray, np.ndarray] | None, str | None]:
+        """A reply's (prototypes, counts) as float64, or why they cannot be a client's."""
         protos, counts = arrays[P.PROTOTYPES].astype(np.float64), arrays[P.CLASS_COUNTS].astype(np.float64)
         problem = prototype_problem(protos, counts, float(reply.examples), (self.classes, self.m))
         if problem is None and np.max(np.abs(protos), initial=0.0) > self.cfg["max-feature-value"]:
@@ -68,8 +84,10 @@ class FedProto(HeadwayStrategy):
         return (protos, counts), problem
 
     def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
-        self.protos, self.counts = average_prototypes([r.payload[0] for r in replies], [r.payload[1] for r in replies])
-        return Step(self.global_record(), len(replies), {"loss": mean_finite([r.metrics.get(P.LOSS, float("nan")) for r in replies])})
+        """The count-weighted average prototypes of the replies."""
+        method = FedProtoState(*average_prototypes([r.payload[0] for r in replies], [r.payload[1] for r in replies]))
+        loss = mean_finite([r.metrics.get(P.LOSS, float("nan")) for r in replies])
+        return Step(self.global_record(method), len(replies), {"loss": loss}, method=method)
 
     def sum_spec(self, ctx: TrainRound, nodes: list[int]) -> SumSpec:
         """Under secure-aggregation: Σ n_kc·P_kc and Σ n_kc; an entry of a sum is at most the
@@ -90,11 +108,14 @@ class FedProto(HeadwayStrategy):
         if problem is not None:
             ctx.engine.meter.fail(f"secure sum of {len(total)} clients is not a sum of prototypes ({problem}); keeping the previous ones")
             return Step(None, 0)
-        self.protos, self.counts = protos, counts
-        return Step(self.global_record(), len(total), {f"secagg_server_cpu_{stage}": sec for stage, sec in total.cpu.items()})
+        method = FedProtoState(protos, counts)
+        cpu = {f"secagg_server_cpu_{stage}": sec for stage, sec in total.cpu.items()}
+        return Step(self.global_record(method), len(total), cpu, method=method)
 
-    def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
-        return self.global_record()
+    def evaluate_arrays(self, state: ServerState) -> ArrayRecord:
+        """The state's global prototypes (clients predict by the nearest one, or with their head)."""
+        return self.global_record(state.method)
 
-    def summary_extra(self, engine: Engine) -> dict[str, Any]:
+    def summary_extra(self, engine: Engine, state: ServerState | None) -> dict[str, Any]:
+        """m, λ and the prediction rule."""
         return {"m": self.m, "lambda": self.cfg["fedproto-lambda"], "predict": self.cfg["fedproto-predict"]}

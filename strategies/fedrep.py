@@ -15,4 +15,5 @@ class FedRep(LayerSharing):
     name = "fedrep"
 
     def shared_layers(self, model: Net, server_round: int) -> list[str] | None:
+        """Every layer but the top ``fedrep-local-layers``."""
         return all_but_top(model, self.cfg["fedrep-local-layers"])

@@ -16,8 +16,9 @@ from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.layers import select
 from core.models import Net, build_model
+from strategies.arrays import to_numpy, to_record
 from strategies.base import unknown_body
-from strategies.fedavg import FedAvg, to_numpy, to_record
+from strategies.fedavg import FedAvg
 from strategies.services import Services
 
 
@@ -80,8 +81,10 @@ class LayerSharing(FedAvg):
         return {k: tuple(v.shape) for k, v in part.items()}
 
     def initial_arrays(self) -> ArrayRecord:
+        """The run body's seeded initial model (all of it: the shared layers are sent from it)."""
         return ArrayRecord(self.template.state_dict())
 
     def shared(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
+        """The layers :meth:`shared_layers` names for ``server_round``."""
         layers = self.shared_layers(self.template, server_round)
         return arrays if layers is None else to_record(select(to_numpy(arrays), layers))

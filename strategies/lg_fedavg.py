@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, MessageType
+from flwr.app import MessageType
 
 from core import protocol as P
 from core.config import ConfigError, body_names
@@ -27,6 +27,7 @@ from strategies.fedavg import FedAvg
 from strategies.layer_sharing import LayerSharing
 from strategies.replies import ArraySpec, Layout, Reply
 from strategies.services import Services
+from strategies.state import ServerState
 
 log = logging.getLogger("headway")
 
@@ -45,11 +46,13 @@ class LGFedAvg(LayerSharing):
         super().__init__(cfg, spec, services)
 
     def body_problem(self, body: str) -> str | None:
+        """As layer sharing's, but warm-up rounds average whole models: then only the run body."""
         if self.cfg["lg-warmup-rounds"] > 0:  # warm-up rounds average whole models
             return FedAvg.body_problem(self, body)
         return super().body_problem(body)
 
     def shared_layers(self, model: Net, server_round: int) -> list[str] | None:
+        """Every layer in warm-up rounds, then the top ``lg-global-layers``."""
         if server_round <= self.cfg["lg-warmup-rounds"]:
             return None
         return top_layers(model, self.cfg["lg-global-layers"])
@@ -60,12 +63,12 @@ class LGFedAvg(LayerSharing):
         specs = {k: ArraySpec(tuple(v.shape), str(v.numpy().dtype)) for k, v in model.state_dict().items()}
         return Layout(specs, count=False, check=lambda arrays, reply: (arrays, None))
 
-    def final_evaluation(self, arrays: ArrayRecord, engine: Engine) -> dict[str, float]:
+    def final_evaluation(self, state: ServerState, engine: Engine) -> dict[str, float]:
         """New test: collect every client's model once and score their logit ensemble."""
         test = self.services.data.test_tensors() if self.cfg["lg-new-test"] else None
         if test is None:
             return {}
-        content = self.content(self.cfg["num-server-rounds"], arrays, **{P.PHASE: P.PHASE_UPLOAD})
+        content = self.content(self.cfg["num-server-rounds"], state.arrays, **{P.PHASE: P.PHASE_UPLOAD})
         replies = engine.exchange(
             P.PHASE_UPLOAD, {n: content for n in engine.nodes()}, MessageType.EVALUATE, lambda node: self.upload_layout(engine, node)
         )

@@ -8,16 +8,49 @@ FedPFT's one shot ask every client."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.supercore.privacy_accounting import GaussianPrivacyEvent, NeighboringRelation, PrivacyConfig, SamplingMethod
 from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
-from core.fedlog import share_sigma
+from core.fedlog import add_noise, share_sigma
 from core.privacy import FEDLOG_RELEASED, NEIGHBOURING, GaussianRelease, fedlog_release, fedpft_release, withheld_release
+
+
+class Release(Protocol):
+    """What the server releases of a round's summed statistics ``phi`` of ``n`` examples: (phi, n) as the head is solved from."""
+
+    def __call__(self, phi: np.ndarray, n: float) -> tuple[np.ndarray, float]: ...  # noqa: D102
+
+
+def exact_release(phi: np.ndarray, n: float) -> tuple[np.ndarray, float]:
+    """The sum as it is (no central DP)."""
+    return phi, n
+
+
+@dataclass(frozen=True)
+class CentralNoise:
+    """DP-FedLog's central mode, wrapped around the method's aggregation: the sum is noised once with
+    σ from OS entropy, and n is read from its noised count row (the head is then post-processing of the
+    release; the clean n would release the round's total count)."""
+
+    sigma: float
+    stream: np.random.Generator
+
+    def __call__(self, phi: np.ndarray, n: float) -> tuple[np.ndarray, float]:
+        """The noised sum and the count its count row gives (at least 0)."""
+        noised = add_noise(phi, self.sigma, self.stream)
+        return noised, max(float(np.sum(noised[:, 0])), 0.0)
+
+
+def release_for(cfg: Mapping[str, Any], sigma: float, private: np.random.Generator) -> Release:
+    """The run's release of FedLog's summed statistics: with central noise under ``fedlog-dp=central``, else exact."""
+    return CentralNoise(sigma, private) if cfg["fedlog-dp"] == "central" else exact_release
 
 
 def _backend() -> str:

@@ -2,8 +2,8 @@
 what they declare, and the rules by which a partition or client index changes hands.
 
 - :class:`ClientRegistry`: node id ↔ partition id (stated once, in a registration query
-  before a node's first round), body, last seen, consecutive failures, refused nodes,
-  and per-client method state (one dataclass per method: :meth:`ClientRegistry.state`).
+  before a node's first round), body, last seen, consecutive failures and refused nodes
+  (a method's per-client state is in its server state, keyed by partition id: strategies/state.py).
   Nodes are ordered by partition id, so seeded sampling is reproducible although node
   ids are random.
 - :class:`Registrar`: asks new nodes who they are and admits or refuses each: its body
@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.app.typing import ConfigRecordValues, MetricRecordValues
@@ -38,8 +38,6 @@ log = logging.getLogger("headway")
 
 MAX_BODY_NAME = 300  # characters of a body name a registration may give (an import path with its weights file fits)
 
-S = TypeVar("S")  # a method's per-client state class
-
 # A dataset=local node's data as it declared it: class name -> [train, test] example counts.
 Declared = dict[str, list[int]]
 
@@ -54,7 +52,6 @@ class ClientInfo:
     last_seen: float = 0.0
     last_round: int = 0
     consecutive_failures: int = 0
-    state: Any = None  # the method's per-client state: an instance of its own dataclass (ClientRegistry.state)
     declared: Declared | None = None  # dataset=local: the node's own data as it declared it (classes -> [train, test] counts)
     fingerprint: str | None = None  # dataset=local: digest of the node's whole data profile (classes, columns and their moments)
 
@@ -78,9 +75,9 @@ class ClientRegistry:
     def claim(self, node_id: int, partition_id: object, body: object, connected: Collection[int]) -> str | None:
         """Register ``node_id`` as ``partition_id``; the reason it cannot be, or None.
 
-        A partition held by a node that is no longer ``connected`` moves to the new node
-        with the server's state of that client (without SuperNode authentication a
-        restarted SuperNode comes back under a new node id). One held by a connected node
+        A partition held by a node that is no longer ``connected`` moves to the new node, and
+        with it the server's state of that client, keyed by partition id (without SuperNode
+        authentication a restarted SuperNode comes back under a new node id). One held by a connected node
         is refused until that node leaves, except that a node returning under the id that
         held the partition before takes it back (with authentication node ids are stable)."""
         if isinstance(partition_id, bool) or not isinstance(partition_id, (int, float)) or partition_id != int(partition_id):
@@ -89,7 +86,6 @@ class ClientRegistry:
         if not 0 <= pid < self.num_partitions:
             return f"registration gives partition id {pid}, outside 0..{self.num_partitions - 1}"
         holder = self.by_partition(pid)
-        state: Any = None
         if holder is not None and holder != node_id:
             if holder in connected and self.displaced.get(node_id) != pid:
                 self.conflicts[node_id] = holder
@@ -97,29 +93,15 @@ class ClientRegistry:
                     f"partition id {pid} is already held by node {holder}, which is still connected: two SuperNodes were started "
                     f"with the same --partition-id (this one is asked again if node {holder} leaves)"
                 )
-            state = self.clients.pop(holder).state
+            self.clients.pop(holder)
             self.displaced[holder] = pid
             if holder in connected:  # the returning first holder takes precedence over the node that took its place
                 self.refuse(holder, f"partition id {pid} went back to node {node_id}, which held it before")
                 self.conflicts[holder] = node_id
             log.warning("partition %d moves from node %d to node %d, keeping the server's state of that client", pid, holder, node_id)
         self.displaced.pop(node_id, None)
-        self.clients[node_id] = ClientInfo(node_id, pid, str(body), last_seen=time.monotonic(), state=state)
+        self.clients[node_id] = ClientInfo(node_id, pid, str(body), last_seen=time.monotonic())
         return None
-
-    def state(self, node_id: int, kind: type[S]) -> S:
-        """The method's state of registered node ``node_id``, a ``kind()`` made the first time it is
-        asked for. One method's state class per run: a record of another class is a bug, not a fallback."""
-        info = self.clients[node_id]
-        if info.state is None:
-            info.state = kind()
-        if not isinstance(info.state, kind):
-            raise TypeError(f"node {node_id} holds client state of {type(info.state).__name__}, not {kind.__name__}")
-        return info.state
-
-    def states(self, kind: type[S]) -> dict[int, S]:
-        """Every registered node's state (see :meth:`state`), in registration order."""
-        return {node: self.state(node, kind) for node in self.clients}
 
     def free_indices(self, count: int, connected: Collection[int] = ()) -> list[int]:
         """Up to ``count`` client indices no connected registered node holds (dataset=local: the server

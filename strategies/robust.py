@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
@@ -19,7 +19,14 @@ from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from flwr.serverapp.strategy.multikrum import select_multikrum
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from core.aggregate import multi_krum_count, replies_needed
+from core.aggregate import SELECTING, multi_krum_count, replies_needed, weighted_average
+from core.config import ConfigError
+from strategies.arrays import to_record
+from strategies.capabilities import ROBUST_AGGREGATION, capabilities_of
+from strategies.replies import Reply
+
+if TYPE_CHECKING:
+    from strategies.base import Step, TrainRound
 
 WEIGHT = "weight"  # the MetricRecord key aggregate_arrayrecords weighs by (Flower's strategies use num-examples)
 
@@ -36,6 +43,7 @@ class Rule:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Rule:
+        """The rule the run config's ``aggregation`` names, with its parameters."""
         return cls(cfg["aggregation"], cfg["trimmed-mean-beta"], cfg["malicious-clients"], cfg["multi-krum-select"])
 
     def shortfall(self, n: int) -> str | None:
@@ -48,6 +56,53 @@ class Rule:
             return None
         formula = "4f + 3" if self.name == "bulyan" else "2f + 3"
         return f"aggregation={self.name} with malicious-clients={self.f} needs at least {formula} = {need} valid replies, got {n}"
+
+
+class Averaging(Protocol):
+    """How a model-averaging method (FedAvg and those built on it) combines a round's valid updates."""
+
+    def step(self, ctx: TrainRound, replies: list[Reply], weights: Sequence[float], metrics: dict[str, float]) -> Step: ...  # noqa: D102
+
+
+class WeightedMean:
+    """The ``weights``-weighted mean of the replies (``aggregation=mean``)."""
+
+    def step(self, ctx: TrainRound, replies: list[Reply], weights: Sequence[float], metrics: dict[str, float]) -> Step:
+        """The mean of the replies' arrays, each array in the dtype it was sent."""
+        from strategies.base import Step  # base imports the strategies' modules' types: kept out of import time
+
+        avg = weighted_average([r.payload for r in replies], list(weights), like=ctx.sent)
+        return Step(to_record(avg), len(replies), metrics)
+
+
+@dataclass(frozen=True)
+class RobustAverage:
+    """A robust ``rule`` in place of the mean (the wrapper of a method's averaging, as Flower's
+    FedMedian, Krum, ... replace FedAvg's)."""
+
+    rule: Rule
+
+    def step(self, ctx: TrainRound, replies: list[Reply], weights: Sequence[float], metrics: dict[str, float]) -> Step:
+        """The rule's combination of the replies; too few replies for the rule keep the previous
+        model, the reason counted as a failure."""
+        from strategies.base import Step  # see WeightedMean.step
+
+        if problem := self.rule.shortfall(len(replies)):
+            ctx.engine.meter.fail(f"train: {problem}; keeping the previous model")
+            return Step(None, len(replies), metrics, kept=True)
+        avg, kept = robust_aggregate([r.payload for r in replies], weights, self.rule, ctx.sent)
+        details = {"aggregation_kept": sorted(replies[i].partition_id for i in kept)} if self.rule.name in SELECTING else {}
+        return Step(to_record(avg), len(replies), metrics, details)
+
+
+def averaging_for(cfg: Mapping[str, Any], strategy: object) -> Averaging:
+    """The run's averaging: the weighted mean, or the robust rule ``aggregation`` names, for a
+    strategy that averages updates (the config check refused it already for others: this is the last guard)."""
+    if cfg["aggregation"] == "mean":
+        return WeightedMean()
+    if ROBUST_AGGREGATION not in capabilities_of(type(strategy)):
+        raise ConfigError(f"aggregation={cfg['aggregation']}: {type(strategy).__name__} does not average model updates")
+    return RobustAverage(Rule.from_config(cfg))
 
 
 def robust_aggregate(

@@ -46,6 +46,7 @@ class SumSpec:
 
     @property
     def size(self) -> int:
+        """Entries of the summed vector: every array's, and n where clients send weighted updates."""
         return sum(math.prod(shape) for shape in self.arrays.values()) + (1 if self.update_norm > 0 else 0)
 
 
@@ -122,22 +123,46 @@ def secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], s
         return None
 
 
+@dataclass
+class _Session:
+    """One secure exchange in progress: its engine and phase, the one ``round-timeout`` deadline all
+    stages share, each key stage's budget, and the server's CPU seconds per stage."""
+
+    engine: Engine
+    phase: str
+    deadline: float
+    budget: float
+    cpu: dict[str, float]
+    mark: float
+
+    @classmethod
+    def open(cls, engine: Engine, phase: str) -> _Session:
+        """A session starting now."""
+        timeout = engine.cfg["round-timeout"]
+        return cls(engine, phase, engine.clock() + timeout, timeout / STAGE_SHARE_OF_DEADLINE, {}, time.thread_time())
+
+    def left(self, cap: float = math.inf, keep: float = 0.0) -> float:
+        """Seconds the next exchange may wait: at most ``cap``, leaving ``keep`` of the deadline."""
+        return max(min(self.deadline - keep - self.engine.clock(), cap), 0.0)
+
+    def fail(self, why: str) -> None:
+        """Count the round's failure: the sum cannot be made, the model is kept."""
+        self.engine.meter.fail(f"{self.phase}: secure aggregation: {why}; keeping the previous model")
+
+    def lap(self, stage: str) -> None:
+        """The CPU seconds since the last lap are ``stage``'s."""
+        now = time.thread_time()
+        self.cpu[stage], self.mark = now - self.mark, now
+
+
 def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], spec: SumSpec) -> SecureSum | None:
+    """The four stages of SecAgg+ in turn (:func:`_setup`, :func:`_share`, :func:`_collect`, :func:`_unmask`)."""
     cfg = engine.cfg
-    deadline = engine.clock() + cfg["round-timeout"]
-    budget = cfg["round-timeout"] / STAGE_SHARE_OF_DEADLINE
     nodes = sorted(contents)
-    rnd = engine.round
-
-    def left(cap: float = math.inf, keep: float = 0.0) -> float:
-        return max(min(deadline - keep - engine.clock(), cap), 0.0)
-
-    def fail(why: str) -> None:
-        engine.meter.fail(f"{phase}: secure aggregation: {why}; keeping the previous model")
-
+    session = _Session.open(engine, phase)
     smallest = max(S.MIN_CLIENTS, cfg["min-replies"])  # what each client's floor assumes (core/secagg.py, client_floor)
     if len(nodes) < smallest:
-        fail(
+        session.fail(
             f"{len(nodes)} client(s) asked; a secure sum needs at least {smallest} (3, as a client's secrets are shared among "
             f"at least 2 others, and min-replies={cfg['min-replies']})"
         )
@@ -145,27 +170,45 @@ def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], 
     try:
         frac = S.fraction_bits(spec.bound)
     except S.SecAggError as exc:
-        fail(str(exc))
+        session.fail(str(exc))
         return None
     shares = S.share_count(len(nodes), cfg["secagg-shares"])
     threshold = S.threshold_for(shares - 1, cfg["secagg-threshold"])  # of the shares - 1 other neighbours that hold a client's shares
     graph = S.neighbour_graph(nodes, shares)
-    cpu: dict[str, float] = {}
-    mark = time.thread_time()
+    public, digests = _setup(session, nodes, threshold)
+    relayed = _share(session, graph, public, threshold, shares)
+    masked = _collect(session, contents, relayed, threshold, spec, frac)
+    if len(masked.arrived) < max(cfg["min-replies"], 1):  # never unmask a sum of fewer: distributed DP's noise needs min-replies shares
+        session.fail(f"{len(masked.arrived)} masked vectors arrived, fewer than min-replies={cfg['min-replies']}; nothing is unmasked")
+        return None
+    summed = _unmask(session, masked, relayed, public, digests, threshold, shares)
+    if summed is None:
+        return None
+    values = S.decode(summed, frac)
+    session.lap("unmask")
+    dropped = set(relayed) - set(masked.arrived)
+    log.info(
+        "%s: secure sum of %d clients (%d dropped after sharing keys; %d shares each, threshold %d)",
+        phase,
+        len(masked.arrived),
+        len(dropped),
+        shares,
+        threshold,
+    )
+    return SecureSum(_arrays(values, spec), masked.partitions, session.cpu, masked.most)
 
-    def lap(stage: str) -> None:
-        nonlocal mark
-        now = time.thread_time()
-        cpu[stage], mark = now - mark, now
 
-    # stage 0: fresh keys and a seed digest from every client
-    setup = _content(P.STAGE_SETUP, {P.SECAGG_THRESHOLD: threshold}, server_round=rnd)
+def _setup(session: _Session, nodes: list[int], threshold: int) -> tuple[dict[int, tuple[bytes, bytes]], dict[int, bytes]]:
+    """Stage 0: fresh keys and a seed digest from every client; clients that sent a public key another
+    client also sent are out. Returns each client's two public keys and its seed digest."""
+    engine = session.engine
+    setup = _content(P.STAGE_SETUP, {P.SECAGG_THRESHOLD: threshold}, server_round=engine.round)
     replies = engine.exchange(
         P.STAGE_SETUP,
         {v: setup for v in nodes},
         MessageType.TRAIN,
         _config_only((P.PK1, P.PK2, P.SEED_DIGEST), _check_keys),
-        timeout=left(budget),
+        timeout=session.left(session.budget),
     )
     got = {r.node_id: r.payload for r in replies}
     seen = Counter(k for (pk1, pk2, _) in got.values() for k in (pk1, pk2))
@@ -173,11 +216,16 @@ def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], 
     for v in [v for v, (pk1, pk2, _) in got.items() if pk1 in twins or pk2 in twins]:
         engine.meter.fail(f"{P.STAGE_SETUP}: node {v} sent a public key another client also sent")
         del got[v]
-    public = {v: (pk1, pk2) for v, (pk1, pk2, _) in got.items()}
-    digests = {v: d for v, (_, _, d) in got.items()}
-    lap("setup")
+    session.lap("setup")
+    return {v: (pk1, pk2) for v, (pk1, pk2, _) in got.items()}, {v: d for v, (_, _, d) in got.items()}
 
-    # stage 1: each client gets its neighbours' keys and sends each neighbour encrypted shares
+
+def _share(
+    session: _Session, graph: Any, public: Mapping[int, tuple[bytes, bytes]], threshold: int, shares: int
+) -> dict[int, dict[int, bytes]]:
+    """Stage 1: each client gets its neighbours' keys and sends each neighbour encrypted shares.
+    Returns, by recipient, the ciphertexts relayed to it (by sender)."""
+    engine = session.engine
     asked = S.key_requests(graph, public)
     share_msgs = {
         v: _content(
@@ -188,7 +236,7 @@ def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], 
                 P.PK2S: [k[1] for k in keys.values()],
                 P.SECAGG_THRESHOLD: threshold,
             },
-            server_round=rnd,
+            server_round=engine.round,
         )
         for v, keys in asked.items()
         if len(keys) - 1 >= threshold
@@ -201,12 +249,39 @@ def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], 
         return texts, S.share_problem(reply.node_id, asked[reply.node_id], texts)
 
     replies = engine.exchange(
-        P.STAGE_SHARE, share_msgs, MessageType.TRAIN, _config_only((P.IDS, P.CIPHERTEXTS), check_shares, shares), timeout=left(budget)
+        P.STAGE_SHARE,
+        share_msgs,
+        MessageType.TRAIN,
+        _config_only((P.IDS, P.CIPHERTEXTS), check_shares, shares),
+        timeout=session.left(session.budget),
     )
-    relayed = S.relay_shares({r.node_id: r.payload for r in replies})
-    lap("share")
+    relayed: dict[int, dict[int, bytes]] = S.relay_shares({r.node_id: r.payload for r in replies})
+    session.lap("share")
+    return relayed
 
-    # stage 2: the round's training message, with the shares relayed to each; masked vectors back
+
+@dataclass(frozen=True)
+class _Masked:
+    """What stage 2 collected: the sum of the masked vectors, the nodes and partitions whose vectors
+    arrived, and the examples those clients can hold together (their bounds at collect)."""
+
+    total: np.ndarray
+    arrived: list[int]
+    partitions: list[int]
+    most: float
+
+
+def _collect(
+    session: _Session,
+    contents: Mapping[int, RecordDict],
+    relayed: Mapping[int, Mapping[int, bytes]],
+    threshold: int,
+    spec: SumSpec,
+    frac: int,
+) -> _Masked:
+    """Stage 2: the round's training message, with the shares relayed to each; masked vectors back,
+    added up (mod 2^64). Training leaves the unmask stage its budget."""
+    engine = session.engine
     collect = {
         v: _content(
             P.STAGE_COLLECT,
@@ -224,22 +299,30 @@ def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], 
         if len(texts) >= threshold
     }
     masked_layout = Layout({P.MASKED: ArraySpec((spec.size,), "uint64")}, count=False)
-    replies = engine.exchange(phase, collect, MessageType.TRAIN, masked_layout, timeout=left(keep=budget))
+    replies = engine.exchange(session.phase, collect, MessageType.TRAIN, masked_layout, timeout=session.left(keep=session.budget))
     total = np.zeros(spec.size, dtype=np.uint64)
     for r in replies:
         total = total + r.arrays[P.MASKED]
-    arrived = [r.node_id for r in replies]
-    partitions = sorted(r.partition_id for r in replies)
-    most = float(sum(r.max_count for r in replies))  # the examples the clients in the sum can hold (their bounds at collect)
-    lap("collect")
-    if len(arrived) < max(cfg["min-replies"], 1):  # never unmask a sum of fewer: distributed DP's noise needs min-replies shares
-        fail(f"{len(arrived)} masked vectors arrived, fewer than min-replies={cfg['min-replies']}; nothing is unmasked")
-        return None
+    session.lap("collect")
+    return _Masked(total, [r.node_id for r in replies], sorted(r.partition_id for r in replies), float(sum(r.max_count for r in replies)))
 
-    # stage 3: survivors reveal the seeds of the alive and the keys of the dropped
-    requests = S.unmask_requests({v: relayed[v].keys() for v in relayed}, arrived)
+
+def _unmask(
+    session: _Session,
+    masked: _Masked,
+    relayed: Mapping[int, Mapping[int, bytes]],
+    public: Mapping[int, tuple[bytes, bytes]],
+    digests: Mapping[int, bytes],
+    threshold: int,
+    shares: int,
+) -> np.ndarray | None:
+    """Stage 3: survivors reveal the seeds of the alive and the keys of the dropped; the masks are
+    removed from the total. None (the reason counted) when too few or bad shares came."""
+    engine = session.engine
+    requests = S.unmask_requests({v: relayed[v].keys() for v in relayed}, masked.arrived)
     unmask = {
-        v: _content(P.STAGE_UNMASK, {P.ALIVE: alive, P.DROPPED: dropped}, server_round=rnd) for v, (alive, dropped) in requests.items()
+        v: _content(P.STAGE_UNMASK, {P.ALIVE: alive, P.DROPPED: dropped}, server_round=engine.round)
+        for v, (alive, dropped) in requests.items()
     }
 
     def check_reveal(arrays: dict, reply: Reply) -> tuple[Any, str | None]:
@@ -252,13 +335,17 @@ def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], 
         return revealed, None
 
     replies = engine.exchange(
-        P.STAGE_UNMASK, unmask, MessageType.TRAIN, _config_only((P.IDS, P.SHARES), check_reveal, shares), timeout=left(budget)
+        P.STAGE_UNMASK,
+        unmask,
+        MessageType.TRAIN,
+        _config_only((P.IDS, P.SHARES), check_reveal, shares),
+        timeout=session.left(session.budget),
     )
-    dropped = set(relayed) - set(arrived)
+    dropped = set(relayed) - set(masked.arrived)
     try:
-        summed = S.unmask_sum(
-            total,
-            arrived,
+        summed: np.ndarray = S.unmask_sum(
+            masked.total,
+            masked.arrived,
             dropped,
             S.gather_shares(requests, {r.node_id: r.payload for r in replies}),
             public,
@@ -267,10 +354,13 @@ def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], 
             threshold,
         )
     except Exception as exc:  # too few or bad shares, a key that cannot agree: the round fails
-        fail(f"{len(replies)} of {len(arrived)} clients revealed shares: {type(exc).__name__}: {exc}")
+        session.fail(f"{len(replies)} of {len(masked.arrived)} clients revealed shares: {type(exc).__name__}: {exc}")
         return None
-    values = S.decode(summed, frac)
-    lap("unmask")
+    return summed
+
+
+def _arrays(values: np.ndarray, spec: SumSpec) -> dict[str, np.ndarray]:
+    """The decoded sum cut into ``spec``'s arrays (and n, where clients sent weighted updates)."""
     out, at = {}, 0
     for name, shape in spec.arrays.items():
         n = math.prod(shape)
@@ -278,12 +368,4 @@ def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], 
         at += n
     if spec.update_norm > 0:
         out[P.NUM_EXAMPLES] = values[at:]
-    log.info(
-        "%s: secure sum of %d clients (%d dropped after sharing keys; %d shares each, threshold %d)",
-        phase,
-        len(arrived),
-        len(dropped),
-        shares,
-        threshold,
-    )
-    return SecureSum(out, partitions, cpu, most)
+    return out

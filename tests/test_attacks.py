@@ -83,7 +83,7 @@ def test_local_dp_count_row_is_bounded_by_what_the_client_can_hold(task_identity
         )
 
     engine = engine_for(s, FakeGrid(3, answer))
-    step = s.train_round(1, s.initial_arrays(), engine)
+    step = s.train_round(1, s.initial_state(), engine)
     assert step.clients == 2, engine.meter.failures
     assert len(engine.meter.failures) == 1 and "the sender (one client, or those in a secure sum) can hold" in engine.meter.failures[0]
     # honest noised rows pass many times over (8 std of slack); a count far beyond the size does not
@@ -118,7 +118,7 @@ def test_sign_flipped_and_scaled_models_are_refused_by_the_default_bound(task_id
         return model_reply(msg, pid, scale=scale if pid == 1 else 0.98, shift=0.0)
 
     engine = engine_for(s, FakeGrid(3, answer), server_round=2)
-    step = s.train_round(2, s.initial_arrays(), engine)  # from round 2: round 1 has its own, looser bound (below)
+    step = s.train_round(2, s.initial_state(), engine)  # from round 2: round 1 has its own, looser bound (below)
     assert step.clients == 2 and len(engine.meter.failures) == 1, engine.meter.failures
     assert "exceeds max-update-norm=1.5" in engine.meter.failures[0]
     flipped = engine.meter.rejected_figures["update_norm"]
@@ -152,15 +152,15 @@ def test_round_one_has_its_own_bound_for_the_long_moves_of_honest_training_from_
 
     s = make_strategy("fedavg", **{"data-dir": data_dir})
     engine = engine_for(s, FakeGrid(3, answer))
-    assert s.train_round(1, s.initial_arrays(), engine).clients == 0
+    assert s.train_round(1, s.initial_state(), engine).clients == 0
     assert "exceeds max-first-update-norm=1.5 (raise it" in engine.meter.failures[0]
     long = make_strategy("fedavg", **{"data-dir": data_dir, "max-first-update-norm": 5.0})
     for rnd, accepted in ((1, 3), (2, 0)):
         engine = engine_for(long, FakeGrid(3, answer), server_round=rnd)
-        assert long.train_round(rnd, long.initial_arrays(), engine).clients == accepted, engine.meter.failures
+        assert long.train_round(rnd, long.initial_state(), engine).clients == accepted, engine.meter.failures
     assert "exceeds max-update-norm=1.5" in engine.meter.failures[0]
     engine = engine_for(long, FakeGrid(3, lambda pid, msg: model_reply(msg, pid, scale=10.0)))  # ×10: 9 |w|
-    assert long.train_round(1, long.initial_arrays(), engine).clients == 0
+    assert long.train_round(1, long.initial_state(), engine).clients == 0
 
 
 # ----- 5. a metric of the wrong type -----------------------------------------------
@@ -186,7 +186,7 @@ def test_a_string_metric_smuggled_past_metricrecord_is_a_rejected_reply(task_ide
             return replies
 
     engine = engine_for(s, Grid(3, answer))
-    step = s.train_round(1, s.initial_arrays(), engine)
+    step = s.train_round(1, s.initial_state(), engine)
     if where == "register":
         assert 102 in engine.registry.refused and step.clients == 2
     else:
@@ -228,7 +228,7 @@ def test_fedpft_head_does_not_depend_on_the_order_replies_arrive(task_identity, 
             },
         )
         engine = engine_for(s, grid_type(3, lambda pid, msg: reply(payload(pid), 40, pid)))
-        step = s.train_round(1, s.initial_arrays(), engine)
+        step = s.train_round(1, s.initial_state(), engine)
         assert step.clients == 3
         heads.append({k: v.numpy() for k, v in step.arrays.items()})
     assert heads[0].keys() == heads[1].keys()
@@ -239,7 +239,7 @@ def test_fedpft_head_does_not_depend_on_the_order_replies_arrive(task_identity, 
 def test_exchange_returns_replies_in_partition_order(task_identity, data_dir):
     s = make_strategy("fedavg", **{"data-dir": data_dir, "num-clients": 4})
     engine = engine_for(s, ReversedGrid(4, lambda pid, msg: model_reply(msg, pid, scale=0.99)))
-    ctx, content = s.configure_train(1, s.initial_arrays(), engine)
+    ctx, content = s.configure_train(1, s.initial_state(), engine)
     replies = engine.exchange(P.PHASE_TRAIN, content, MessageType.TRAIN, s.train_layout(ctx))
     assert [r.partition_id for r in replies] == [0, 1, 2, 3]
 
@@ -259,7 +259,7 @@ def test_fedlog_statistics_pushed_below_zero_are_refused_where_features_are_relu
         return reply({P.STATS: stats}, 10, pid, loss=0.5)
 
     engine = engine_for(s, FakeGrid(3, answer))
-    step = s.train_round(1, s.initial_arrays(), engine)
+    step = s.train_round(1, s.initial_state(), engine)
     assert step.clients == 2 and "feature sum is negative" in engine.meter.failures[0]
     signed = make_strategy(
         "fedlog", **{"data-dir": data_dir, "body": "linear", "fedlog-clip": 1.0}
@@ -283,7 +283,7 @@ def test_fedpft_means_outside_the_extractors_range_are_refused(task_identity, da
         )
 
     engine = engine_for(s, FakeGrid(3, answer))
-    step = s.train_round(1, s.initial_arrays(), engine)
+    step = s.train_round(1, s.initial_state(), engine)
     assert step.clients == 2 and "range of the extractor" in engine.meter.failures[0]
     dp = make_strategy(
         "fedpft",

@@ -74,7 +74,7 @@ def test_each_method_sends_its_shared_layers_and_averages_them_by_count(task_ide
 
     grid = FakeGrid(3, answer)
     engine = engine_for(s, grid)
-    step = s.train_round(1, s.initial_arrays(), engine)
+    step = s.train_round(1, s.initial_state(), engine)
     trained = [m for m in grid.sent if m.metadata.message_type == "train"]
     assert len(trained) == 3 and set(trained[0].content["arrays"]) == shared
     assert step.clients == 2 and len(engine.meter.failures) == 1 and "missing" in engine.meter.failures[0]
@@ -87,7 +87,7 @@ def test_lg_fedavg_warm_up_shares_the_whole_model_then_only_the_head(task_identi
     full = s.initial_arrays()
     engine = engine_for(s, FakeGrid(3))
     for rnd, shared in ((2, set(full)), (3, {"head.weight", "head.bias"})):
-        ctx, contents = s.configure_train(rnd, full, engine)
+        ctx, contents = s.configure_train(rnd, s.initial_state(full), engine)
         assert set(next(iter(contents.values()))["arrays"]) == shared and set(ctx.sent) == shared  # replies are checked against it
 
 
@@ -246,7 +246,7 @@ def test_lg_new_test_scores_the_ensemble_of_uploaded_models_and_rejects_bad_uplo
         return reply(state, None, pid)
 
     engine = engine_for(s, FakeGrid(3, answer))
-    out = s.final_evaluation(ArrayRecord(), engine)
+    out = s.final_evaluation(s.initial_state(ArrayRecord()), engine)
     ds = load_dataset("mnist", data_dir, 0)
     x, y = to_tensors(ds, ds.x_test, ds.y_test)
     expected = task_metrics("classification", ensemble_logits([m.eval() for m in models], x), y)["accuracy"]
@@ -268,13 +268,14 @@ def test_fedproto_server_averages_valid_prototypes_only(task_identity):
         3, lambda pid, msg: reply({"prototypes": payloads[pid][0], "class-counts": payloads[pid][1]}, int(payloads[pid][1].sum()), pid)
     )
     engine = engine_for(s, grid)
-    step = s.train_round(1, ArrayRecord(), engine)
+    step = s.train_round(1, s.initial_state(), engine)
     assert len(grid.sent[-1].content["arrays"]) == 0  # nothing to send before the first aggregation
     assert step.clients == 2 and len(engine.meter.failures) == 1 and "NaN" in engine.meter.failures[0]
     protos = step.arrays["prototypes"].numpy()
     assert np.allclose(protos[0], 2.0) and np.allclose(protos[1], 7.0) and np.allclose(protos[2:], 0.0)
     assert step.arrays["class-counts"].numpy().tolist()[:3] == [8.0, 2.0, 0.0]
-    assert set(next(iter(s.configure_train(2, ArrayRecord(), engine)[1].values()))["arrays"]) == {"prototypes", "class-counts"}
+    after = s.initial_state().advance(step)
+    assert set(next(iter(s.configure_train(2, after, engine)[1].values()))["arrays"]) == {"prototypes", "class-counts"}
 
 
 def test_fedproto_pulls_the_features_before_feature_dropout_towards_the_prototypes(data_dir, monkeypatch):

@@ -60,7 +60,7 @@ def test_local_dp_server_takes_the_count_from_the_noised_count_row(task_identity
     """No reply carries a count; the head is solved with n = 20 + 30 + 40, the sum of the
     count rows (n = 0 or n = 3 replies gives another η)."""
     s = make_strategy("fedlog", **{"fedlog-dp": "local", "fedlog-clip": 2.0})
-    assert s.train_layout(TrainRound(1, engine_for(s, FakeGrid(3)))).count is False
+    assert s.train_layout(TrainRound(1, engine_for(s, FakeGrid(3)), s.initial_state())).count is False
     counts = {0: 20.0, 1: 30.0, 2: 40.0}
     phi = np.zeros((10, 51))
 
@@ -71,7 +71,7 @@ def test_local_dp_server_takes_the_count_from_the_noised_count_row(task_identity
 
     for pid in counts:
         phi += answer(pid, None).array_records["arrays"]["stats"].numpy()
-    step = s.train_round(1, s.initial_arrays(), engine_for(s, FakeGrid(3, answer)))
+    step = s.train_round(1, s.initial_state(), engine_for(s, FakeGrid(3, answer)))
     assert step.clients == 3 and "loss" not in step.metrics
     chi, nu = s.cfg["fedlog-prior-chi"], s.cfg["fedlog-prior-nu"]
     expected = solve_head(phi, 90.0, chi=chi, nu=nu).astype(np.float32)
@@ -88,6 +88,6 @@ def test_central_dp_noise_is_fresh_each_time_and_not_seeded_by_the_run(task_iden
             stats[pid, 0], stats[pid, 1:] = 10.0, 1.0
             return reply({"stats": stats}, 10, pid, loss=0.5)
 
-        return s.train_round(1, s.initial_arrays(), engine_for(s, FakeGrid(3, answer))).arrays["eta"].numpy()
+        return s.train_round(1, s.initial_state(), engine_for(s, FakeGrid(3, answer))).arrays["eta"].numpy()
 
     assert not np.allclose(eta_after_one_round(), eta_after_one_round())

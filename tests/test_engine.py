@@ -10,8 +10,9 @@ from flwr.common.serde import recorddict_to_proto
 
 from core.aggregate import relative_update_norm, weighted_average
 from core.sampling import draw_with_replacement, sample_positions
-from strategies.fedavg import FedAvgClientState
+from strategies.fedavg import FedAvgState
 from strategies.replies import ArraySpec, Layout
+from strategies.state import ServerState
 from strategies.wire import WireMeter, values_bytes
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 from tests.oracles import inclusion_probabilities
@@ -110,8 +111,8 @@ def test_a_node_that_misses_the_deadline_is_not_asked_again_that_round(task_iden
 
     grid = FakeGrid(3, answer)
     engine = engine_for(s, grid)
-    arrays = s.train_round(1, s.initial_arrays(), engine).arrays
-    evaluation = s.evaluate_round(1, arrays, engine)
+    state = s.initial_state()
+    evaluation = s.evaluate_round(1, state.advance(s.train_round(1, state, engine)), engine)
     evaluated = {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == "evaluate"}
     assert evaluated == {101, 102} and evaluation["accuracy"] == pytest.approx(0.7)
     assert len(engine.meter.failures) == 1 and "no reply within 5 s" in engine.meter.failures[0]
@@ -124,7 +125,7 @@ def test_quorum_keeps_the_previous_model_when_too_few_replies_are_valid(task_ide
         3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content.array_records["arrays"].items()}, 10, pid) if pid else None
     )
     engine = engine_for(s, grid)
-    step = s.train_round(1, s.initial_arrays(), engine)
+    step = s.train_round(1, s.initial_state(), engine)
     assert step.arrays is None and step.clients == 2
     assert "fewer than min-replies=3" in engine.meter.failures[-1]
 
@@ -148,7 +149,7 @@ def test_registry_refuses_a_second_claim_and_replies_under_another_partition(tas
     assert engine.registry.partition(101) == 0 and 102 in engine.registry.refused and engine.registry.partition(103) == 2
     assert "already held by node 101" in engine.meter.failures[0]
     assert engine.nodes() == [101, 103]
-    step = s.train_round(1, s.initial_arrays(), engine)
+    step = s.train_round(1, s.initial_state(), engine)
     assert step.clients == 1 and "claims partition 0, but this node registered as partition 2" in engine.meter.failures[-1]
 
 
@@ -217,14 +218,15 @@ def test_data_ratio_sampling_draws_by_partition_size_and_weighs_every_draw_equal
             {k: v.numpy() + delta[pid] for k, v in msg.content.array_records["arrays"].items()}, {0: 10, 1: 1, 2: 1}[pid], pid
         ),
     )  # counts n-weighting would use
-    arrays = s.initial_arrays()
+    state = s.initial_state()
+    arrays = state.arrays
     name = next(iter(arrays.keys()))
     base = arrays[name].numpy().astype(np.float64)
     drawn = {0: 0, 2: 0}
     mixed = 0
     for r in range(1, 41):
         engine = engine_for(s, grid, r)
-        ctx, contents = s.configure_train(r, arrays, engine)
+        ctx, contents = s.configure_train(r, state, engine)
         assert set(contents) == set(ctx.draws)
         step = s.aggregate_train(ctx, engine.exchange("train", contents, MessageType.TRAIN, s.train_layout(ctx)))
         draws = {engine.partition_of(n): m for n, m in ctx.draws.items()}
@@ -245,11 +247,12 @@ def test_data_ratio_without_server_data_weighs_by_the_counts_clients_reported(ta
         3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content.array_records["arrays"].items()}, {0: 40, 1: 10, 2: 20}[pid], pid)
     )
     engine = engine_for(s, grid)
-    assert s.data_ratio(engine) == {101: 1.0, 102: 1.0, 103: 1.0}  # nobody heard from yet: equal
+    state = s.initial_state()
+    assert s.data_ratio(engine, state.method) == {101: 1.0, 102: 1.0, 103: 1.0}  # nobody heard from yet: equal
     for r in range(1, 6):
-        s.train_round(r, s.initial_arrays(), engine)
-    heard = {n for n in (101, 102, 103) if engine.registry.state(n, FedAvgClientState).n is not None}
-    ratio = s.data_ratio(engine)
+        state = ServerState(state.arrays, state.advance(s.train_round(r, state, engine)).method)  # the counts heard, the model kept
+    heard = {n for n in (101, 102, 103) if engine.partition_of(n) in state.method.counts}
+    ratio = s.data_ratio(engine, state.method)
     assert heard and all(ratio[n] == {101: 40, 102: 10, 103: 20}[n] for n in heard)
     assert all(ratio[n] == np.mean([ratio[h] for h in heard]) for n in {101, 102, 103} - heard)
 
@@ -299,7 +302,8 @@ def test_fedlog_collects_statistics_from_every_client_before_round_1(task_identi
 
     grid = FakeGrid(3, answer)
     engine = engine_for(s, grid)
-    arrays, prep = s.prepare(s.initial_arrays(), engine)
+    state, prep = s.prepare(s.initial_state(), engine)
+    arrays = state.arrays
     assert prep.clients == 3 and {m.metadata.dst_node_id for m in grid.sent if m.content["config"].get("phase") == "stats"} == {
         101,
         102,
@@ -384,11 +388,13 @@ def test_wire_meter_counts_reply_ids_in_their_deployed_form(task_identity):
 def test_a_restarted_node_takes_over_its_partition_once_the_old_node_is_gone(task_identity, monkeypatch):
     """Two nodes claiming one partition: the second is refused while the first is connected,
     registered again when it leaves, and inherits the server's state of that client; the
-    first holder, back under its own node id, takes its partition (and state) back."""
+    first holder, back under its own node id, takes its partition (and state) back: the state is
+    keyed by partition id (here FedAvg's count of partition 1, what data-ratio sampling weighs by)."""
     s = make_strategy("fedavg")
+    s.services.data.__dict__["partition_sizes"] = None  # the weights come from the counts the state holds
+    counts = FedAvgState({1: 25})
     grid = FakeGrid(3)
     engine = engine_for(s, grid)
-    engine.registry.state(102, FedAvgClientState).n = 25
     engine.end_round()
     restarted = 104
     grid.nodes = [101, 102, 103, restarted]
@@ -411,11 +417,10 @@ def test_a_restarted_node_takes_over_its_partition_once_the_old_node_is_gone(tas
     grid.nodes = [101, 103, restarted]  # the old node of partition 1 is gone
     engine.begin_round(3)
     assert engine.registry.partition(restarted) == 1 and 102 not in engine.registry.clients
-    assert engine.registry.clients[restarted].state == FedAvgClientState(n=25)
+    assert s.data_ratio(engine, counts)[restarted] == 25.0
     assert engine.nodes() == [101, restarted, 103] and not engine.meter.failures and engine.meter.absent == []
-    engine.registry.state(restarted, FedAvgClientState).n = 50
     engine.end_round()
     grid.nodes = [101, 102, 103, restarted]  # the first holder returns under its own id (as with SuperNode authentication)
     engine.begin_round(4)
-    assert engine.registry.partition(102) == 1 and engine.registry.clients[102].state == FedAvgClientState(n=50)
+    assert engine.registry.partition(102) == 1 and s.data_ratio(engine, counts)[102] == 25.0
     assert restarted in engine.registry.refused and engine.nodes() == [101, 102, 103]

@@ -91,7 +91,7 @@ def test_bad_scores_reject_the_whole_train_reply_and_the_round_goes_on(task_iden
     grid.send_and_receive = keep  # type: ignore[method-assign]
     engine = engine_for(s, grid)
     engine.begin_round(2)
-    step = s.train_round(2, s.initial_arrays(), engine)
+    step = s.train_round(2, s.initial_state(), engine)
     assert step.clients == 2 and sorted(r.partition_id for r in step.scores) == [0, 2]
     assert any(reason in f for f in engine.meter.failures), engine.meter.failures
     figures = s.aggregate_evaluate(1, step.scores)
@@ -108,7 +108,7 @@ def test_a_train_reply_without_scores_is_fine_in_a_round_that_carries_none(task_
     grid = FakeGrid(2, lambda pid, msg: reply(MODEL, 5, pid))
     engine = engine_for(s, grid)
     engine.begin_round(1)
-    step = s.train_round(1, s.initial_arrays(), engine)  # round 1 scores nothing (no model before it)
+    step = s.train_round(1, s.initial_state(), engine)  # round 1 scores nothing (no model before it)
     assert step.clients == 2 and step.scores == [] and not engine.meter.failures
 
 

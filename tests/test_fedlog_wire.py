@@ -40,7 +40,7 @@ def test_present_rows_round_trip_exactly():
 def _head_after_one_round(uplink: str, answer) -> tuple[np.ndarray, list[str], int]:
     s = make_strategy("fedlog", **{"fedlog-uplink": uplink, "fedlog-init": "random"})
     engine = engine_for(s, FakeGrid(3, answer))
-    step = s.train_round(1, s.initial_arrays(), engine)
+    step = s.train_round(1, s.initial_state(), engine)
     up = engine.meter.phase("train")[1]
     return step.arrays["eta"].numpy(), engine.meter.failures, up
 
@@ -109,21 +109,23 @@ def test_float16_head_and_class_means_down_within_half_precision(task_identity):
     """fedlog-wire-dtype=float16: η and FedLog-C's Φ go down in float16 (Φ as its class means,
     which cannot overflow), within float16's rounding; float32 where float16 would overflow."""
     from core.fedlog import class_means
+    from strategies.fedlog import FedLogState
 
     s = make_strategy("fedlog", **{"fedlog-wire-dtype": "float16", "fedlog-alpha": 0.1})
     rng = np.random.default_rng(0)
-    s.eta = rng.normal(0, 3, size=(10, 51))
-    s.phi_sum = np.abs(rng.normal(0, 1, size=(10, 51))) * 5000  # sums far beyond float16's 65504
-    s.phi_sum[:, 0] = rng.integers(50, 9000, size=10)
-    sent = s.head_record()
+    eta = rng.normal(0, 3, size=(10, 51))
+    phi_sum = np.abs(rng.normal(0, 1, size=(10, 51))) * 5000  # sums far beyond float16's 65504
+    phi_sum[:, 0] = rng.integers(50, 9000, size=10)
+    sent = s.head_record(FedLogState(eta, phi_sum))
     eta16, phi16 = sent["eta"].numpy(), sent["stats-sum"].numpy()
     assert eta16.dtype == np.float16 and phi16.dtype == np.float16
-    assert np.all(np.abs(eta16.astype(np.float64) - s.eta) <= 2.0**-11 * np.abs(s.eta) + 2.0**-24)
-    np.testing.assert_allclose(class_means(phi16), class_means(s.phi_sum), rtol=2.0**-10)  # what the client computes
-    assert np.array_equal(phi16[:, 0] > 0, s.phi_sum[:, 0] > 0)
-    s.eta[0, 0] = 1e6  # beyond float16: this array goes as float32 rather than inf
-    assert s.head_record()["eta"].numpy().dtype == np.float32
-    assert make_strategy("fedlog").head_record()["eta"].numpy().dtype == np.float32  # the default
+    assert np.all(np.abs(eta16.astype(np.float64) - eta) <= 2.0**-11 * np.abs(eta) + 2.0**-24)
+    np.testing.assert_allclose(class_means(phi16), class_means(phi_sum), rtol=2.0**-10)  # what the client computes
+    assert np.array_equal(phi16[:, 0] > 0, phi_sum[:, 0] > 0)
+    eta[0, 0] = 1e6  # beyond float16: this array goes as float32 rather than inf
+    assert s.head_record(FedLogState(eta, phi_sum))["eta"].numpy().dtype == np.float32
+    default = make_strategy("fedlog")
+    assert default.head_record(default.initial_method_state())["eta"].numpy().dtype == np.float32  # the default
 
 
 def test_a_client_trains_on_a_float16_head(data_dir):
@@ -178,7 +180,7 @@ def test_the_server_solves_nearly_the_same_head_from_float16_statistics(task_ide
     def head(dtype_key, answer):
         s = make_strategy("fedlog", **{"fedlog-uplink": uplink, "fedlog-uplink-dtype": dtype_key, "fedlog-init": "random"})
         engine = engine_for(s, FakeGrid(3, answer))
-        step = s.train_round(1, s.initial_arrays(), engine)
+        step = s.train_round(1, s.initial_state(), engine)
         return step.arrays["eta"].numpy(), engine.meter.failures, engine.meter.phase("train")[1]
 
     exact = (
@@ -227,7 +229,7 @@ def test_float16_reply_whose_data_is_not_what_it_declares_or_with_means_on_an_em
     for bad, reason in ((lying, "declared float16 but holds float64"), (empty_with_means, "no examples has non-zero")):
         s = make_strategy("fedlog", **{"fedlog-uplink-dtype": "float16", "fedlog-init": "random"})
         engine = engine_for(s, FakeGrid(3, first_node_sends(bad)))
-        s.train_round(1, s.initial_arrays(), engine)
+        s.train_round(1, s.initial_state(), engine)
         assert len(engine.meter.failures) == 1 and reason in engine.meter.failures[0], engine.meter.failures
 
 
@@ -271,7 +273,7 @@ def test_counts_that_are_not_whole_examples_cannot_set_a_class_mean(task_identit
     engine = engine_for(
         s, FakeGrid(3, lambda pid, msg: _poison_class_9(pid, dtype_key, count, value, shift) if pid == 0 else honest(pid, msg))
     )
-    step = s.train_round(1, s.initial_arrays(), engine)
+    step = s.train_round(1, s.initial_state(), engine)
     assert len(engine.meter.failures) == 1 and "partition 0" in engine.meter.failures[0] and reason in engine.meter.failures[0], (
         engine.meter.failures
     )
@@ -281,7 +283,7 @@ def test_counts_that_are_not_whole_examples_cannot_set_a_class_mean(task_identit
 def test_float16_means_past_the_feature_bound_are_rejected(task_identity):
     s = make_strategy("fedlog", **{"fedlog-uplink-dtype": "float16", "fedlog-init": "random", "max-feature-value": 100.0})
     engine = engine_for(s, FakeGrid(3, lambda pid, msg: half_reply(pid, False, scale=1000.0) if pid == 0 else half_reply(pid, False)))
-    s.train_round(1, s.initial_arrays(), engine)
+    s.train_round(1, s.initial_state(), engine)
     assert len(engine.meter.failures) == 1 and "partition 0" in engine.meter.failures[0] and "bound" in engine.meter.failures[0]
 
 
@@ -323,7 +325,7 @@ def test_float16_rounding_at_the_clip_bound_is_not_taken_for_a_hostile_reply(tas
 
     s = make_strategy("fedlog", **{"fedlog-uplink-dtype": "float16", "fedlog-init": "random", "fedlog-clip": 2.3})
     engine = engine_for(s, FakeGrid(3, at_bound))
-    s.train_round(1, s.initial_arrays(), engine)
+    s.train_round(1, s.initial_state(), engine)
     assert engine.meter.failures == []
 
 

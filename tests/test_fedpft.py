@@ -274,12 +274,15 @@ def test_a_hostile_reply_is_counted_and_the_head_is_trained_from_the_valid_ones(
         return reply(p, 40, pid)
 
     records: list[dict] = []
-    strategy.start(grid=FakeGrid(3, answer), initial_arrays=strategy.initial_arrays(), num_rounds=1, on_round=records.append)
+    from strategies.round_loop import RoundLoop
+
+    loop = RoundLoop(strategy, strategy.connect(FakeGrid(3, answer)), on_round=records.append)
+    head = loop.run(strategy.initial_state(), 1).method
     rec = records[0]
     assert rec["clients"] == 1 and rec["failures"] == 2
     assert any("weights sum" in f for f in rec["failure_reasons"]) and any("NaN" in f for f in rec["failure_reasons"])
-    assert rec["synthetic_examples"] == 40 and strategy.received == [(0, 20), (3, 20)]
-    assert strategy.head is not None and strategy.head[0].shape == (10, 784)
+    assert rec["synthetic_examples"] == 40 and head.received == ((0, 20), (3, 20))
+    assert head.head is not None and head.head[0].shape == (10, 784)
 
 
 def test_efficientnet_lite0_loads_offline_and_gives_1280_features(data_dir):

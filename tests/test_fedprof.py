@@ -21,7 +21,9 @@ from core.profiles import (
     representation_profile,
     score,
 )
+from strategies.fedprof import SECRET_ENV
 from tests.fakes import FakeGrid, make_strategy, reply
+from tests.fedprof_baseline import Baseline, run
 
 # ----------------------------------------------------------------- the maths
 
@@ -101,7 +103,7 @@ def test_partial_aggregation_is_scheme_two():
 
 
 @pytest.mark.slow
-def test_full_cache_aggregation_counts_each_client_with_its_last_local_model(task_identity, data_dir):
+def test_full_cache_aggregation_counts_each_client_with_its_last_local_model(task_identity, data_dir, monkeypatch):
     """Hand computation over five rounds, 4 clients of sizes 10/20/30/40, K = 1 drawn uniformly:
     the model sent in round r+1 is Σ_k ρ_k θ_k^last, a client never trained counting with θ_0."""
     strategy = make_strategy(
@@ -117,12 +119,14 @@ def test_full_cache_aggregation_counts_each_client_with_its_last_local_model(tas
         },
     )
     initial = strategy.initial_arrays()
+    monkeypatch.setenv(SECRET_ENV, "test-secret")  # the fake clients rebuild the baseline from the same D^V
+    baseline = Baseline(strategy)
     sizes = {0: 10, 1: 20, 2: 30, 3: 40}
     sent: dict[int, dict[int, dict[str, np.ndarray]]] = {}  # round -> partition -> the model it was sent
 
     def answer(pid, msg):
         cfg = msg.content.config_records["config"]
-        profile = strategy.baselines[strategy.version].astype(np.float32)
+        profile = baseline(msg).astype(np.float32)
         if cfg.get("phase") == "profile":
             return reply({"profile": profile}, sizes[pid], pid)
         if msg.metadata.message_type == "evaluate":
@@ -199,17 +203,18 @@ def test_client_noise_corrupts_the_chosen_clients_training_data_only(data_dir):
 
 
 @pytest.mark.slow
-def test_selection_favours_matching_profiles_and_malformed_profiles_are_counted(task_identity, data_dir):
+def test_selection_favours_matching_profiles_and_malformed_profiles_are_counted(task_identity, data_dir, monkeypatch):
     """Client 2's profile is far from the baseline: it is picked far less often; client 1
     sends a profile with a negative variance from round 2 on: rejected, counted, the run goes
     on, and client 1 (no valid profile now) scores 0 and is no longer drawn; it is asked for
     a profile again after 1, 2, 4, … rounds, each refusal counted."""
     strategy = make_strategy("fedprof", **{"fedprof-val-size": 200, "data-dir": data_dir, "fraction-train": 0.34, "num-server-rounds": 30})
-    arrays = strategy.initial_arrays()
+    monkeypatch.setenv(SECRET_ENV, "test-secret")  # the fake clients rebuild the baseline from the same D^V
+    baseline = Baseline(strategy)
 
     def answer(pid, msg):
         cfg = msg.content.config_records["config"]
-        base = strategy.baselines[strategy.version].astype(np.float32)
+        base = baseline(msg).astype(np.float32)
         profile = base.copy()
         if pid == 2:
             profile[:, 0] += 5 * np.sqrt(base[:, 1]) + 1.0  # a distribution far from the baseline's
@@ -223,8 +228,8 @@ def test_selection_favours_matching_profiles_and_malformed_profiles_are_counted(
 
     grid = FakeGrid(3, answer)
     records: list[dict] = []
-    engine = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=30, on_round=records.append)
-    picks = strategy.selections
+    engine, state = run(strategy, grid, 30, records.append)
+    picks = state.method.selections
     assert picks.get(2, 0) <= 3 and picks[0] >= 20  # λ_2 = e^{-α·div} ≈ 0
     reasons = [(r["round"], f) for r in records for f in r.get("failure_reasons", []) if "min-replies" not in f]
     assert all("negative variance" in f and "partition 1" in f for _, f in reasons), reasons
@@ -239,5 +244,5 @@ def test_selection_favours_matching_profiles_and_malformed_profiles_are_counted(
     assert retries == [first + 1, first + 3, first + 7, first + 15][: len(retries)] and len(retries) >= 3
     assert len(records) == 30  # the run went on
     assert sum(r["clients"] for r in records) + len(refused_training) == 30  # one pick a round: a good reply, or a counted rejection
-    summary = strategy.summary_extra(engine)
+    summary = strategy.summary_extra(engine, state)
     assert summary["fedprof_last_divergence"]["2"] > 1.0 > summary["fedprof_last_divergence"]["0"]

@@ -16,6 +16,7 @@ from core.partition import make_partition
 from core.profiles import divergence, gaussian_kl, model_profile, private_validation_rows, score, variance_floor
 from strategies.fedprof import SECRET_ENV, validation_stream
 from tests.fakes import FakeGrid, make_strategy, reply
+from tests.fedprof_baseline import Baseline, run
 
 
 def _evaluation(pid: int) -> RecordDict:
@@ -59,6 +60,7 @@ def test_a_client_cannot_rebuild_the_baseline_from_the_run_config(task_identity,
     x_held = to_tensors(ds, ds.x_train[held], ds.y_train[held])[0]
     part = make_partition(ds, strategy.cfg)
     divs: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    baseline = Baseline(strategy)
 
     def answer(pid, msg):
         if msg.metadata.message_type == "evaluate":
@@ -66,21 +68,22 @@ def test_a_client_cannot_rebuild_the_baseline_from_the_run_config(task_identity,
         model = _received(strategy, msg)
         rows = x_held if pid == 2 else to_tensors(ds, ds.x_train[part.train[pid]], ds.y_train[part.train[pid]])[0]
         profile = model_profile(model, "body", rows).astype(np.float32)
-        divs[pid].append(divergence(profile.astype(np.float64), strategy.baselines[strategy.version]))
+        divs[pid].append(divergence(profile.astype(np.float64), baseline(msg)))
         arrays = {"profile": profile}
         if msg.content["config"].get("phase") != "profile":
             arrays.update({k: v.numpy() for k, v in msg.content["arrays"].items()})
         return reply(arrays, len(part.train[pid]), pid)
 
-    engine = strategy.start(grid=FakeGrid(3, answer), initial_arrays=strategy.initial_arrays(), num_rounds=2)
+    engine, state = run(strategy, FakeGrid(3, answer), 2)
     attacker, honest = divs[2][0], min(divs[0][0], divs[1][0])
     # with D^V = the held-out rows the attacker's divergence was 0 (float32 rounding: < 1e-6) and its score 1.0
     assert attacker > 1e-3 and score(attacker, 10.0) < 0.99, (attacker, honest)
     # what remains (docs/trust-and-dp.md): sampling noise of the same order as a clean client's, though smaller (the
     # held-out rows share half of D^V): over 500 private draws the ratio had median 0.47, 1st percentile 0.22
     assert 0.1 * honest < attacker, (attacker, honest)
-    assert strategy.summary_extra(engine)["fedprof_validation"] == {"rows": 200, "held_out": 400, "drawn_from": f"${SECRET_ENV}"}
-    assert len(strategy.validation[0]) == 200 and not torch.equal(strategy.validation[0], x_held[:200])
+    assert strategy.summary_extra(engine, state)["fedprof_validation"] == {"rows": 200, "held_out": 400, "drawn_from": f"${SECRET_ENV}"}
+    drawn = state.method.validation.inputs
+    assert len(drawn) == 200 and not torch.equal(drawn, x_held[:200])
 
 
 def test_the_private_draw_is_reproducible_only_with_the_servers_secret():
@@ -102,7 +105,7 @@ def test_the_private_draw_is_reproducible_only_with_the_servers_secret():
 
 
 @pytest.mark.slow
-def test_a_client_whose_profile_is_always_invalid_is_not_selected(task_identity, data_dir):
+def test_a_client_whose_profile_is_always_invalid_is_not_selected(task_identity, data_dir, monkeypatch):
     """The attack: client 2 answers every request with a profile holding a negative variance.
     It used to keep its starting score 1.0 (the maximum: honest clients here score ~0.37)
     and be picked in most rounds while its reply was thrown away. Now it scores 0 and is
@@ -112,6 +115,8 @@ def test_a_client_whose_profile_is_always_invalid_is_not_selected(task_identity,
     strategy = make_strategy(
         "fedprof", **{"fedprof-val-size": 200, "data-dir": data_dir, "fraction-train": 0.25, "num-server-rounds": 16, "num-clients": 4}
     )
+    monkeypatch.setenv(SECRET_ENV, "test-secret")  # the fake clients rebuild the baseline from the same D^V
+    baseline = Baseline(strategy)
     asked: dict[int, list[tuple[int, str]]] = {}
 
     def answer(pid, msg):
@@ -119,7 +124,7 @@ def test_a_client_whose_profile_is_always_invalid_is_not_selected(task_identity,
             return _evaluation(pid)
         cfg = msg.content["config"]
         asked.setdefault(pid, []).append((cfg["server-round"], cfg.get("phase")))
-        profile = strategy.baselines[strategy.version].astype(np.float32).copy()
+        profile = baseline(msg).astype(np.float32).copy()
         if pid in (0, 1):
             profile[:, 0] += np.sqrt(0.2 * profile[:, 1])  # honest clients, a little off: div 0.1, score e^-1
         if pid == 2:
@@ -137,8 +142,8 @@ def test_a_client_whose_profile_is_always_invalid_is_not_selected(task_identity,
         if record["round"] == 5:
             grid.nodes.append(104)  # partition 3 connects
 
-    strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(), num_rounds=16, on_round=on_round)
-    picks = strategy.selections
+    _, state = run(strategy, grid, 16, on_round)
+    picks = state.method.selections
     assert picks.get(2, 0) == 0 and picks[0] + picks[1] + picks.get(3, 0) == 16  # one pick a round (K = 1), never the invalid client
     assert [r for r, _ in asked[2]] == [0, 2, 4, 8, 16] and {p for _, p in asked[2]} == {
         "profile"
@@ -148,16 +153,19 @@ def test_a_client_whose_profile_is_always_invalid_is_not_selected(task_identity,
     assert records[5]["fedprof_scores"]["3"] == pytest.approx(1.0) and records[15]["fedprof_scores"]["2"] == 0.0
 
 
-def test_a_selected_client_whose_reply_is_refused_loses_its_score(task_identity, data_dir):
+def test_a_selected_client_whose_reply_is_refused_loses_its_score(task_identity, data_dir, monkeypatch):
     """A client with a good profile that then sends an invalid one in its training reply
     (the reply is refused) is not kept at its old score: it has no valid profile now."""
     strategy = make_strategy("fedprof", **{"fedprof-val-size": 200, "data-dir": data_dir, "fraction-train": 1.0, "num-server-rounds": 3})
+
+    monkeypatch.setenv(SECRET_ENV, "test-secret")  # the fake clients rebuild the baseline from the same D^V
+    baseline = Baseline(strategy)
 
     def answer(pid, msg):
         if msg.metadata.message_type == "evaluate":
             return _evaluation(pid)
         cfg = msg.content["config"]
-        profile = strategy.baselines[strategy.version].astype(np.float32).copy()
+        profile = baseline(msg).astype(np.float32).copy()
         if pid == 1 and cfg.get("phase") != "profile":
             profile[0, 0] = np.nan
         arrays = {"profile": profile}
@@ -166,10 +174,10 @@ def test_a_selected_client_whose_reply_is_refused_loses_its_score(task_identity,
         return reply(arrays, 20, pid)
 
     records: list[dict] = []
-    engine = strategy.start(grid=FakeGrid(3, answer), initial_arrays=strategy.initial_arrays(), num_rounds=3, on_round=records.append)
+    _, last = run(strategy, FakeGrid(3, answer), 3, records.append)
     assert records[0]["fedprof_scores"]["1"] == pytest.approx(1.0)  # its profile before round 1 was valid
     assert records[1]["fedprof_scores"]["1"] == pytest.approx(1.0)  # re-asked (profile only) before round 2's draw: valid again
-    state = next(c.state for c in engine.registry.clients.values() if c.partition_id == 1)
+    state = last.method.clients[1]
     assert state.profile is None and state.misses == 1  # round 3's training reply was refused
 
 

@@ -26,7 +26,9 @@ from core.models import build_model
 from core.partition import client_sizes, make_partition
 from core.training import task_metrics
 from server.results import global_progress, participation_by_noise
+from strategies.fedprof import SECRET_ENV
 from tests.fakes import FakeGrid, make_strategy, reply
+from tests.fedprof_baseline import Baseline
 
 
 def test_dominant_partition_gives_each_client_one_class_at_the_fraction(data_dir):
@@ -121,11 +123,13 @@ def test_clients_evaluate_every_n_rounds_and_rounds_record_who_trained(task_iden
     assert all(len(r["selected"]) == 2 for r in records)
 
 
-def test_fedprof_rounds_record_the_scores_the_sampler_used(task_identity, data_dir):
+def test_fedprof_rounds_record_the_scores_the_sampler_used(task_identity, data_dir, monkeypatch):
     strategy = make_strategy("fedprof", **{"fedprof-val-size": 200, "data-dir": data_dir, "num-clients": 4, "fraction-train": 0.5})
+    monkeypatch.setenv(SECRET_ENV, "test-secret")  # the fake clients rebuild the baseline from the same D^V
+    baseline = Baseline(strategy)
 
     def answer(pid, msg):
-        base = strategy.baselines[strategy.version].astype(np.float32)
+        base = baseline(msg).astype(np.float32)
         profile = base.copy()
         if pid == 3:
             profile[:, 0] += 5 * np.sqrt(base[:, 1]) + 1.0

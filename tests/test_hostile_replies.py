@@ -10,6 +10,7 @@ from flwr.app import MetricRecord, RecordDict
 from client.faults import MODEL_MODES, TRAIN_MODES, damage_reply
 from core.fedpft import ClassMixture, encode
 from core.methods import ALGORITHMS
+from strategies.state import ServerState
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 EXPECTED_REASON = {
@@ -70,7 +71,7 @@ def test_a_bad_training_reply_is_rejected_and_the_round_goes_on(task_identity, d
 
     rnd = 2 if mode in MODEL_MODES else 1  # a sign flip is refused from round 2 (round 1's bound admits long honest moves)
     engine = engine_for(s, FakeGrid(3, answer), server_round=rnd)
-    step = s.train_round(rnd, s.initial_arrays(), engine)
+    step = s.train_round(rnd, s.initial_state(), engine)
     assert step.clients == 2, engine.meter.failures
     assert len(engine.meter.failures) == 1
     if mode in EXPECTED_REASON:
@@ -97,11 +98,13 @@ def test_an_honest_reply_of_a_model_with_hundreds_of_arrays_fits_the_cap(task_id
             model["profile"] = np.tile(np.array([[0.5, 1.0]], np.float32), (1024, 1))
         return reply(model, 10, pid, loss=0.7)
 
-    if algorithm == "fedprof":
-        s.units = 1024  # the profiling round is not part of this test
-        s.baselines[0] = np.tile(np.array([[0.5, 1.0]]), (1024, 1))
+    state = s.initial_state()
+    if algorithm == "fedprof":  # the profiling round is not part of this test: its baseline is given
+        from strategies.fedprof import FedProfState
+
+        state = ServerState(state.arrays, FedProfState(units=1024, baselines={0: np.tile(np.array([[0.5, 1.0]]), (1024, 1))}))
     engine = engine_for(s, FakeGrid(3, answer))
-    step = s.train_round(1, s.initial_arrays(), engine)
+    step = s.train_round(1, state, engine)
     assert step.clients == 3, engine.meter.failures
 
 
@@ -115,7 +118,7 @@ def test_an_evaluation_reply_claiming_impossible_scores_is_rejected(task_identit
         return damage_reply(content, "bad-eval", "evaluate") if pid == 1 else content
 
     engine = engine_for(s, FakeGrid(3, answer))
-    out = s.evaluate_round(1, s.initial_arrays(), engine)
+    out = s.evaluate_round(1, s.initial_state(), engine)
     assert out["accuracy"] == pytest.approx(0.8) and out["eval_clients"] == 2
     assert "not a whole number in [0, num-examples=100]" in engine.meter.failures[0]
 
@@ -138,7 +141,7 @@ def test_a_nan_or_missing_loss_from_one_client_does_not_poison_the_round_loss(ta
         return content
 
     engine = engine_for(s, FakeGrid(3, answer))
-    step = s.train_round(1, s.initial_arrays(), engine)
+    step = s.train_round(1, s.initial_state(), engine)
     assert sorted(seen) == [0, 1, 2]  # every client answered
     assert step.metrics["loss"] == pytest.approx(0.75)
     if loss is None:
@@ -156,5 +159,5 @@ def test_a_count_above_the_clients_partition_size_is_rejected(task_identity, dat
             3, lambda pid, msg: reply({k: v.numpy() for k, v in msg.content.array_records["arrays"].items()}, sizes[pid] + (pid == 1), pid)
         ),
     )
-    step = s.train_round(1, s.initial_arrays(), engine)
+    step = s.train_round(1, s.initial_state(), engine)
     assert step.clients == 2 and f"is {sizes[1] + 1}, above the {sizes[1]} this client can hold" in engine.meter.failures[0]

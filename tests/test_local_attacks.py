@@ -400,12 +400,12 @@ def test_fedavg_counts_beyond_the_declaration_are_refused_and_the_model_is_the_h
     pids.update({n: c.partition_id for n, c in engine.registry.clients.items()})
     assert len(pids) == 3
     start = strategy.initial_arrays()
-    step = strategy.train_round(1, start, engine)
+    step = strategy.train_round(1, strategy.initial_state(start), engine)
     assert step.clients == 2, engine.meter.failures
     assert any("node 202" in f and "above the 10 this client can hold" in f for f in engine.meter.failures), engine.meter.failures
     for name, arr in step.arrays.items():
         np.testing.assert_allclose(arr.numpy(), start[name].numpy() * 0.98, rtol=1e-5, atol=1e-7)
-    scores = strategy.evaluate_round(1, step.arrays, engine)
+    scores = strategy.evaluate_round(1, strategy.initial_state(step.arrays), engine)
     assert scores["test_examples"] == 4 and scores["accuracy"] == 0.5, scores
     assert any("above the 2 this client can hold" in f for f in engine.meter.failures), engine.meter.failures
 
@@ -430,7 +430,7 @@ def _declared_class_2(cfg):
 
 def test_fedlog_statistics_for_ten_thousand_from_a_node_that_declared_ten_are_refused(task_identity):
     strategy, engine, grid = _declared_class_2(local_cfg(classes="2,3,7"))
-    layout = strategy.train_layout(TrainRound(1, engine))
+    layout = strategy.train_layout(TrainRound(1, engine, strategy.initial_state()))
     grid.scripts[201].answer = lambda node, msg: _stats_reply(strategy, 0, {0: 10_000.0}, 10_000)
     got = engine.exchange(P.PHASE_TRAIN, {201: RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})})}, MessageType.TRAIN, layout)
     assert got == [] and any("above the 10 this client can hold" in f for f in engine.meter.failures), engine.meter.failures
@@ -452,7 +452,7 @@ def test_fedlog_statistics_of_a_class_the_node_did_not_declare_are_refused(task_
         P.PHASE_TRAIN,
         {201: RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1})})},
         MessageType.TRAIN,
-        strategy.train_layout(TrainRound(1, engine)),
+        strategy.train_layout(TrainRound(1, engine, strategy.initial_state())),
     )
     assert got == []
 
@@ -476,8 +476,7 @@ def test_claimed_indices_and_partition_ids_are_ignored_and_a_reply_under_another
     # node 202 answers a round as client 0 (node 201's index): refused, 201's reply is unaffected
     for node in (201, 202, 203):
         grid.scripts[node].answer = lambda n, msg: _model_reply(msg, 0 if n in (201, 202) else 2, 0.98, 10)
-    start = strategy.initial_arrays()
-    step = strategy.train_round(1, start, engine)
+    step = strategy.train_round(1, strategy.initial_state(), engine)
     assert step.clients == 2 and any("node 202" in f and "claims partition 0" in f for f in engine.meter.failures), engine.meter.failures
 
 
@@ -518,7 +517,7 @@ def test_a_node_answering_unregistered_every_round_costs_the_others_nothing(task
     schema = discover(grid, cfg).schema
     strategy, engine = registered(cfg, schema, grid)
     pids = {n: c.partition_id for n, c in engine.registry.clients.items()}
-    layout = strategy.train_layout(TrainRound(1, engine))
+    layout = strategy.train_layout(TrainRound(1, engine, strategy.initial_state()))
     grid.scripts[201].answer = grid.scripts[203].answer = lambda node, msg: _stats_reply(strategy, pids[node], {0: 6.0, 1: 6.0}, 12)
     grid.scripts[202].answer = lambda node, msg: Error(code=P.ERROR_UNREGISTERED, reason="no schema here, register me again")
     for rnd in range(1, 13):

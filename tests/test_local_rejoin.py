@@ -33,7 +33,7 @@ def _train(strategy, engine, grid, rnd: int) -> list[int]:
         P.PHASE_TRAIN,
         {n: RecordDict({P.CONFIG: ConfigRecord({P.ROUND: rnd})}) for n in engine.nodes()},
         MessageType.TRAIN,
-        strategy.train_layout(TrainRound(rnd, engine)),
+        strategy.train_layout(TrainRound(rnd, engine, strategy.initial_state())),
     )
     return [r.node_id for r in got]
 

@@ -153,15 +153,15 @@ def test_fedpft_release_and_report():
 
 def test_strategies_put_the_report_in_their_summary(task_identity):
     fedlog = make_strategy("fedlog", **{"fedlog-dp": "local", "fedlog-clip": 2.0})
-    dp = fedlog.summary_extra(engine_for(fedlog, FakeGrid(3)))["dp"]
+    dp = fedlog.summary_extra(engine_for(fedlog, FakeGrid(3)), fedlog.initial_state())["dp"]
     assert dp["mode"] == "local" and dp["noise"] == "OS entropy" and dp["epsilon_rdp"] < dp["epsilon"] == 1.0
     assert dp["sigma"] == fedlog.sigma and dp["noise_multiplier"] == pytest.approx(fedlog.sigma / math.sqrt(1 + 50 * 4.0))
     distributed = make_strategy("fedlog", **{"fedlog-dp": "distributed", "secure-aggregation": "secagg+", "fedlog-clip": 2.0})
-    dp_distributed = distributed.summary_extra(engine_for(distributed, FakeGrid(3)))["dp"]
+    dp_distributed = distributed.summary_extra(engine_for(distributed, FakeGrid(3)), distributed.initial_state())["dp"]
     assert dp_distributed["mode"] == "distributed" and dp_distributed["epsilon_rdp"] == dp["epsilon_rdp"]  # σ on the sum as central's
     fedpft = make_strategy("fedpft", **{"num-server-rounds": 1, "fedpft-dp": "on", "fedpft-components": 1})
     fedpft.received = [(0, 40), (1, 400)]
-    dp = fedpft.summary_extra(engine_for(fedpft, FakeGrid(3)))["dp"]
+    dp = fedpft.summary_extra(engine_for(fedpft, FakeGrid(3)), fedpft.initial_state())["dp"]
     assert dp["releases"] == 1 and dp["epsilon_rdp"] is not None and dp["sigma_max"] == pytest.approx(fedpft_release(1.0, 0.0, 40).sigma)
 
 

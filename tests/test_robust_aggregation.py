@@ -121,7 +121,7 @@ def test_mean_is_todays_weighted_average_bit_for_bit(task_identity, data_dir):
             return reply(made[pid], sizes[pid] - pid, pid)
 
         grid = FakeGrid(3, answer)
-        step = s.train_round(1, s.initial_arrays(), engine_for(s, grid))
+        step = s.train_round(1, s.initial_state(), engine_for(s, grid))
         expected = weighted_average(made, [sizes[p] - p for p in range(3)], like=sent)
         assert step.clients == 3 and step.details == {}
         assert all(np.array_equal(step.arrays[k].numpy(), expected[k]) for k in expected), setting
@@ -198,7 +198,7 @@ def test_poisoned_replies_inside_the_norm_bound_pass_the_checks_and_the_rule_hol
         honest = {k: (v + u[k] + rng.normal(0, 0.0005, v.shape)).astype(v.dtype) for k, v in sent.items()}
         made[pid] = {k: (sent[k] - 10.0 * (honest[k] - sent[k])).astype(sent[k].dtype) for k in sent} if pid in ATTACKERS else honest
     engine = engine_for(s, FakeGrid(11, lambda pid, msg: reply(made[pid], sizes[pid], pid)), server_round=2)
-    step = s.train_round(2, s.initial_arrays(), engine)
+    step = s.train_round(2, s.initial_state(), engine)
     assert engine.meter.failures == [] and step.clients == 11
     bad = max(relative_update_norm(sent, made[p]) for p in ATTACKERS)
     assert 0.1 < bad < s.cfg["max-update-norm"]  # large, and admitted
@@ -220,7 +220,7 @@ def test_the_layer_sharing_methods_and_fedprox_aggregate_their_shared_part_by_th
         return reply({k: v.numpy() + np.float32((0.0, 0.001, 0.01)[pid]) for k, v in msg.content["arrays"].items()}, 10, pid)
 
     grid = FakeGrid(3, answer)
-    step = s.train_round(2, s.initial_arrays(), engine_for(s, grid, server_round=2))
+    step = s.train_round(2, s.initial_state(), engine_for(s, grid, server_round=2))
     sent = grid.sent[-1].content.array_records["arrays"]
     assert set(step.arrays) == set(sent) and step.clients == 3
     for k, v in step.arrays.items():

@@ -43,7 +43,7 @@ def _three_rounds(data_dir):
     grid = FakeGrid(3, answer)
     records: list[dict] = []
     engine = Engine(grid, s.cfg, s.services, clock=grid.clock, admit=s.body_problem)  # the grid's clock: a silent node costs the deadline
-    s.run(engine, s.initial_arrays(), 3, on_round=records.append)
+    s.run(engine, s.initial_state(), 3, on_round=records.append)
     return records, s
 
 
@@ -80,8 +80,9 @@ def test_every_round_has_its_failure_and_absence_lists_and_whole_counts_are_ints
 
 
 def test_fedlog_prepare_clients_is_an_int(task_identity, data_dir):
-    s = make_strategy("fedlog", **{"data-dir": data_dir})
-    record = s._round_record(1, _Step(), {"prepare_clients": 3.0, "eval_clients": 3.0, "test_examples": 120.0}, _Meter(), 1.0, 1.0)
+    from strategies.round_record import round_record
+
+    record = round_record(1, _Step(), {"prepare_clients": 3.0, "eval_clients": 3.0, "test_examples": 120.0}, _Meter(), 1.0, 1.0, {})
     assert (record["prepare_clients"], record["eval_clients"], record["test_examples"]) == (3, 3, 120)
     assert all(type(record[k]) is int for k in ("prepare_clients", "eval_clients", "test_examples"))
 

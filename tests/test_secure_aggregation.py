@@ -66,7 +66,7 @@ class Clients:
 def secure_round(clients: Clients, **cfg):
     s = make_strategy("fedlog", **{"num-clients": CLIENTS, **SECURE, **cfg})
     engine = engine_for(s, FakeGrid(CLIENTS, clients))
-    return s, engine, s.train_round(1, s.initial_arrays(), engine)
+    return s, engine, s.train_round(1, s.initial_state(), engine)
 
 
 def plain_head(strategy, pids) -> np.ndarray:
@@ -110,7 +110,7 @@ def test_the_head_equals_the_plain_one_and_the_server_never_holds_a_clients_stat
     s, engine, step = secure_round(clients)
     assert step.clients == CLIENTS and not engine.meter.failures
     np.testing.assert_allclose(step.arrays[P.ETA].numpy(), plain_head(s, range(CLIENTS)).astype(np.float32), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(s.phi_sum, np.sum([client_stats(p) for p in range(CLIENTS)], axis=0), atol=1e-6)
+    np.testing.assert_allclose(step.method.phi_sum, np.sum([client_stats(p) for p in range(CLIENTS)], axis=0), atol=1e-6)
     assert sorted(clients.seen) == list(range(CLIENTS)) and all(vec.dtype == np.uint64 for vec in clients.seen.values())
     assert_uniform_and_unrelated([clients.seen[p] for p in range(CLIENTS)], [client_stats(p) for p in range(CLIENTS)])
     for phase in (P.STAGE_SETUP, P.STAGE_SHARE, P.PHASE_TRAIN, P.STAGE_UNMASK):  # every stage is metered
@@ -151,7 +151,7 @@ def test_a_garbage_masked_vector_is_caught_by_the_sum_check_and_changes_nothing(
         )
 
     s, engine, step = secure_round(Clients(hostile={3: garbage}))
-    assert step.arrays is None and s.phi_sum is None
+    assert step.arrays is None and step.method.phi_sum is None
     assert any("not a sum of real statistics" in f for f in engine.meter.failures)
 
 
@@ -175,7 +175,7 @@ def test_poison_inside_the_bounds_goes_through_undetected_as_the_trust_model_say
     s, engine, step = secure_round(Spy(hostile={3: poison}))
     assert step.clients == CLIENTS and not engine.meter.failures
     honest = np.sum([client_stats(p).astype(np.float64) for p in range(CLIENTS)], axis=0)
-    assert s.phi_sum[0, 0] == pytest.approx(honest[0, 0] + 100.0)
+    assert step.method.phi_sum[0, 0] == pytest.approx(honest[0, 0] + 100.0)
 
 
 def test_a_client_refuses_stages_out_of_order_and_keeps_no_secret_on_disk(task_identity, tmp_path):
@@ -217,7 +217,7 @@ def test_a_sum_that_could_overflow_fails_the_round_before_any_client_is_asked(ta
     clients = Clients()
     s = make_strategy("fedavg", **{"num-clients": CLIENTS, **SECURE, "max-update-norm": 1e20})
     engine = engine_for(s, FakeGrid(CLIENTS, clients))
-    step = s.train_round(2, s.initial_arrays(), engine)
+    step = s.train_round(2, s.initial_state(), engine)
     assert step.arrays is None and not clients.states
     assert any("overflow" in f for f in engine.meter.failures)
 
@@ -225,7 +225,7 @@ def test_a_sum_that_could_overflow_fails_the_round_before_any_client_is_asked(ta
 def test_each_key_stage_gets_an_eighth_of_the_deadline_and_training_leaves_unmask_its_share(task_identity):
     s = make_strategy("fedlog", **{"num-clients": CLIENTS, **SECURE, "round-timeout": 80.0})
     grid = FakeGrid(CLIENTS, Clients())
-    s.train_round(1, s.initial_arrays(), engine_for(s, grid))
+    s.train_round(1, s.initial_state(), engine_for(s, grid))
     setup, share, collect, unmask = grid.timeouts[-4:]
     assert setup <= 10.0 and share <= 10.0 and unmask <= 10.0  # a silent client costs a key stage 10 s, not the round
     assert 55.0 <= collect <= 70.0
@@ -330,10 +330,10 @@ def test_distributed_dp_the_sum_carries_the_central_noise_and_the_server_accepts
             )
 
     engine = engine_for(strategy, FakeGrid(CLIENTS, Noisy()))
-    step = strategy.train_round(1, strategy.initial_arrays(), engine)
+    step = strategy.train_round(1, strategy.initial_state(), engine)
     assert step.clients == CLIENTS and not engine.meter.failures
     honest = np.sum([client_stats(p).astype(np.float64) for p in range(CLIENTS)], axis=0)
-    noise = strategy.phi_sum - honest
+    noise = step.method.phi_sum - honest
     np.testing.assert_allclose(noise, np.sum(list(drawn.values()), axis=0), atol=1e-3)  # the sum is exact up to rounding
     assert np.std(noise) == pytest.approx(share * np.sqrt(CLIENTS), rel=0.15)  # ≥ the central σ: share·√6 vs σ = share·√3
 
@@ -367,7 +367,7 @@ def test_model_averaging_gets_the_weighted_mean_of_the_updates_and_a_huge_update
 
     def run(scale: dict[int, float]):
         engine = engine_for(strategy, FakeGrid(CLIENTS, Avg(scale)))
-        return strategy.train_round(2, strategy.initial_arrays(), engine), engine
+        return strategy.train_round(2, strategy.initial_state(), engine), engine
 
     step, engine = run({})
     assert step.clients == CLIENTS and not engine.meter.failures
@@ -403,8 +403,8 @@ def test_fedproto_gets_the_count_weighted_prototypes(task_identity):
             return answer(msg.content, msg.metadata.dst_node_id, pid, self.states[pid], train)
 
     engine = engine_for(strategy, FakeGrid(CLIENTS, Proto()))
-    step = strategy.train_round(1, strategy.initial_arrays(), engine)
+    step = strategy.train_round(1, strategy.initial_state(), engine)
     assert step.clients == CLIENTS and not engine.meter.failures
     want_protos, want_counts = average_prototypes([m[0] for m in made.values()], [m[1] for m in made.values()])
-    np.testing.assert_array_equal(strategy.counts, want_counts)
-    np.testing.assert_allclose(strategy.protos, want_protos, atol=1e-6)
+    np.testing.assert_array_equal(step.method.counts, want_counts)
+    np.testing.assert_allclose(step.method.protos, want_protos, atol=1e-6)

@@ -56,7 +56,7 @@ class Nodes:
 def run_round(strategy, nodes: Nodes, server_round: int = 1):
     engine = engine_for(strategy, FakeGrid(CLIENTS, nodes), server_round)
     most = float(sum(engine.most_examples(v) for v in engine.nodes()))
-    return strategy.train_round(server_round, strategy.initial_arrays(), engine), engine, most
+    return strategy.train_round(server_round, strategy.initial_state(), engine), engine, most
 
 
 # ----- FedAvg (and FedProx, FedPer, FedRep, LG-FedAvg: the same aggregate_sum) -------------------------
@@ -165,12 +165,12 @@ def fedlog_train(pid: int, content: RecordDict) -> RecordDict:
 def test_fedlog_the_issues_lie_one_class_over_and_x1000_is_refused_and_the_head_kept(task_identity):
     """Issue 37 §1: statistics moved one class over and ×1000; before the fix accepted (accuracy 0.95 → 0.17)."""
     strategy = fedlog()
-    before = strategy.eta.copy()
+    before = strategy.initial_method_state().eta
     lie = lambda content, names: (np.roll(fedlog_stats(LIAR), 1, axis=0) * 1000).ravel()  # noqa: E731
     step, engine, most = run_round(strategy, Nodes(fedlog_train, lie))
     assert 1000 * fedlog_stats(LIAR)[:, 0].sum() > most  # the premise: more examples than the three can hold
-    assert step.arrays is None and strategy.phi_sum is None
-    np.testing.assert_array_equal(strategy.eta, before)
+    assert step.arrays is None and step.method.phi_sum is None
+    np.testing.assert_array_equal(step.method.eta, before)
     assert any("not a sum of real statistics" in f and "can hold together" in f for f in engine.meter.failures)
 
 
@@ -195,12 +195,12 @@ def test_fedlog_a_liar_at_the_bounds_is_accepted_and_just_past_them_refused(task
     strategy = fedlog()
     step, engine, _ = run_round(strategy, Nodes(fedlog_train, lie))
     if not accepted:
-        assert step.arrays is None and strategy.phi_sum is None
+        assert step.arrays is None and step.method.phi_sum is None
         assert any("not a sum of real statistics" in f for f in engine.meter.failures)
         return
     assert step.arrays is not None and not engine.meter.failures
-    assert strategy.phi_sum[:, 0].sum() == most  # the liar's class fills every example the clients could hold
-    np.testing.assert_allclose(strategy.phi_sum[9, 1:], 2.0 * strategy.phi_sum[9, 0], rtol=1e-9)
+    assert step.method.phi_sum[:, 0].sum() == most  # the liar's class fills every example the clients could hold
+    np.testing.assert_allclose(step.method.phi_sum[9, 1:], 2.0 * step.method.phi_sum[9, 0], rtol=1e-9)
 
 
 # ----- distributed DP with clients that withhold their noise (issue 37 §3) ---------------------------------
@@ -234,7 +234,7 @@ def test_a_client_that_withholds_its_share_leaves_the_sum_with_at_least_the_cent
     for _ in range(3):  # 3 × 510 entries: the std within ~2 %
         step, engine, _ = run_round(strategy, Nodes(noisy))
         assert step.arrays is not None and not engine.meter.failures
-        noise.append(strategy.phi_sum - sum(fedlog_stats(p) for p in range(CLIENTS)))
+        noise.append(step.method.phi_sum - sum(fedlog_stats(p) for p in range(CLIENTS)))
     assert np.std(noise) == pytest.approx(sigma, rel=0.08)
     assert np.std(noise) >= 0.92 * sigma
 

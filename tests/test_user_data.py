@@ -136,7 +136,7 @@ def test_registration_gives_indices_refuses_data_that_does_not_fit_and_bounds_co
         P.PHASE_TRAIN,
         {201: RecordDict({"config": ConfigRecord({"r": 1})})},
         MessageType.TRAIN,
-        strategy.train_layout(TrainRound(1, engine)),
+        strategy.train_layout(TrainRound(1, engine, strategy.initial_state())),
     )
     assert got == [] and any("40" in f and "12" in f for f in engine.meter.failures), engine.meter.failures
 
@@ -154,7 +154,7 @@ def test_a_node_that_lost_its_schema_registers_again(tmp_path, task_identity):
         P.PHASE_TRAIN,
         {201: RecordDict({"config": ConfigRecord({"r": 1})})},
         MessageType.TRAIN,
-        strategy.train_layout(TrainRound(1, engine)),
+        strategy.train_layout(TrainRound(1, engine, strategy.initial_state())),
     )
     assert 201 not in engine.registry.clients  # forgotten ...
     engine.begin_round(2)

@@ -1,0 +1,145 @@
+"""The run of a strategy's rounds on an engine: registration, the work before round 1,
+each round's training and evaluation (or its scores carried by the next round's training
+replies), and one rounds.jsonl record per round handed to a callback.
+
+The loop holds the run's :class:`~strategies.state.ServerState` and replaces it with what
+each hook returns; :attr:`RoundLoop.state` is the last one, also after a round raised (what
+summary.json reports)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from core.config import scores_with_train
+from core.partition import counts_line, empty_note
+from strategies.base import Step
+from strategies.engine import Engine, RoundFailed
+from strategies.meter import RoundMeter
+from strategies.replies import Reply
+from strategies.round_record import round_record
+from strategies.state import ServerState
+
+if TYPE_CHECKING:
+    from strategies.base import HeadwayStrategy
+
+log = logging.getLogger("headway")
+
+RoundCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A finished round waiting for its record (client-evaluation=with-next-train: for the
+    scores the next round's train replies carry)."""
+
+    round: int
+    step: Step
+    figures: dict[str, Any]
+    meter: RoundMeter
+    seconds: float
+    elapsed: float
+    aggregated: bool
+    expected: list[int] = field(default_factory=list)  # partitions the evaluation exchange would have asked
+
+
+class RoundLoop:
+    """Runs ``strategy``'s rounds on ``engine``, calling ``on_round`` with each round's record."""
+
+    def __init__(self, strategy: HeadwayStrategy, engine: Engine, on_round: RoundCallback | None = None):
+        self.strategy = strategy
+        self.engine = engine
+        self.on_round = on_round
+        self.state: ServerState | None = None  # the server's state after the last hook that returned one
+        self.counts: dict[int, int] = {}  # partition id -> training rows, refreshed each round (train_counts)
+
+    def run(self, state: ServerState, num_rounds: int) -> ServerState:
+        """Run ``num_rounds`` rounds from ``state``; returns the server's last state. Raises
+        :class:`RoundFailed` when round 1 (or the work before it) gets no valid reply."""
+        strategy, engine, cfg = self.strategy, self.engine, self.strategy.cfg
+        strategy.summary()
+        self.state = state
+        started = time.monotonic()
+        engine.wait_for_clients()
+        pending: Pending | None = None  # a round whose clients' scores come with the next round's train replies
+        try:
+            for rnd in range(1, num_rounds + 1):
+                t0 = time.monotonic()
+                engine.begin_round(rnd)
+                if not engine.registry.clients:
+                    raise RoundFailed(first_reason(engine.meter, "no client registered"))
+                self.counts = strategy.train_counts(engine)  # after registration: dataset=local nodes declare theirs there
+                if rnd == 1:
+                    self.log_counts()
+                extra: dict[str, float] = {}
+                prep: Step | None = None
+                if rnd == 1:
+                    self.state, prep = strategy.prepare(self.state, engine)
+                    if prep is not None:
+                        if prep.clients == 0:
+                            raise RoundFailed(first_reason(engine.meter, "the work before round 1 got no valid reply"))
+                        extra.update({f"prepare_{k}": v for k, v in prep.metrics.items()})
+                step = strategy.train_round(rnd, self.state, engine)
+                if pending is not None:
+                    waiting, pending = pending, None  # emitted once, even if the callback raises
+                    self.emit(waiting, self.carried_scores(waiting, step.scores))
+                self.state = self.state.advance(step)
+                if rnd == 1 and step.clients == 0:
+                    raise RoundFailed(first_reason(engine.meter, "every client failed in round 1"))
+                every = cfg["eval-every"]
+                due = rnd == num_rounds or bool(every and rnd % every == 0)
+                carried = due and scores_with_train(cfg, rnd + 1)
+                evaluation = strategy.evaluate_round(rnd, self.state, engine) if due and not carried else {}
+                if rnd == num_rounds:
+                    evaluation.update(strategy.final_evaluation(self.state, engine))
+                evaluation.update(strategy.global_evaluation(self.state))
+                # whether the server's state moved this round: new arrays, or (no arrays to return, e.g. FedPFT's chain) a quorum of
+                # replies; round 1 also counts a first model built before it (FedLog's statistics round)
+                aggregated = bool(
+                    step.arrays is not None
+                    or (step.clients >= cfg["min-replies"] and not step.kept)
+                    or (rnd == 1 and prep is not None and prep.arrays is not None)
+                )
+                done = Pending(
+                    rnd, step, {**extra, **evaluation}, engine.end_round(), time.monotonic() - t0, time.monotonic() - started, aggregated
+                )
+                if carried:
+                    pending = replace(done, expected=sorted(engine.partition_of(n) for n in engine.nodes()))
+                else:
+                    self.emit(done, {})
+        except BaseException:
+            if pending is not None:  # the round after it failed: its record still goes out, without the scores it waited for
+                self.emit(pending, {"eval_missing_partitions": pending.expected})
+            raise
+        return self.state
+
+    def log_counts(self) -> None:
+        """Round 1's line on the clients' training rows, and a warning when some hold none."""
+        counts = list(self.counts.values())
+        log.info("%s (train-fraction=%g)", counts_line(counts), self.strategy.cfg["train-fraction"])
+        if empty := empty_note(counts):  # most empty is refused before the run (core.partition)
+            log.warning("%s", empty)
+
+    def carried_scores(self, pending: Pending, scores: list[Reply]) -> dict[str, Any]:
+        """Round ``pending.round``'s evaluation figures from the scores the next round's train replies
+        carried, and the partitions the evaluation exchange would have asked that sent none."""
+        figures: dict[str, Any] = dict(self.strategy.aggregate_evaluate(pending.round, scores))
+        missing = sorted(set(pending.expected) - {r.partition_id for r in scores})
+        if missing:
+            figures["eval_missing_partitions"] = missing
+        return figures
+
+    def emit(self, done: Pending, evaluation: Mapping[str, Any]) -> None:
+        """Hand round ``done.round``'s record, with ``evaluation`` added, to the callback."""
+        record = round_record(done.round, done.step, {**done.figures, **evaluation}, done.meter, done.seconds, done.elapsed, self.counts)
+        record["aggregated"] = done.aggregated
+        if self.on_round is not None:
+            self.on_round(record)
+
+
+def first_reason(meter: RoundMeter, what: str) -> str:
+    """``what``, with the round's first failure when there was one."""
+    return f"{what}; first failure: {meter.failures[0]}" if meter.failures else what

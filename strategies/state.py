@@ -1,0 +1,35 @@
+"""What the server holds between rounds: one frozen value, :class:`ServerState`, that the
+round hooks take and return (as Flower's strategies take and return an ``ArrayRecord``).
+
+A method whose server keeps more than its arrays (FedLog's η and Φ, FedProf's baselines and
+scores, FedAvg's per-client counts under data-ratio sampling) keeps it in ``method``, one
+frozen dataclass per method; per-client entries are keyed by partition id, which outlives a
+node id. Every field is a plain value (numbers, numpy arrays, dicts of them, an
+``ArrayRecord``), so a state pickles: the next issue's checkpoint/resume builds on it.
+Dict fields are never changed in place: a hook makes the next state with new dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import ArrayRecord
+
+if TYPE_CHECKING:
+    from strategies.base import Step
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """The server's arrays (what clients are sent) and its method's own state (None: it keeps none)."""
+
+    arrays: ArrayRecord
+    method: Any = None
+
+    def advance(self, step: Step) -> ServerState:
+        """The state after ``step``: its new arrays and method state, each kept where the step made none."""
+        return ServerState(
+            self.arrays if step.arrays is None else step.arrays,
+            self.method if step.method is None else step.method,
+        )
