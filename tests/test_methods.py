@@ -2,12 +2,14 @@
 themselves, never from a hand list: a new method is checked by adding it. Its strategy and client
 procedure load from the names it declares; its keys follow its prefix and round-trip through the
 typed settings (core/settings.py); its wire names collide with no other method's; and what its
-strategy implements decides which capability refusals it gets."""
+strategy implements decides which capability refusals it gets; and the README's method table
+names it."""
 
 from __future__ import annotations
 
 import dataclasses
 import operator
+import re
 import typing
 
 import pytest
@@ -20,6 +22,7 @@ from core.settings import SCHEMA, CommonSettings, Settings, attribute_path
 from strategies.capabilities import ROBUST_AGGREGATION, SECURE_SUM
 from strategies.registry import CAPABILITIES, STRATEGIES, check_capabilities, problems
 from strategies.registry import load as load_strategy
+from tests.conftest import ROOT
 
 DECLARED = list(METHODS.values())
 WITH_KEYS = [m for m in DECLARED if m.settings is not None]
@@ -85,7 +88,7 @@ def test_a_methods_keys_start_with_its_prefix_and_are_typed_as_their_defaults(me
         key = field.metadata[KEY]
         assert key_name(method.key_prefix, field.name).startswith(f"{method.key_prefix}-")
         assert hints[field.name] is type(key.default), f"{method.name}.{field.name}"
-    assert dataclasses.is_dataclass(method.settings) and method.settings.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    assert dataclasses.is_dataclass(method.settings) and vars(method.settings)["__dataclass_params__"].frozen
 
 
 def test_the_common_keys_are_typed_as_their_defaults():
@@ -144,14 +147,15 @@ def test_the_attribute_mapping():
 def test_settings_has_one_attribute_per_method_with_keys():
     common = {f.name for f in dataclasses.fields(CommonSettings)}
     own = {f.name: f.type for f in dataclasses.fields(Settings) if f.name not in common}
-    assert own == {m.attr: m.settings.__name__ for m in WITH_KEYS}
+    assert own == {m.attr: m.settings.__name__ for m in WITH_KEYS if m.settings is not None}
 
 
 # ------------------------------------------------------------------ its wire names
 
 
 def test_no_two_methods_share_a_wire_name():
-    arrays, phases = [], []
+    arrays: list[str] = []
+    phases: list[str] = []
     for method in DECLARED:
         for field, value in method.record_names().items():
             (phases if field.startswith("phase_") else arrays).append(value)
@@ -216,3 +220,21 @@ def test_a_strategy_that_disagrees_with_its_declaration_is_named():
     silent = dataclasses.replace(fedlog, server_combines="")
     assert "implements no robust aggregation step" in problems(silent, STRATEGIES["fedlog"])[0]
     assert "has name 'fedavg'" in problems(dataclasses.replace(fedavg, name="other"), STRATEGIES["fedavg"])[0]
+
+
+# ------------------------------------------------------------------ its row in the README
+
+
+def readme_methods() -> list[str]:
+    """The ``algorithm=`` names of the README's method table, in row order."""
+    names = []
+    for line in (ROOT / "README.md").read_text().splitlines():
+        cells = line.split("|")
+        if len(cells) > 3 and "`" in cells[2] and not line.startswith("|---"):
+            names += [n for n in re.findall(r"`([^`]+)`", cells[2]) if n != "algorithm="]  # the header names the key
+    return names
+
+
+def test_the_readme_table_names_every_declared_method_once():
+    names = readme_methods()
+    assert sorted(names) == sorted(METHODS), f"README's method table names {names}; declared: {list(METHODS)}"
