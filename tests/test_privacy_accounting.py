@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+from flwr.app import ArrayRecord
 from scipy.optimize import brentq, minimize_scalar
 from scipy.stats import norm
 
@@ -17,7 +18,9 @@ from core.config import resolve
 from core.fedlog import sufficient_statistics
 from core.privacy import fedlog_release, fedlog_sensitivity, fedpft_release, fedpft_sensitivity
 from simulation import simulate
+from strategies.fedpft import FedPFTState
 from strategies.privacy import fedlog_dp_report, fedpft_dp_report, rdp_epsilon
+from strategies.state import ServerState
 from tests.fakes import FakeGrid, engine_for, make_strategy
 
 
@@ -160,8 +163,8 @@ def test_strategies_put_the_report_in_their_summary(task_identity):
     dp_distributed = distributed.summary_extra(engine_for(distributed, FakeGrid(3)), distributed.initial_state())["dp"]
     assert dp_distributed["mode"] == "distributed" and dp_distributed["epsilon_rdp"] == dp["epsilon_rdp"]  # σ on the sum as central's
     fedpft = make_strategy("fedpft", **{"num-server-rounds": 1, "fedpft-dp": "on", "fedpft-components": 1})
-    fedpft.received = [(0, 40), (1, 400)]
-    dp = fedpft.summary_extra(engine_for(fedpft, FakeGrid(3)), fedpft.initial_state())["dp"]
+    received = ServerState(ArrayRecord(), FedPFTState(received=((0, 40), (1, 400))))
+    dp = fedpft.summary_extra(engine_for(fedpft, FakeGrid(3)), received)["dp"]
     assert dp["releases"] == 1 and dp["epsilon_rdp"] is not None and dp["sigma_max"] == pytest.approx(fedpft_release(1.0, 0.0, 40).sigma)
 
 
