@@ -113,7 +113,7 @@ class FedLog(HeadwayStrategy):
         if self.cfg["fedlog-init"] != "stats":
             return state, None
         ctx = TrainRound(0, engine, state)
-        content = self.content(0, self.head_record(state.method), **{P.PHASE: P.PHASE_STATS})
+        content = self.content(0, state.arrays, **{P.PHASE: P.PHASE_STATS})
         step = self.aggregation.step(self, P.PHASE_STATS, ctx, {n: content for n in engine.nodes()})
         if step.arrays is None:
             return state, step
@@ -121,8 +121,8 @@ class FedLog(HeadwayStrategy):
         return state.advance(step), Step(step.arrays, step.clients, {"clients": float(step.clients)})
 
     def configure_train(self, server_round: int, state: ServerState, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
-        """The state's η (and Φ) to ``fraction-train`` of the clients."""
-        content = self.content(server_round, self.head_record(state.method), **{P.PHASE: P.PHASE_TRAIN})
+        """The state's arrays (η, and FedLog-C's Φ: :meth:`head_record` of its method state) to ``fraction-train`` of the clients."""
+        content = self.content(server_round, state.arrays, **{P.PHASE: P.PHASE_TRAIN})
         return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.cfg["fraction-train"])}
 
     def train_layout(self, ctx: TrainRound) -> Layout:

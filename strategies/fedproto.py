@@ -66,8 +66,8 @@ class FedProto(HeadwayStrategy):
         return ArrayRecord({P.PROTOTYPES: Array(method.protos.astype(np.float32)), P.CLASS_COUNTS: Array(method.counts.astype(np.float32))})
 
     def configure_train(self, server_round: int, state: ServerState, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
-        """The state's global prototypes to ``fraction-train`` of the clients."""
-        content = self.content(server_round, self.global_record(state.method))
+        """The state's arrays (its global prototypes: :meth:`global_record`) to ``fraction-train`` of the clients."""
+        content = self.content(server_round, state.arrays)
         return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.cfg["fraction-train"])}
 
     def train_layout(self, ctx: TrainRound) -> Layout:

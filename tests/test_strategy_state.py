@@ -103,7 +103,7 @@ def test_central_noise_noises_the_sum_once_and_reads_n_from_the_noised_count_row
 def test_fedlog_sends_the_head_of_the_state_it_is_given_and_returns_the_next(task_identity):
     s = make_strategy("fedlog")
     mine = FedLogState(np.full((10, 51), 0.25))
-    _, contents = s.configure_train(1, ServerState(s.initial_arrays(), mine), engine_for(s, FakeGrid(3)))
+    _, contents = s.configure_train(1, ServerState(s.head_record(mine), mine), engine_for(s, FakeGrid(3)))
     sent = next(iter(contents.values()))[P.ARRAYS][P.ETA].numpy()
     np.testing.assert_array_equal(sent, np.full((10, 51), 0.25, np.float32))  # not a head the strategy keeps itself
 
