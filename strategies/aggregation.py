@@ -74,10 +74,10 @@ class SecureAggregation:
 def aggregation_for(cfg: Mapping[str, Any], strategy: object) -> Aggregation:
     """The run's aggregation: secure when ``secure-aggregation`` is on (the config check refused it
     already for a method that cannot sum: this is the last guard), else plain."""
-    if cfg["secure-aggregation"] == "off":
+    if cfg.secure_aggregation == "off":
         return PlainAggregation()
     if SECURE_SUM not in capabilities_of(type(strategy)):
         raise ConfigError(
-            f"secure-aggregation={cfg['secure-aggregation']}: {type(strategy).__name__} cannot aggregate from a sum of replies"
+            f"secure-aggregation={cfg.secure_aggregation}: {type(strategy).__name__} cannot aggregate from a sum of replies"
         )
     return SecureAggregation()

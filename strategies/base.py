@@ -164,7 +164,7 @@ class HeadwayStrategy:
         if (problem := unknown_body(body, self.cfg)) is not None:
             return problem
         try:
-            got = _body_width(body, tuple(self.spec.input_shape), self.cfg["feature-dim"])
+            got = _body_width(body, tuple(self.spec.input_shape), self.cfg.feature_dim)
         except Exception as exc:
             return f"registration names body {body!r}, which cannot be built for this data set: {exc}"
         if got != width:
@@ -202,7 +202,7 @@ class HeadwayStrategy:
         """The round's context and what each chosen node is sent. Default: ``fraction-train``
         of the clients, all sent the state's arrays."""
         content = self.content(server_round, state.arrays)
-        return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.cfg["fraction-train"])}
+        return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.cfg.fraction_train)}
 
     def train_layout(self, ctx: TrainRound) -> Layout:
         """The layout a training reply of round ``ctx`` must match."""
@@ -264,18 +264,18 @@ class HeadwayStrategy:
     def global_evaluation(self, state: ServerState) -> dict[str, float]:
         """The single global model scored on the whole test set, where one exists and the
         server holds the data (``global-eval``)."""
-        if not (self.has_global_model and self.cfg["global-eval"]):
+        if not (self.has_global_model and self.cfg.global_eval):
             return {}
         test = self.services.data.test_tensors()
         if test is None:
             return {}
         model = build_model(
-            self.cfg["body"],
+            self.cfg.body,
             self.spec.input_shape,
-            self.cfg["feature-dim"],
+            self.cfg.feature_dim,
             self.spec.num_classes,
-            self.cfg["seed"],
-            self.cfg["body-dropout"],
+            self.cfg.seed,
+            self.cfg.body_dropout,
         )
         model.load_state_dict(state.arrays.to_torch_state_dict())
         s = task_metrics(self.spec.task, predict(model.eval(), test[0]), test[1])

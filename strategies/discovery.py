@@ -106,7 +106,7 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
         except Exception as exc:
             left_out.append(f"node {node}: {type(exc).__name__}: {short_reason(str(exc))}")
     agreeing = _agreeing(described, opts, left_out)
-    schema, kept = _robust(agreeing, opts, engine.example_cap(), int(cfg["num-clients"]), left_out)
+    schema, kept = _robust(agreeing, opts, engine.example_cap(), int(cfg.num_clients), left_out)
     for reason in left_out[logged:]:
         log.warning("discovery: %s", reason)
     if schema is None:

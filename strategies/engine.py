@@ -109,7 +109,7 @@ class Engine:
         self.sleep = sleep  # between polls for connected nodes (tests pass a fake that moves their clock)
         self.cfg = cfg
         self.services = services
-        self.registry = ClientRegistry(cfg["num-clients"])
+        self.registry = ClientRegistry(cfg.num_clients)
         # admit: why a node's declared body cannot take part in this run, or None
         self.registrar = Registrar(self, grid, cfg, services, self.registry, admit)
         self.clock = clock
@@ -148,8 +148,8 @@ class Engine:
         if self.waited:
             return sorted(self.grid.get_node_ids())
         self.waited = True
-        key = "min-available-clients" if self.cfg["min-available-clients"] else "num-clients"
-        wanted, limit = int(self.cfg[key]), float(self.cfg["sample-timeout"])
+        key = "min-available-clients" if self.cfg.min_available_clients else "num-clients"
+        wanted, limit = int(self.cfg[key]), float(self.cfg.sample_timeout)
         start = self.clock()
         said: tuple[int, float] | None = None  # (count, when) of the last line
         while True:
@@ -212,7 +212,7 @@ class Engine:
         heartbeats), or how long was waited of which deadline."""
         if not contents:
             return []
-        timeout = self.cfg["round-timeout"] if timeout is None else timeout
+        timeout = self.cfg.round_timeout if timeout is None else timeout
         messages = [Message(content=c, dst_node_id=n, message_type=kind, group_id=str(self.round)) for n, c in contents.items()]
         if phase in SELECTING_PHASES:
             self.meter.selected.update(c.partition_id for n, c in self.registry.clients.items() if n in contents)
@@ -310,7 +310,7 @@ class Engine:
 
     def quorum(self, phase: str, replies: Sized) -> bool:
         """Whether ``replies`` (or the clients in a secure sum) reach ``min-replies``; a shortfall is counted as a failure."""
-        need = self.cfg["min-replies"]
+        need = self.cfg.min_replies
         if len(replies) >= need:
             return True
         self.meter.fail(f"{phase}: {len(replies)} valid replies, fewer than min-replies={need}; keeping the previous model")
@@ -332,7 +332,7 @@ class Engine:
         ``hop_timeout``, or an invalid reply) is skipped: the next node gets what the failed
         one was given. No hop waits past the round deadline of ``round-timeout`` from the
         relay's start."""
-        deadline = self.clock() + self.cfg["round-timeout"]
+        deadline = self.clock() + self.cfg.round_timeout
         content = first
         out: list[Reply[T]] = []
         for node in order:

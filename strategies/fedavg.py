@@ -54,26 +54,26 @@ class FedAvg(HeadwayStrategy):
 
     def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
         super().__init__(cfg, spec, services)
-        if not self.mixed_bodies and body_names(cfg) != [cfg["body"]]:
+        if not self.mixed_bodies and body_names(cfg) != [cfg.body]:
             raise ConfigError(f"{self.name} averages {self.averages}, so every client must run the same body: leave 'bodies' empty")
         self.averaging: Averaging = averaging_for(cfg, self)  # the weighted mean, or the robust rule ``aggregation`` names
 
     def initial_arrays(self) -> ArrayRecord:
         """The run body's seeded initial model."""
         model = build_model(
-            self.cfg["body"],
+            self.cfg.body,
             self.spec.input_shape,
-            self.cfg["feature-dim"],
+            self.cfg.feature_dim,
             self.spec.num_classes,
-            self.cfg["seed"],
-            self.cfg["body-dropout"],
+            self.cfg.seed,
+            self.cfg.body_dropout,
         )
         return ArrayRecord(model.state_dict())
 
     def body_problem(self, body: str) -> str | None:
         """Whole models are averaged: a node must run the run's one body."""
-        if body != self.cfg["body"]:
-            return f"registration names body {body!r}, but {self.name} averages whole models of body {self.cfg['body']!r}: every client must run it"
+        if body != self.cfg.body:
+            return f"registration names body {body!r}, but {self.name} averages whole models of body {self.cfg.body!r}: every client must run it"
         return None
 
     def shared(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
@@ -88,10 +88,10 @@ class FedAvg(HeadwayStrategy):
         """The shared part of the model to ``fraction-train`` of the clients (data-ratio: drawn ∝ n_k)."""
         sent = self.shared(server_round, state.arrays)
         content = self.content(server_round, sent)
-        if self.cfg["client-sampling"] == "data-ratio":
-            draws = engine.draw(self.cfg["fraction-train"], self.data_ratio(engine, state.method))
+        if self.cfg.client_sampling == "data-ratio":
+            draws = engine.draw(self.cfg.fraction_train, self.data_ratio(engine, state.method))
             return TrainRound(server_round, engine, state, to_numpy(sent), draws), {node: content for node in draws}
-        nodes = engine.sample(self.cfg["fraction-train"])
+        nodes = engine.sample(self.cfg.fraction_train)
         return TrainRound(server_round, engine, state, to_numpy(sent)), {node: content for node in nodes}
 
     def data_ratio(self, engine: Engine, method: FedAvgState) -> dict[int, float]:
@@ -146,7 +146,7 @@ class FedAvg(HeadwayStrategy):
     def update_weights(self, ctx: TrainRound, replies: list[Reply]) -> list[float]:
         """Each reply's weight in the average: its n_k, or under data-ratio sampling the times its
         node was drawn (scheme I: every draw weighs the same)."""
-        if self.cfg["client-sampling"] == "data-ratio":
+        if self.cfg.client_sampling == "data-ratio":
             return [ctx.draws.get(r.node_id, 0) for r in replies]
         return [r.examples for r in replies]
 
@@ -156,7 +156,7 @@ class FedAvg(HeadwayStrategy):
         losses = [r.metrics.get(P.LOSS, float("nan")) for r in replies]
         metrics = {"loss": mean_finite(losses), **self.update_norms(ctx.sent, replies)}
         step = self.averaging.step(ctx, replies, self.update_weights(ctx, replies), metrics)
-        if self.cfg["client-sampling"] != "data-ratio":
+        if self.cfg.client_sampling != "data-ratio":
             return step
         method: FedAvgState = ctx.state.method
         heard = {r.partition_id: r.examples for r in replies}

@@ -44,9 +44,9 @@ class FedProto(HeadwayStrategy):
     def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
         super().__init__(cfg, spec, services)
         if spec.task != "classification":
-            raise ConfigError(f"fedproto needs a classification data set; '{cfg['dataset']}' is {spec.task}")
+            raise ConfigError(f"fedproto needs a classification data set; '{cfg.dataset}' is {spec.task}")
         try:
-            self.m = common_width(body_names(cfg), spec.input_shape, cfg["feature-dim"])
+            self.m = common_width(body_names(cfg), spec.input_shape, cfg.feature_dim)
         except ValueError as exc:
             raise ConfigError(f"fedproto: {exc}") from None
         self.classes = spec.num_classes
@@ -68,7 +68,7 @@ class FedProto(HeadwayStrategy):
     def configure_train(self, server_round: int, state: ServerState, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
         """The state's arrays (its global prototypes: :meth:`global_record`) to ``fraction-train`` of the clients."""
         content = self.content(server_round, state.arrays)
-        return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.cfg["fraction-train"])}
+        return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.cfg.fraction_train)}
 
     def train_layout(self, ctx: TrainRound) -> Layout:
         """Prototypes (classes × m) and class counts, with n and an optional loss."""
@@ -79,8 +79,8 @@ class FedProto(HeadwayStrategy):
         """A reply's (prototypes, counts) as float64, or why they cannot be a client's."""
         protos, counts = arrays[P.PROTOTYPES].astype(np.float64), arrays[P.CLASS_COUNTS].astype(np.float64)
         problem = prototype_problem(protos, counts, float(reply.examples), (self.classes, self.m))
-        if problem is None and np.max(np.abs(protos), initial=0.0) > self.cfg["max-feature-value"]:
-            problem = f"a prototype entry exceeds max-feature-value={self.cfg['max-feature-value']:g}"
+        if problem is None and np.max(np.abs(protos), initial=0.0) > self.cfg.max_feature_value:
+            problem = f"a prototype entry exceeds max-feature-value={self.cfg.max_feature_value:g}"
         return (protos, counts), problem
 
     def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
@@ -94,15 +94,15 @@ class FedProto(HeadwayStrategy):
         examples the clients hold times max-feature-value."""
         most = float(sum(ctx.engine.most_examples(v) for v in nodes))
         arrays = {P.PROTOTYPES: (self.classes, self.m), P.CLASS_COUNTS: (self.classes,)}
-        return SumSpec(arrays, most * max(self.cfg["max-feature-value"], 1.0), row_weights=P.CLASS_COUNTS)
+        return SumSpec(arrays, most * max(self.cfg.max_feature_value, 1.0), row_weights=P.CLASS_COUNTS)
 
     def aggregate_sum(self, ctx: TrainRound, total: SecureSum) -> Step:
         """The count-weighted prototypes from the secure sums; sums no honest clients could send keep the previous ones."""
         weighted, counts = total.arrays[P.PROTOTYPES], total.arrays[P.CLASS_COUNTS]
         protos = np.divide(weighted, counts[:, None], out=np.zeros_like(weighted), where=counts[:, None] > 0)
         problem = prototype_problem(protos, counts, float(np.sum(counts)), (self.classes, self.m))
-        if problem is None and np.max(np.abs(protos), initial=0.0) > self.cfg["max-feature-value"] * (1 + 1e-6):
-            problem = f"a prototype entry exceeds max-feature-value={self.cfg['max-feature-value']:g}"
+        if problem is None and np.max(np.abs(protos), initial=0.0) > self.cfg.max_feature_value * (1 + 1e-6):
+            problem = f"a prototype entry exceeds max-feature-value={self.cfg.max_feature_value:g}"
         if problem is None:  # whole counts are checked above; their total within what these clients hold
             problem = count_problem(float(np.sum(counts)), total.max_examples)
         if problem is not None:
@@ -118,4 +118,4 @@ class FedProto(HeadwayStrategy):
 
     def summary_extra(self, engine: Engine, state: ServerState | None) -> dict[str, Any]:
         """m, λ and the prediction rule."""
-        return {"m": self.m, "lambda": self.cfg["fedproto-lambda"], "predict": self.cfg["fedproto-predict"]}
+        return {"m": self.m, "lambda": self.cfg.fedproto.lambda_, "predict": self.cfg.fedproto.predict}

@@ -31,7 +31,7 @@ class LayerSharing(FedAvg):
     def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
         super().__init__(cfg, spec, services)
         self._admitted: dict[str, str | None] = {}  # body name -> why it cannot take part (None: it can)
-        self.template = self._model(cfg["body"])
+        self.template = self._model(cfg.body)
         try:
             self.reference = self._shared_shapes(self.template)
         except ValueError as exc:
@@ -45,7 +45,7 @@ class LayerSharing(FedAvg):
         shapes = self._shared_shapes(self._model(body))
         if shapes != self.reference:
             return (
-                f"the shared layers of body {body!r} do not match those of {self.cfg['body']!r} ({shapes} vs {self.reference}); "
+                f"the shared layers of body {body!r} do not match those of {self.cfg.body!r} ({shapes} vs {self.reference}); "
                 "use bodies whose shared layers agree"
             )
         return None
@@ -70,12 +70,12 @@ class LayerSharing(FedAvg):
 
     def _model(self, body: str) -> Net:
         return build_model(
-            body, self.spec.input_shape, self.cfg["feature-dim"], self.spec.num_classes, self.cfg["seed"], self.cfg["body-dropout"]
+            body, self.spec.input_shape, self.cfg.feature_dim, self.spec.num_classes, self.cfg.seed, self.cfg.body_dropout
         )
 
     def _shared_shapes(self, model: Net) -> dict[str, tuple[int, ...]]:
         """Shapes of the layers shared after any warm-up (the part that must agree across bodies)."""
-        layers = self.shared_layers(model, self.cfg["num-server-rounds"])
+        layers = self.shared_layers(model, self.cfg.num_server_rounds)
         state = model.state_dict()
         part = state if layers is None else select(state, layers)
         return {k: tuple(v.shape) for k, v in part.items()}

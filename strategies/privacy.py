@@ -50,7 +50,7 @@ class CentralNoise:
 
 def release_for(cfg: Mapping[str, Any], sigma: float, private: np.random.Generator) -> Release:
     """The run's release of FedLog's summed statistics: with central noise under ``fedlog-dp=central``, else exact."""
-    return CentralNoise(sigma, private) if cfg["fedlog-dp"] == "central" else exact_release
+    return CentralNoise(sigma, private) if cfg.fedlog.dp == "central" else exact_release
 
 
 def _backend() -> str:
@@ -101,20 +101,20 @@ def fedlog_dp_report(cfg: dict[str, Any], m: int) -> dict[str, Any] | None:
         return None
     epsilon_rdp, order = release_epsilon(release)
     extra: dict[str, Any] = {}
-    if cfg["fedlog-dp"] == "distributed":  # ε holds while at most w clients of a sum withhold their share; what more would cost
-        w = cfg["fedlog-dp-withholding"]
+    if cfg.fedlog.dp == "distributed":  # ε holds while at most w clients of a sum withhold their share; what more would cost
+        w = cfg.fedlog.dp_withholding
         extra = {
             "withholding_clients": w,
-            "assumption": f"at most {w} of the at least min-replies={cfg['min-replies']} clients in an accepted sum withhold "
+            "assumption": f"at most {w} of the at least min-replies={cfg.min_replies} clients in an accepted sum withhold "
             "their noise share (undetectable under secure aggregation); epsilon and epsilon_rdp hold only under it",
             "share_sigma": share_sigma(cfg, m),
-            "epsilon_rdp_if_withholding": {str(k): release_epsilon(withheld_release(cfg, m, k))[0] for k in range(cfg["min-replies"])},
+            "epsilon_rdp_if_withholding": {str(k): release_epsilon(withheld_release(cfg, m, k))[0] for k in range(cfg.min_replies)},
         }
     return {
-        "mode": cfg["fedlog-dp"],
+        "mode": cfg.fedlog.dp,
         "epsilon": release.epsilon,
         "delta": release.delta,
-        "clip": cfg["fedlog-clip"],
+        "clip": cfg.fedlog.clip,
         "k": release.releases,
         "sigma": release.sigma,
         "sensitivity": release.sensitivity,
@@ -122,7 +122,7 @@ def fedlog_dp_report(cfg: dict[str, Any], m: int) -> dict[str, Any] | None:
         "epsilon_rdp": epsilon_rdp,
         "rdp_order": order,
         "neighbouring": NEIGHBOURING,
-        "release": FEDLOG_RELEASED[cfg["fedlog-dp"]],
+        "release": FEDLOG_RELEASED[cfg.fedlog.dp],
         "accountant": ACCOUNTANT,
         **extra,
     }

@@ -260,7 +260,7 @@ class Registrar:
             waiting = [n for n in waiting if n not in offered or n in self.takeover_refused]
         for node in waiting:
             if node not in self.registry.refused:
-                self.registry.refuse(node, f"every one of the num-clients={self.cfg['num-clients']} client indices is taken")
+                self.registry.refuse(node, f"every one of the num-clients={self.cfg.num_clients} client indices is taken")
 
     def _registrations(self, contents: Mapping[int, RecordDict], connected: Collection[int], offered: Mapping[int, int]) -> None:
         """Send registration queries ``contents`` (one deadline) and register or refuse each node that answers."""

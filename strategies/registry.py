@@ -71,14 +71,14 @@ def able(capability: str) -> list[str]:
 def check_capabilities(cfg: Mapping[str, Any]) -> None:
     """ConfigError when a resolved config asks a method for what its strategy does not implement: a secure sum
     (secure-aggregation) or a robust rule (aggregation). Run before any client is asked (server.app)."""
-    name = cfg["algorithm"]
-    if cfg["secure-aggregation"] != "off" and SECURE_SUM not in CAPABILITIES[name]:
+    name = cfg.algorithm
+    if cfg.secure_aggregation != "off" and SECURE_SUM not in CAPABILITIES[name]:
         raise ConfigError(
-            f"run-config key 'secure-aggregation' is {cfg['secure-aggregation']!r}, which only {', '.join(able(SECURE_SUM))} implement: "
+            f"run-config key 'secure-aggregation' is {cfg.secure_aggregation!r}, which only {', '.join(able(SECURE_SUM))} implement: "
             f"{name}'s server needs what each client sends (profiles to select by, mixtures to sample from, models to compare), not only their sum"
         )
-    if cfg["aggregation"] != "mean" and ROBUST_AGGREGATION not in CAPABILITIES[name]:
+    if cfg.aggregation != "mean" and ROBUST_AGGREGATION not in CAPABILITIES[name]:
         raise ConfigError(
-            f"run-config key 'aggregation' is {cfg['aggregation']!r}, which only {', '.join(able(ROBUST_AGGREGATION))} implement (it replaces their "
+            f"run-config key 'aggregation' is {cfg.aggregation!r}, which only {', '.join(able(ROBUST_AGGREGATION))} implement (it replaces their "
             f"average of the round's model updates); {name} {METHODS[name].server_combines}: leave it 'mean'"
         )

@@ -44,7 +44,7 @@ class Rule:
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Rule:
         """The rule the run config's ``aggregation`` names, with its parameters."""
-        return cls(cfg["aggregation"], cfg["trimmed-mean-beta"], cfg["malicious-clients"], cfg["multi-krum-select"])
+        return cls(cfg.aggregation, cfg.trimmed_mean_beta, cfg.malicious_clients, cfg.multi_krum_select)
 
     def shortfall(self, n: int) -> str | None:
         """Why ``n`` replies are too few for this rule, or None. Trimmed mean needs floor(beta x n) >= 1:
@@ -98,10 +98,10 @@ class RobustAverage:
 def averaging_for(cfg: Mapping[str, Any], strategy: object) -> Averaging:
     """The run's averaging: the weighted mean, or the robust rule ``aggregation`` names, for a
     strategy that averages updates (the config check refused it already for others: this is the last guard)."""
-    if cfg["aggregation"] == "mean":
+    if cfg.aggregation == "mean":
         return WeightedMean()
     if ROBUST_AGGREGATION not in capabilities_of(type(strategy)):
-        raise ConfigError(f"aggregation={cfg['aggregation']}: {type(strategy).__name__} does not average model updates")
+        raise ConfigError(f"aggregation={cfg.aggregation}: {type(strategy).__name__} does not average model updates")
     return RobustAverage(Rule.from_config(cfg))
 
 

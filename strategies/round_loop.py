@@ -89,7 +89,7 @@ class RoundLoop:
                 self.state = self.state.advance(step)
                 if rnd == 1 and step.clients == 0:
                     raise RoundFailed(first_reason(engine.meter, "every client failed in round 1"))
-                every = cfg["eval-every"]
+                every = cfg.eval_every
                 due = rnd == num_rounds or bool(every and rnd % every == 0)
                 carried = due and scores_with_train(cfg, rnd + 1)
                 evaluation = strategy.evaluate_round(rnd, self.state, engine) if due and not carried else {}
@@ -100,7 +100,7 @@ class RoundLoop:
                 # replies; round 1 also counts a first model built before it (FedLog's statistics round)
                 aggregated = bool(
                     step.arrays is not None
-                    or (step.clients >= cfg["min-replies"] and not step.kept)
+                    or (step.clients >= cfg.min_replies and not step.kept)
                     or (rnd == 1 and prep is not None and prep.arrays is not None)
                 )
                 done = Pending(
@@ -119,7 +119,7 @@ class RoundLoop:
     def log_counts(self) -> None:
         """Round 1's line on the clients' training rows, and a warning when some hold none."""
         counts = list(self.counts.values())
-        log.info("%s (train-fraction=%g)", counts_line(counts), self.strategy.cfg["train-fraction"])
+        log.info("%s (train-fraction=%g)", counts_line(counts), self.strategy.cfg.train_fraction)
         if empty := empty_note(counts):  # most empty is refused before the run (core.partition)
             log.warning("%s", empty)
 

@@ -30,7 +30,7 @@ DEFAULT_EXAMPLE_CAP = 1_000_000  # num-examples cap when the server has no data 
 def example_cap(cfg: Mapping[str, Any]) -> int:
     """The most examples one client may declare or report where the server holds no
     partition sizes: ``max-client-examples``, else :data:`DEFAULT_EXAMPLE_CAP`."""
-    return int(cfg["max-client-examples"]) or DEFAULT_EXAMPLE_CAP
+    return int(cfg.max_client_examples) or DEFAULT_EXAMPLE_CAP
 
 
 class ServerData:
@@ -45,7 +45,7 @@ class ServerData:
     @property
     def local(self) -> bool:
         """Whether every node owns its data (dataset=local): the server holds at most ``server-data``."""
-        return self.cfg["dataset"] == LOCAL
+        return self.cfg.dataset == LOCAL
 
     @cached_property
     def dataset(self) -> Dataset | None:
@@ -72,7 +72,7 @@ class ServerData:
         """Rows of ``ds`` as the run's models take them: tensors, or with ``inputs=features`` the
         frozen extractor's features of them (computed and cached as the clients' are)."""
         xt, yt = to_tensors(ds, x, y)
-        if self.cfg["inputs"] == "features":
+        if self.cfg.inputs == "features":
             from core.extractors import configured_features
             from core.models import resolve_device
 
@@ -127,5 +127,5 @@ class Services:
 
     def __post_init__(self) -> None:
         self.data = ServerData(self.cfg, self.schema)
-        self.sampling = np.random.default_rng([int(self.cfg["seed"]), seeds.SAMPLING])  # reproducible choices
+        self.sampling = np.random.default_rng([int(self.cfg.seed), seeds.SAMPLING])  # reproducible choices
         self.private = private_rng()
