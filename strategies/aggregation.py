@@ -20,8 +20,9 @@ from flwr.app import MessageType, RecordDict
 
 from core import protocol as P
 from core.config import ConfigError, scores_with_train
-from strategies.capabilities import SECURE_SUM, capabilities_of
+from strategies.capabilities import SECURE_SUM, SecureSummable, capabilities_of
 from strategies.secure_aggregation import secure_sum
+from strategies.state import M
 
 if TYPE_CHECKING:
     from strategies.base import HeadwayStrategy, Step, TrainRound
@@ -30,13 +31,13 @@ if TYPE_CHECKING:
 class Aggregation(Protocol):
     """One aggregated exchange of a round: send ``contents``, check replies, aggregate them."""
 
-    def step(self, strategy: HeadwayStrategy, phase: str, ctx: TrainRound, contents: Mapping[int, RecordDict]) -> Step: ...  # noqa: D102
+    def step(self, strategy: HeadwayStrategy[M], phase: str, ctx: TrainRound[M], contents: Mapping[int, RecordDict]) -> Step[M]: ...  # noqa: D102
 
 
 class PlainAggregation:
     """Every reply is decoded against the method's layout and aggregated by its ``aggregate_train``."""
 
-    def step(self, strategy: HeadwayStrategy, phase: str, ctx: TrainRound, contents: Mapping[int, RecordDict]) -> Step:
+    def step(self, strategy: HeadwayStrategy[M], phase: str, ctx: TrainRound[M], contents: Mapping[int, RecordDict]) -> Step[M]:
         """Exchange, the method's ``received`` (what it learns from the replies, quorum or not), quorum,
         ``aggregate_train`` (no quorum: the arrays are kept); a round's training replies also carry the
         previous model's test scores where client-evaluation asks it. The step's method state is what
@@ -59,19 +60,20 @@ class SecureAggregation:
     """SecAgg+ around a method that can aggregate from the sum of its replies (``sum_spec`` and
     ``aggregate_sum``, :class:`~strategies.capabilities.SecureSummable`): the server sees only the sum."""
 
-    def step(self, strategy: HeadwayStrategy, phase: str, ctx: TrainRound, contents: Mapping[int, RecordDict]) -> Step:
+    def step(self, strategy: HeadwayStrategy[M], phase: str, ctx: TrainRound[M], contents: Mapping[int, RecordDict]) -> Step[M]:
         """SecAgg+ over ``contents``, quorum on the clients in the sum, then ``aggregate_sum``."""
         from strategies.base import Step  # see PlainAggregation.step
 
-        summable: Any = strategy  # checked at construction (aggregation_for)
-        total = secure_sum(ctx.engine, phase, contents, summable.sum_spec(ctx, sorted(contents)))
+        if not isinstance(strategy, SecureSummable):  # aggregation_for admits only a strategy that sums: the last guard
+            raise TypeError(f"{type(strategy).__name__} cannot aggregate from a sum of replies")
+        total = secure_sum(ctx.engine, phase, contents, strategy.sum_spec(ctx, sorted(contents)))
         if total is None or not ctx.engine.quorum(phase, total):
             return Step(None, len(total) if total is not None else 0, method=ctx.state.method)
-        step: Step = summable.aggregate_sum(ctx, total)
+        step: Step[M] = strategy.aggregate_sum(ctx, total)
         return replace(step, method=ctx.state.method if step.method is None else step.method)
 
 
-def aggregation_for(cfg: Mapping[str, Any], strategy: object) -> Aggregation:
+def aggregation_for(cfg: Mapping[str, Any], strategy: HeadwayStrategy[Any]) -> Aggregation:
     """The run's aggregation: secure when ``secure-aggregation`` is on (the config check refused it
     already for a method that cannot sum: this is the last guard), else plain."""
     if cfg.secure_aggregation == "off":

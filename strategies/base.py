@@ -35,7 +35,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, Generic
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MessageType, RecordDict
@@ -53,7 +53,7 @@ from strategies.evaluation import evaluation_figures
 from strategies.participants import participants, train_counts
 from strategies.replies import Layout, Reply
 from strategies.services import Services
-from strategies.state import ServerState
+from strategies.state import M, ServerState
 
 log = logging.getLogger("headway")
 
@@ -61,7 +61,7 @@ RoundCallback = Callable[[dict[str, Any]], None]
 
 
 @dataclass
-class Step:
+class Step(Generic[M]):
     """What one step of a round produced: the new server arrays and method state (None: keep
     the old), how many clients' replies went into them, and figures for rounds.jsonl."""
 
@@ -71,11 +71,11 @@ class Step:
     details: dict[str, Any] = field(default_factory=dict)  # non-scalar figures, e.g. FedProf's scores by partition id
     scores: list[Reply] = field(default_factory=list)  # the previous round's model's test scores the train replies carried
     kept: bool = False  # a quorum came but the step kept the previous state (too few replies for the aggregation rule)
-    method: Any = None  # the method's next state (:attr:`ServerState.method`); None: unchanged
+    method: M | None = None  # the method's next state (:attr:`ServerState.method`); None: unchanged
 
 
 @dataclass(frozen=True)
-class TrainRound:
+class TrainRound(Generic[M]):
     """One training round as ``configure_train`` set it up, passed to the round's later hooks
     (``train_layout``, the reply check, ``aggregate_train``): the round, its engine, the
     server's state the round started from, the arrays sent (as numpy, what replies are checked
@@ -83,7 +83,7 @@ class TrainRound:
 
     server_round: int
     engine: Engine
-    state: ServerState
+    state: ServerState[M]
     sent: dict[str, np.ndarray] = field(default_factory=dict)
     draws: dict[int, int] = field(default_factory=dict)
 
@@ -119,9 +119,10 @@ def mean_finite(values: list[float]) -> float:
     return float(np.mean(finite)) if finite else float("nan")
 
 
-class HeadwayStrategy:
+class HeadwayStrategy(Generic[M]):
     """Base strategy: subclasses set ``name`` (the method's name in :data:`core.methods.METHODS`)
-    and implement the hooks above."""
+    and implement the hooks above, over their method state ``M`` (``FedLog(HeadwayStrategy[FedLogState])``;
+    ``HeadwayStrategy[None]`` for a method that keeps none)."""
 
     name = "base"
     has_global_model = False  # one model for everyone: the server also scores it on the test set
@@ -144,11 +145,11 @@ class HeadwayStrategy:
         """What the server sends before round 1 (a model, a head, or nothing)."""
         return ArrayRecord()
 
-    def initial_method_state(self) -> Any:
-        """The method's own state before round 1 (default: None, it keeps none)."""
-        return None
+    def initial_method_state(self) -> M:
+        """The method's own state before round 1."""
+        raise NotImplementedError
 
-    def initial_state(self, arrays: ArrayRecord | None = None) -> ServerState:
+    def initial_state(self, arrays: ArrayRecord | None = None) -> ServerState[M]:
         """The server's state before round 1: ``arrays`` (default :meth:`initial_arrays`) and the method's initial state."""
         return ServerState(self.initial_arrays() if arrays is None else arrays, self.initial_method_state())
 
@@ -171,7 +172,7 @@ class HeadwayStrategy:
             return f"registration names body {body!r} with {got} features, but this run's replies carry {width}: set feature-dim or run a body of that width"
         return None
 
-    def summary_extra(self, engine: Engine, state: ServerState | None) -> dict[str, Any]:
+    def summary_extra(self, engine: Engine, state: ServerState[M] | None) -> dict[str, Any]:
         """Method-specific figures for summary.json, from the run on ``engine`` and its last ``state``
         (None: the run stopped before it had one)."""
         return {}
@@ -194,40 +195,40 @@ class HeadwayStrategy:
         return RecordDict({P.ARRAYS: arrays, P.CONFIG: self.config(server_round, **fields)})
 
     # ----- hooks ----------------------------------------------------------------
-    def prepare(self, state: ServerState, engine: Engine) -> tuple[ServerState, Step | None]:
+    def prepare(self, state: ServerState[M], engine: Engine) -> tuple[ServerState[M], Step[M] | None]:
         """Work before round 1 (default: none): the state round 1 starts from, and what the work did."""
         return state, None
 
-    def configure_train(self, server_round: int, state: ServerState, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
+    def configure_train(self, server_round: int, state: ServerState[M], engine: Engine) -> tuple[TrainRound[M], dict[int, RecordDict]]:
         """The round's context and what each chosen node is sent. Default: ``fraction-train``
         of the clients, all sent the state's arrays."""
         content = self.content(server_round, state.arrays)
         return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.cfg.fraction_train)}
 
-    def train_layout(self, ctx: TrainRound) -> Layout:
+    def train_layout(self, ctx: TrainRound[M]) -> Layout:
         """The layout a training reply of round ``ctx`` must match."""
         raise NotImplementedError
 
-    def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
+    def aggregate_train(self, ctx: TrainRound[M], replies: list[Reply]) -> Step[M]:
         """The step from the round's valid training replies (a quorum of them)."""
         raise NotImplementedError
 
-    def received(self, ctx: TrainRound, contents: Mapping[int, RecordDict], replies: list[Reply]) -> TrainRound:
+    def received(self, ctx: TrainRound[M], contents: Mapping[int, RecordDict], replies: list[Reply]) -> TrainRound[M]:
         """What the method learns from a round's valid ``replies`` to ``contents``, quorum or not (e.g.
         FedProf's fresh profiles): the context, with the state, its later hooks see (default: unchanged)."""
         return ctx
 
-    def train_round(self, server_round: int, state: ServerState, engine: Engine) -> Step:
+    def train_round(self, server_round: int, state: ServerState[M], engine: Engine) -> Step[M]:
         """Configure, then the run's aggregation (:mod:`strategies.aggregation`): exchange, quorum,
         aggregate; a failed round's step keeps the state."""
         ctx, contents = self.configure_train(server_round, state, engine)
         return self.aggregation.step(self, P.PHASE_TRAIN, ctx, contents)
 
-    def evaluate_arrays(self, state: ServerState) -> ArrayRecord:
+    def evaluate_arrays(self, state: ServerState[M]) -> ArrayRecord:
         """What clients need to score themselves (default: the server's arrays)."""
         return state.arrays
 
-    def configure_evaluate(self, server_round: int, state: ServerState, engine: Engine) -> dict[int, RecordDict]:
+    def configure_evaluate(self, server_round: int, state: ServerState[M], engine: Engine) -> dict[int, RecordDict]:
         """Every available client scores itself on its own test split."""
         content = self.content(server_round, self.evaluate_arrays(state), **{P.PHASE: P.PHASE_EVALUATE})
         return {node: content for node in engine.nodes()}
@@ -251,17 +252,17 @@ class HeadwayStrategy:
         """Sample-weighted mean of clients' local test metrics: Σ correct / Σ examples."""
         return evaluation_figures(replies, self.spec.task, self.eval_metrics)
 
-    def evaluate_round(self, server_round: int, state: ServerState, engine: Engine) -> dict[str, float]:
+    def evaluate_round(self, server_round: int, state: ServerState[M], engine: Engine) -> dict[str, float]:
         """Every available client scores the server's ``state`` on its own test split: the round's figures."""
         contents = self.configure_evaluate(server_round, state, engine)
         replies = engine.exchange(P.PHASE_EVALUATE, contents, MessageType.EVALUATE, self.eval_layout(), split="test")
         return self.aggregate_evaluate(server_round, replies)
 
-    def final_evaluation(self, state: ServerState, engine: Engine) -> dict[str, float]:
+    def final_evaluation(self, state: ServerState[M], engine: Engine) -> dict[str, float]:
         """Extra evaluation after the last round (default: none), such as LG-FedAvg's new test."""
         return {}
 
-    def global_evaluation(self, state: ServerState) -> dict[str, float]:
+    def global_evaluation(self, state: ServerState[M]) -> dict[str, float]:
         """The single global model scored on the whole test set, where one exists and the
         server holds the data (``global-eval``)."""
         if not (self.has_global_model and self.cfg.global_eval):
@@ -296,7 +297,7 @@ class HeadwayStrategy:
         self.run(engine, self.initial_state(initial_arrays), num_rounds, on_round)
         return engine
 
-    def run(self, engine: Engine, state: ServerState, num_rounds: int, on_round: RoundCallback | None = None) -> ServerState:
+    def run(self, engine: Engine, state: ServerState[M], num_rounds: int, on_round: RoundCallback | None = None) -> ServerState[M]:
         """Run ``num_rounds`` rounds on ``engine`` from ``state`` (:class:`~strategies.round_loop.RoundLoop`);
         after each, call ``on_round`` with the round's record. Returns the server's last state."""
         from strategies.round_loop import RoundLoop  # the loop drives strategies: it imports this module

@@ -10,28 +10,35 @@ it replaced."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from strategies.state import M
+
+if TYPE_CHECKING:
+    from strategies.base import Step, TrainRound
+    from strategies.replies import Reply
+    from strategies.secure_aggregation import SecureSum, SumSpec
 
 SECURE_SUM = "secure_sum"
 ROBUST_AGGREGATION = "robust_aggregation"
 
 
 @runtime_checkable
-class SecureSummable(Protocol):
+class SecureSummable(Protocol[M]):
     """A strategy whose aggregation needs only the sum of the replies: what the clients add
     up (``sum_spec``) and the step from that sum (``aggregate_sum``)."""
 
-    def sum_spec(self, ctx: object, nodes: list[int]) -> object: ...  # noqa: D102
+    def sum_spec(self, ctx: TrainRound[M], nodes: list[int]) -> SumSpec: ...  # noqa: D102
 
-    def aggregate_sum(self, ctx: object, total: object) -> object: ...  # noqa: D102
+    def aggregate_sum(self, ctx: TrainRound[M], total: SecureSum) -> Step[M]: ...  # noqa: D102
 
 
 @runtime_checkable
-class RobustAggregatable(Protocol):
+class RobustAggregatable(Protocol[M]):
     """A strategy whose aggregation is a weighted average of model updates (the weights from
     ``update_weights``), the average a robust rule replaces (:class:`strategies.robust.RobustAverage`)."""
 
-    def update_weights(self, ctx: object, replies: list) -> Sequence[float]: ...  # noqa: D102
+    def update_weights(self, ctx: TrainRound[M], replies: list[Reply]) -> Sequence[float]: ...  # noqa: D102
 
 
 def capabilities_of(cls: type) -> frozenset[str]:

@@ -31,9 +31,9 @@ from strategies.replies import ArraySpec, Layout, Rejection, Reply
 from strategies.robust import Averaging, averaging_for
 from strategies.secure_aggregation import SecureSum, SumSpec
 from strategies.services import Services
-from strategies.state import ServerState
+from strategies.state import M, ServerState
 
-__all__ = ["FedAvg", "FedAvgState", "to_numpy", "to_record"]  # to_numpy/to_record: where the layer-sharing methods import them
+__all__ = ["FedAvg", "FedAvgState", "ModelAveraging", "to_numpy", "to_record"]  # to_numpy/to_record: where the layer-sharing methods import them
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,10 @@ class FedAvgState:
     counts: dict[int, int] = field(default_factory=dict)
 
 
-class FedAvg(HeadwayStrategy):
-    """Whole-model averaging weighted by each client's number of training examples."""
+class ModelAveraging(HeadwayStrategy[M]):
+    """What the servers that average (part of) a model share, whatever state their method keeps:
+    the initial model, the body rule, the part sent and the reply check (FedAvg's family and FedProf)."""
 
-    name = "fedavg"
     has_global_model = True
     averages = "whole models"  # what the server averages (for the single-body refusal)
     mixed_bodies = False  # whether clients may run different bodies (layer sharing: where the shared layers agree)
@@ -80,11 +80,55 @@ class FedAvg(HeadwayStrategy):
         """The part of the server's arrays exchanged in ``server_round`` (FedAvg: all)."""
         return arrays
 
-    def initial_method_state(self) -> Any:
-        """A :class:`FedAvgState` with no client's count heard yet (a subclass may keep a state of its own, e.g. FedProf)."""
+    def train_layout(self, ctx: TrainRound[M]) -> Layout:
+        """A reply is the arrays it was sent, same names, shapes and dtypes, with n > 0
+        and an update no larger than ``max-update-norm`` allows."""
+        specs = {k: ArraySpec(tuple(v.shape), str(v.dtype)) for k, v in ctx.sent.items()}
+        return Layout(specs, count=True, optional=(P.LOSS,), check=partial(self.check_update, ctx=ctx))
+
+    def update_bound(self, server_round: int) -> tuple[str, float]:
+        """The key and value bounding ``server_round``'s relative update norms. Round 1 starts
+        from the seeded random model, and long training moves far from it (measured: 1.0 with
+        1,000 examples a client, 2.7 with 20,000): it has its own key, to loosen on its own."""
+        key = "max-first-update-norm" if server_round <= 1 else "max-update-norm"
+        return key, float(self.cfg[key])
+
+    def check_update(
+        self, arrays: dict[str, np.ndarray], reply: Reply, ctx: TrainRound[M]
+    ) -> tuple[dict[str, np.ndarray] | None, str | Rejection | None]:
+        """``arrays`` when they may be averaged: a count to weigh them by, and an update no
+        further from the model sent (``ctx.sent``) than the round's bound allows."""
+        if reply.count == 0:
+            return None, "num-examples is 0: nothing to weigh the update by"
+        norm = relative_update_norm(ctx.sent, arrays)
+        key, limit = self.update_bound(ctx.server_round)
+        if not norm <= limit:
+            return None, Rejection(
+                f"update norm {norm:.4g} × max(|w_global|, 1) exceeds {key}={limit:g} (raise it if honest clients move this far)",
+                update_norm=norm,
+            )
+        return arrays, None
+
+    @staticmethod
+    def update_norms(sent: dict[str, np.ndarray], replies: list[Reply]) -> dict[str, float]:
+        """Largest and mean relative update norm of the accepted replies from ``sent``, for
+        rounds.jsonl (beside ``rejected_update_norms``): what honest clients produce, against the bound."""
+        norms = [relative_update_norm(sent, r.payload) for r in replies]
+        return {"update_norm_max": max(norms), "update_norm_mean": float(np.mean(norms))} if norms else {}
+
+
+class FedAvg(ModelAveraging[FedAvgState]):
+    """Whole-model averaging weighted by each client's number of training examples."""
+
+    name = "fedavg"
+
+    def initial_method_state(self) -> FedAvgState:
+        """A :class:`FedAvgState` with no client's count heard yet."""
         return FedAvgState()
 
-    def configure_train(self, server_round: int, state: ServerState, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
+    def configure_train(
+        self, server_round: int, state: ServerState[FedAvgState], engine: Engine
+    ) -> tuple[TrainRound[FedAvgState], dict[int, RecordDict]]:
         """The shared part of the model to ``fraction-train`` of the clients (data-ratio: drawn ∝ n_k)."""
         sent = self.shared(server_round, state.arrays)
         content = self.content(server_round, sent)
@@ -107,50 +151,14 @@ class FedAvg(HeadwayStrategy):
         fill = float(np.mean(list(known.values()))) if known else 1.0
         return {n: known.get(n, fill) for n in nodes}
 
-    def train_layout(self, ctx: TrainRound) -> Layout:
-        """A reply is the arrays it was sent, same names, shapes and dtypes, with n > 0
-        and an update no larger than ``max-update-norm`` allows."""
-        specs = {k: ArraySpec(tuple(v.shape), str(v.dtype)) for k, v in ctx.sent.items()}
-        return Layout(specs, count=True, optional=(P.LOSS,), check=partial(self.check_update, ctx=ctx))
-
-    def update_bound(self, server_round: int) -> tuple[str, float]:
-        """The key and value bounding ``server_round``'s relative update norms. Round 1 starts
-        from the seeded random model, and long training moves far from it (measured: 1.0 with
-        1,000 examples a client, 2.7 with 20,000): it has its own key, to loosen on its own."""
-        key = "max-first-update-norm" if server_round <= 1 else "max-update-norm"
-        return key, float(self.cfg[key])
-
-    def check_update(
-        self, arrays: dict[str, np.ndarray], reply: Reply, ctx: TrainRound
-    ) -> tuple[dict[str, np.ndarray] | None, str | Rejection | None]:
-        """``arrays`` when they may be averaged: a count to weigh them by, and an update no
-        further from the model sent (``ctx.sent``) than the round's bound allows."""
-        if reply.count == 0:
-            return None, "num-examples is 0: nothing to weigh the update by"
-        norm = relative_update_norm(ctx.sent, arrays)
-        key, limit = self.update_bound(ctx.server_round)
-        if not norm <= limit:
-            return None, Rejection(
-                f"update norm {norm:.4g} × max(|w_global|, 1) exceeds {key}={limit:g} (raise it if honest clients move this far)",
-                update_norm=norm,
-            )
-        return arrays, None
-
-    @staticmethod
-    def update_norms(sent: dict[str, np.ndarray], replies: list[Reply]) -> dict[str, float]:
-        """Largest and mean relative update norm of the accepted replies from ``sent``, for
-        rounds.jsonl (beside ``rejected_update_norms``): what honest clients produce, against the bound."""
-        norms = [relative_update_norm(sent, r.payload) for r in replies]
-        return {"update_norm_max": max(norms), "update_norm_mean": float(np.mean(norms))} if norms else {}
-
-    def update_weights(self, ctx: TrainRound, replies: list[Reply]) -> list[float]:
+    def update_weights(self, ctx: TrainRound[FedAvgState], replies: list[Reply]) -> list[float]:
         """Each reply's weight in the average: its n_k, or under data-ratio sampling the times its
         node was drawn (scheme I: every draw weighs the same)."""
         if self.cfg.client_sampling == "data-ratio":
             return [ctx.draws.get(r.node_id, 0) for r in replies]
         return [r.examples for r in replies]
 
-    def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
+    def aggregate_train(self, ctx: TrainRound[FedAvgState], replies: list[Reply]) -> Step[FedAvgState]:
         """The run's averaging (:mod:`strategies.robust`) of the replies, weighted by :meth:`update_weights`;
         under data-ratio sampling the state also keeps each reply's count for the next draws."""
         losses = [r.metrics.get(P.LOSS, float("nan")) for r in replies]
@@ -158,11 +166,11 @@ class FedAvg(HeadwayStrategy):
         step = self.averaging.step(ctx, replies, self.update_weights(ctx, replies), metrics)
         if self.cfg.client_sampling != "data-ratio":
             return step
-        method: FedAvgState = ctx.state.method
+        method = ctx.state.method
         heard = {r.partition_id: r.examples for r in replies}
         return replace(step, method=FedAvgState({**method.counts, **heard}))
 
-    def sum_spec(self, ctx: TrainRound, nodes: list[int]) -> SumSpec:
+    def sum_spec(self, ctx: TrainRound[FedAvgState], nodes: list[int]) -> SumSpec:
         """Under secure-aggregation: n_k·(w_k − w) of the float arrays, each update L2-clipped to
         the round's update bound (what the reply check would enforce), and n_k."""
         names = [k for k, v in ctx.sent.items() if np.issubdtype(v.dtype, np.floating)]
@@ -171,7 +179,7 @@ class FedAvg(HeadwayStrategy):
         most = float(sum(ctx.engine.most_examples(v) for v in nodes))
         return SumSpec({k: tuple(ctx.sent[k].shape) for k in names}, most * clip, update_norm=clip)
 
-    def aggregate_sum(self, ctx: TrainRound, total: SecureSum) -> Step:
+    def aggregate_sum(self, ctx: TrainRound[FedAvgState], total: SecureSum) -> Step[FedAvgState]:
         """w + Σ n_k Δ_k / Σ n_k from the secure sum (integer arrays, e.g. BatchNorm's counters,
         stay as sent). The sum must be one of clients within their bounds (core/sum_bounds.py):
         a count of at least 1 and at most what they can hold together, and ‖Σ n_k Δ_k‖ ≤ clip·Σ n_k;

@@ -39,7 +39,7 @@ class FedLogState:
     solve_seconds: tuple[float, ...] = ()
 
 
-class FedLog(HeadwayStrategy):
+class FedLog(HeadwayStrategy[FedLogState]):
     """Bodies stay on the clients; the server turns summed statistics into the head η."""
 
     name = "fedlog"
@@ -108,7 +108,7 @@ class FedLog(HeadwayStrategy):
         return values.astype(np.float32)
 
     # ----- rounds ---------------------------------------------------------------
-    def prepare(self, state: ServerState, engine: Engine) -> tuple[ServerState, Step | None]:
+    def prepare(self, state: ServerState[FedLogState], engine: Engine) -> tuple[ServerState[FedLogState], Step[FedLogState] | None]:
         """fedlog-init=stats: one statistics round on the untrained bodies sets the first η."""
         if self.cfg.fedlog.init != "stats":
             return state, None
@@ -120,12 +120,12 @@ class FedLog(HeadwayStrategy):
         log.info("fedlog: first head from %d clients' statistics", step.clients)
         return state.advance(step), Step(step.arrays, step.clients, {"clients": float(step.clients)})
 
-    def configure_train(self, server_round: int, state: ServerState, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
+    def configure_train(self, server_round: int, state: ServerState[FedLogState], engine: Engine) -> tuple[TrainRound[FedLogState], dict[int, RecordDict]]:
         """The state's arrays (η, and FedLog-C's Φ: :meth:`head_record` of its method state) to ``fraction-train`` of the clients."""
         content = self.content(server_round, state.arrays, **{P.PHASE: P.PHASE_TRAIN})
         return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.cfg.fraction_train)}
 
-    def train_layout(self, ctx: TrainRound) -> Layout:
+    def train_layout(self, ctx: TrainRound[FedLogState]) -> Layout:
         """Statistics (classes × m; or, with fedlog-uplink=sparse, the rows of the classes a
         client holds, each after its class index; float32 sums, or with fedlog-uplink-dtype=float16
         [count, means] rows in float16 or, where a count needs it, float32) and, unless under local DP, the count
@@ -154,7 +154,7 @@ class FedLog(HeadwayStrategy):
         count = float(reply.count) if reply.count is not None else float(np.sum(stats[:, 0]))
         return stats, self.checker.problem(stats, count, reply.max_count)
 
-    def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
+    def aggregate_train(self, ctx: TrainRound[FedLogState], replies: list[Reply]) -> Step[FedLogState]:
         """Eq. 11's sum of the replies' statistics, and the head it gives."""
         phi = np.sum([r.payload for r in replies], axis=0)  # Eq. 11
         if self.local_dp:
@@ -164,14 +164,14 @@ class FedLog(HeadwayStrategy):
         metrics = {} if self.local_dp else {"loss": mean_finite([r.metrics.get(P.LOSS, float("nan")) for r in replies])}
         return self.head_step(ctx, phi, n, len(replies), metrics)
 
-    def sum_spec(self, ctx: TrainRound, nodes: list[int]) -> SumSpec:
+    def sum_spec(self, ctx: TrainRound[FedLogState], nodes: list[int]) -> SumSpec:
         """T (classes × m) of every client; |a sum| ≤ the examples the clients can hold times max(b, 1)
         (plus 16 std of the clients' noise under fedlog-dp=distributed)."""
         most = sum(ctx.engine.most_examples(v) for v in nodes)
         noise = 16.0 * share_sigma(self.cfg, self.m) * math.sqrt(len(nodes))
         return SumSpec({P.STATS: (self.classes, self.m)}, float(most) * max(self.cfg.fedlog.clip, 1.0) + noise)
 
-    def aggregate_sum(self, ctx: TrainRound, total: SecureSum) -> Step:
+    def aggregate_sum(self, ctx: TrainRound[FedLogState], total: SecureSum) -> Step[FedLogState]:
         """The head from the securely summed T: the count row gives n (noised under fedlog-dp=distributed:
         post-processing); the sum must obey the bounds any real sum of these clients obeys (StatsCheck's
         per-class rules and, summed, the examples they can hold), or the round keeps the previous head."""
@@ -191,7 +191,7 @@ class FedLog(HeadwayStrategy):
             return Step(None, 0)
         return self.head_step(ctx, phi, n, len(total), {f"secagg_server_cpu_{stage}": sec for stage, sec in total.cpu.items()})
 
-    def head_step(self, ctx: TrainRound, phi: np.ndarray, n: float, clients: int, metrics: dict[str, float]) -> Step:
+    def head_step(self, ctx: TrainRound[FedLogState], phi: np.ndarray, n: float, clients: int, metrics: dict[str, float]) -> Step[FedLogState]:
         """Eq. 12's head from the summed statistics ``phi`` of ``n`` examples, as released by the
         run's :attr:`release` (under central DP: noised once, n read from the noised count row)."""
         phi, n = self.release(phi, n)
@@ -201,11 +201,11 @@ class FedLog(HeadwayStrategy):
         method = FedLogState(eta, phi, (*ctx.state.method.solve_seconds, dt))
         return Step(self.head_record(method), clients, {"solve_seconds": dt, **metrics}, method=method)
 
-    def evaluate_arrays(self, state: ServerState) -> ArrayRecord:
+    def evaluate_arrays(self, state: ServerState[FedLogState]) -> ArrayRecord:
         """η alone: what a client scores itself with."""
         return ArrayRecord({P.ETA: Array(self._wire(state.method.eta))})
 
-    def summary_extra(self, engine: Engine, state: ServerState | None) -> dict[str, Any]:
+    def summary_extra(self, engine: Engine, state: ServerState[FedLogState] | None) -> dict[str, Any]:
         """The variant, m, the prior, init, clip, the mean solve time and the DP report."""
         solves = state.method.solve_seconds if state is not None else ()
         cfg = self.cfg

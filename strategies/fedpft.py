@@ -22,6 +22,7 @@ from core.config import ConfigError
 from core.data import DatasetSpec
 from core.extractors import feature_dim, feature_range
 from core.fedpft import (
+    ClassMixture,
     PayloadCheck,
     capped_counts,
     features,
@@ -60,7 +61,7 @@ class FedPFTState:
         return FedPFTState(self.head, self.received + received, self.payload_bytes + tuple(r.nbytes for r in replies), self.head_seconds)
 
 
-class FedPFT(HeadwayStrategy):
+class FedPFT(HeadwayStrategy[FedPFTState]):
     """One-shot transfer of per-class Gaussian mixtures (see the module docstring)."""
 
     name = "fedpft"
@@ -101,7 +102,7 @@ class FedPFT(HeadwayStrategy):
         return FedPFTState()
 
     # ----- what a reply may be ------------------------------------------------------
-    def train_layout(self, ctx: TrainRound) -> Layout:
+    def train_layout(self, ctx: TrainRound[FedPFTState]) -> Layout:
         """A client's mixtures, sent to the server (star): see :meth:`payload_layout`."""
         return self.payload_layout(relayed=0)
 
@@ -126,24 +127,24 @@ class FedPFT(HeadwayStrategy):
             dims={"classes": self.classes, "components": self.classes * self.k},
         )
 
-    def check_payload(self, arrays: dict[str, np.ndarray], reply: Reply, relayed: int = 0) -> tuple[Any, str | None]:
+    def check_payload(self, arrays: dict[str, np.ndarray], reply: Reply, relayed: int = 0) -> tuple[list[ClassMixture] | None, str | None]:
         """The reply's mixtures, counted against the client's own examples plus the ``relayed`` ones."""
         bound = None if reply.count is None else reply.count + relayed
         return self.checker.decode(arrays, bound)
 
     # ----- the round --------------------------------------------------------------------
-    def configure_train(self, server_round: int, state: ServerState, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
+    def configure_train(self, server_round: int, state: ServerState[FedPFTState], engine: Engine) -> tuple[TrainRound[FedPFTState], dict[int, RecordDict]]:
         """One shot: every available client is asked for its mixtures."""
         content = self.content(server_round, ArrayRecord(), **{P.PHASE: P.PHASE_TRAIN})
         return TrainRound(server_round, engine, state), {n: content for n in engine.nodes()}
 
-    def train_round(self, server_round: int, state: ServerState, engine: Engine) -> Step:
+    def train_round(self, server_round: int, state: ServerState[FedPFTState], engine: Engine) -> Step[FedPFTState]:
         """The star's one exchange (every strategy's round), or under ``fedpft-topology=chain`` the relay."""
         if self.chain:
             return self._chain(server_round, state, engine)
         return super().train_round(server_round, state, engine)
 
-    def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
+    def aggregate_train(self, ctx: TrainRound[FedPFTState], replies: list[Reply]) -> Step[FedPFTState]:
         """Alg. 1 lines 13–17: sample every received class mixture, train the head."""
         mixtures = [m for r in replies for m in r.payload]
         noted = ctx.state.method.noted(replies)
@@ -173,7 +174,7 @@ class FedPFT(HeadwayStrategy):
             method=method,
         )
 
-    def _chain(self, server_round: int, state: ServerState, engine: Engine) -> Step:
+    def _chain(self, server_round: int, state: ServerState[FedPFTState], engine: Engine) -> Step[FedPFTState]:
         """§4.2: relay each client's mixtures to the next, in partition order; a hop's reply
         is bounded by its own examples plus those the mixtures it was sent summarize."""
 
@@ -199,11 +200,11 @@ class FedPFT(HeadwayStrategy):
             return ArrayRecord()
         return ArrayRecord({P.HEAD_WEIGHT: Array(method.head[0].astype(np.float32)), P.HEAD_BIAS: Array(method.head[1].astype(np.float32))})
 
-    def evaluate_arrays(self, state: ServerState) -> ArrayRecord:
+    def evaluate_arrays(self, state: ServerState[FedPFTState]) -> ArrayRecord:
         """The server's head (chain: empty, clients score their own heads)."""
         return self.head_record(state.method)
 
-    def global_evaluation(self, state: ServerState) -> dict[str, float]:
+    def global_evaluation(self, state: ServerState[FedPFTState]) -> dict[str, float]:
         """The server's head on the whole test set, where the server holds the data."""
         head = state.method.head
         if head is None or not self.cfg.global_eval:
@@ -234,9 +235,9 @@ class FedPFT(HeadwayStrategy):
             out["participants"] = {pid: runs for pid in out["participants"]}
         return out
 
-    def summary_extra(self, engine: Engine, state: ServerState | None) -> dict[str, Any]:
+    def summary_extra(self, engine: Engine, state: ServerState[FedPFTState] | None) -> dict[str, Any]:
         """The extractor, mixtures and head figures, and the DP report of the classes received."""
-        method: FedPFTState = state.method if state is not None else FedPFTState()
+        method = state.method if state is not None else FedPFTState()
         cfg = self.cfg
         extra: dict[str, Any] = {
             "extractor": cfg.fedpft.extractor,

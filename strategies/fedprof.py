@@ -56,7 +56,7 @@ from core.profiles import (
 from strategies.arrays import to_numpy, to_record
 from strategies.base import Step, TrainRound, mean_finite
 from strategies.engine import Engine
-from strategies.fedavg import FedAvg
+from strategies.fedavg import ModelAveraging
 from strategies.replies import ArraySpec, Layout, Rejection, Reply
 from strategies.state import ServerState
 
@@ -137,7 +137,7 @@ class FedProfState:
 
 
 @dataclass(frozen=True)
-class ProfileRound(TrainRound):
+class ProfileRound(TrainRound[FedProfState]):
     """A FedProf training round: :class:`TrainRound` plus the global version the sent model is
     and the scores λ (by partition id) its draw used."""
 
@@ -145,7 +145,7 @@ class ProfileRound(TrainRound):
     scores: dict[int, float] = field(default_factory=dict)
 
 
-class FedProf(FedAvg):
+class FedProf(ModelAveraging[FedProfState]):
     """Score-weighted client selection by representation profiles (see the module docstring).
 
     Its state between rounds is a :class:`FedProfState`; within a hook, per-client states are
@@ -285,17 +285,19 @@ class FedProf(FedAvg):
         return replies
 
     # ----- rounds ---------------------------------------------------------------------
-    def prepare(self, state: ServerState, engine: Engine) -> tuple[ServerState, Step | None]:
+    def prepare(self, state: ServerState[FedProfState], engine: Engine) -> tuple[ServerState[FedProfState], Step[FedProfState] | None]:
         """Alg. 1 lines 4-6: every client's profile of the initial model, and its baseline."""
         method = self.start_from(state.method, state.arrays, engine)
         clients = dict(method.clients)
         replies = self.ask_profiles(engine, method, clients, engine.nodes(), 0, state.arrays)
         return ServerState(state.arrays, replace(method, clients=clients)), Step(None, len(replies), {"clients": float(len(replies))})
 
-    def configure_train(self, server_round: int, state: ServerState, engine: Engine) -> tuple[ProfileRound, dict[int, RecordDict]]:
+    def configure_train(
+        self, server_round: int, state: ServerState[FedProfState], engine: Engine
+    ) -> tuple[ProfileRound, dict[int, RecordDict]]:
         """Alg. 1 line 4 (late joiners and retries profiled first), lines 8-10 (the draw by score); the
         round's context carries the state with the profiles, divergences and selections this made."""
-        method: FedProfState = state.method
+        method = state.method
         if method.version not in method.baselines:  # no profiling round ran (e.g. a round driven on its own)
             method = self.start_from(method, state.arrays, engine)
         clients = dict(method.clients)
@@ -314,10 +316,12 @@ class FedProf(FedAvg):
         ctx = ProfileRound(server_round, engine, ServerState(state.arrays, method), sent, version=method.version, scores=by_partition)
         return ctx, {node: content for node in chosen}
 
-    def received(self, ctx: TrainRound, contents: Mapping[int, RecordDict], replies: list[Reply]) -> TrainRound:
+    def received(
+        self, ctx: TrainRound[FedProfState], contents: Mapping[int, RecordDict], replies: list[Reply]
+    ) -> TrainRound[FedProfState]:
         """Alg. 1 line 15, quorum or not: the selected clients' fresh profiles, of the version they were
         sent; a selected node whose reply was missing or refused has no valid profile of it and loses its score."""
-        method: FedProfState = ctx.state.method
+        method = ctx.state.method
         clients = dict(method.clients)
         for reply in replies:
             self.remember(ctx.engine, clients, reply, method.version)
@@ -331,7 +335,7 @@ class FedProf(FedAvg):
         """A profile-only reply: the (q, 2) profile of ``units`` = q units, and n."""
         return Layout({P.PROFILE: ArraySpec((units, 2))}, count=True, optional=(P.LOSS,), check=partial(self.check_profile, units=units))
 
-    def train_layout(self, ctx: TrainRound) -> Layout:
+    def train_layout(self, ctx: TrainRound[FedProfState]) -> Layout:
         """The model it was sent (as FedAvg) plus its (q, 2) profile."""
         units = ctx.state.method.units
         specs = {k: ArraySpec(tuple(v.shape), str(v.dtype)) for k, v in ctx.sent.items()}
@@ -344,9 +348,9 @@ class FedProf(FedAvg):
         return (None, problem) if problem else (arrays, None)
 
     def check_update_and_profile(
-        self, arrays: dict[str, np.ndarray], reply: Reply, ctx: TrainRound
+        self, arrays: dict[str, np.ndarray], reply: Reply, ctx: TrainRound[FedProfState]
     ) -> tuple[dict[str, np.ndarray] | None, str | Rejection | None]:
-        """A valid profile and a model update FedAvg's check admits (:meth:`FedAvg.check_update`)."""
+        """A valid profile and a model update FedAvg's check admits (:meth:`ModelAveraging.check_update`)."""
         problem: str | Rejection | None
         _, problem = self.check_profile(arrays, reply, ctx.state.method.units)
         if problem:
@@ -357,11 +361,11 @@ class FedProf(FedAvg):
             return None, problem
         return {**checked, P.PROFILE: arrays[P.PROFILE]}, None
 
-    def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
+    def aggregate_train(self, ctx: TrainRound[FedProfState], replies: list[Reply]) -> Step[FedProfState]:
         """Alg. 1 lines 16-18: the ``fedprof-aggregation`` rule over the replies, and the new version's baseline."""
         assert isinstance(ctx, ProfileRound), "a FedProf round is set up by FedProf.configure_train"
         engine = ctx.engine  # line 15 (selected clients' fresh profiles) ran in received, quorum or not
-        method: FedProfState = ctx.state.method
+        method = ctx.state.method
         states = self.client_states(engine, method)
         models = [{k: v for k, v in r.payload.items() if k != P.PROFILE} for r in replies]
         sizes = [r.examples for r in replies]
@@ -389,9 +393,9 @@ class FedProf(FedAvg):
         details = {"fedprof_scores": {str(p): round(v, 6) for p, v in sorted(ctx.scores.items())}}
         return Step(arrays, len(replies), metrics, details, method=method)
 
-    def summary_extra(self, engine: Engine, state: ServerState | None) -> dict[str, Any]:
+    def summary_extra(self, engine: Engine, state: ServerState[FedProfState] | None) -> dict[str, Any]:
         """α, the aggregation rule, selections by partition, last divergences and where D^V came from."""
-        method: FedProfState = state.method if state is not None else FedProfState()
+        method = state.method if state is not None else FedProfState()
         states = self.client_states(engine, method)
         divs = {str(engine.partition_of(n)): s.div for n, s in states.items() if s.div is not None}
         validation = method.validation

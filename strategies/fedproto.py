@@ -35,7 +35,7 @@ class FedProtoState:
     counts: np.ndarray | None = None
 
 
-class FedProto(HeadwayStrategy):
+class FedProto(HeadwayStrategy[FedProtoState]):
     """FedProto's server: count-weighted averages of the clients' class prototypes."""
 
     name = "fedproto"
@@ -65,12 +65,12 @@ class FedProto(HeadwayStrategy):
             return ArrayRecord()
         return ArrayRecord({P.PROTOTYPES: Array(method.protos.astype(np.float32)), P.CLASS_COUNTS: Array(method.counts.astype(np.float32))})
 
-    def configure_train(self, server_round: int, state: ServerState, engine: Engine) -> tuple[TrainRound, dict[int, RecordDict]]:
+    def configure_train(self, server_round: int, state: ServerState[FedProtoState], engine: Engine) -> tuple[TrainRound[FedProtoState], dict[int, RecordDict]]:
         """The state's arrays (its global prototypes: :meth:`global_record`) to ``fraction-train`` of the clients."""
         content = self.content(server_round, state.arrays)
         return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.cfg.fraction_train)}
 
-    def train_layout(self, ctx: TrainRound) -> Layout:
+    def train_layout(self, ctx: TrainRound[FedProtoState]) -> Layout:
         """Prototypes (classes × m) and class counts, with n and an optional loss."""
         arrays = {P.PROTOTYPES: ArraySpec((self.classes, self.m)), P.CLASS_COUNTS: ArraySpec((self.classes,))}
         return Layout(arrays, count=True, optional=(P.LOSS,), check=self.check_prototypes)
@@ -83,20 +83,20 @@ class FedProto(HeadwayStrategy):
             problem = f"a prototype entry exceeds max-feature-value={self.cfg.max_feature_value:g}"
         return (protos, counts), problem
 
-    def aggregate_train(self, ctx: TrainRound, replies: list[Reply]) -> Step:
+    def aggregate_train(self, ctx: TrainRound[FedProtoState], replies: list[Reply]) -> Step[FedProtoState]:
         """The count-weighted average prototypes of the replies."""
         method = FedProtoState(*average_prototypes([r.payload[0] for r in replies], [r.payload[1] for r in replies]))
         loss = mean_finite([r.metrics.get(P.LOSS, float("nan")) for r in replies])
         return Step(self.global_record(method), len(replies), {"loss": loss}, method=method)
 
-    def sum_spec(self, ctx: TrainRound, nodes: list[int]) -> SumSpec:
+    def sum_spec(self, ctx: TrainRound[FedProtoState], nodes: list[int]) -> SumSpec:
         """Under secure-aggregation: Σ n_kc·P_kc and Σ n_kc; an entry of a sum is at most the
         examples the clients hold times max-feature-value."""
         most = float(sum(ctx.engine.most_examples(v) for v in nodes))
         arrays = {P.PROTOTYPES: (self.classes, self.m), P.CLASS_COUNTS: (self.classes,)}
         return SumSpec(arrays, most * max(self.cfg.max_feature_value, 1.0), row_weights=P.CLASS_COUNTS)
 
-    def aggregate_sum(self, ctx: TrainRound, total: SecureSum) -> Step:
+    def aggregate_sum(self, ctx: TrainRound[FedProtoState], total: SecureSum) -> Step[FedProtoState]:
         """The count-weighted prototypes from the secure sums; sums no honest clients could send keep the previous ones."""
         weighted, counts = total.arrays[P.PROTOTYPES], total.arrays[P.CLASS_COUNTS]
         protos = np.divide(weighted, counts[:, None], out=np.zeros_like(weighted), where=counts[:, None] > 0)
@@ -112,10 +112,10 @@ class FedProto(HeadwayStrategy):
         cpu = {f"secagg_server_cpu_{stage}": sec for stage, sec in total.cpu.items()}
         return Step(self.global_record(method), len(total), cpu, method=method)
 
-    def evaluate_arrays(self, state: ServerState) -> ArrayRecord:
+    def evaluate_arrays(self, state: ServerState[FedProtoState]) -> ArrayRecord:
         """The state's global prototypes (clients predict by the nearest one, or with their head)."""
         return self.global_record(state.method)
 
-    def summary_extra(self, engine: Engine, state: ServerState | None) -> dict[str, Any]:
+    def summary_extra(self, engine: Engine, state: ServerState[FedProtoState] | None) -> dict[str, Any]:
         """m, λ and the prediction rule."""
         return {"m": self.m, "lambda": self.cfg.fedproto.lambda_, "predict": self.cfg.fedproto.predict}

@@ -23,7 +23,7 @@ from core.layers import top_layers
 from core.models import Net
 from core.training import ensemble_logits, task_metrics
 from strategies.engine import Engine
-from strategies.fedavg import FedAvg
+from strategies.fedavg import FedAvg, FedAvgState
 from strategies.layer_sharing import LayerSharing
 from strategies.replies import ArraySpec, Layout, Reply
 from strategies.services import Services
@@ -63,7 +63,7 @@ class LGFedAvg(LayerSharing):
         specs = {k: ArraySpec(tuple(v.shape), str(v.numpy().dtype)) for k, v in model.state_dict().items()}
         return Layout(specs, count=False, check=lambda arrays, reply: (arrays, None))
 
-    def final_evaluation(self, state: ServerState, engine: Engine) -> dict[str, float]:
+    def final_evaluation(self, state: ServerState[FedAvgState], engine: Engine) -> dict[str, float]:
         """New test: collect every client's model once and score their logit ensemble."""
         test = self.services.data.test_tensors() if self.cfg.lg_fedavg.new_test else None
         if test is None:

@@ -24,9 +24,10 @@ from core.config import ConfigError
 from strategies.arrays import to_record
 from strategies.capabilities import ROBUST_AGGREGATION, capabilities_of
 from strategies.replies import Reply
+from strategies.state import M
 
 if TYPE_CHECKING:
-    from strategies.base import Step, TrainRound
+    from strategies.base import HeadwayStrategy, Step, TrainRound
 
 WEIGHT = "weight"  # the MetricRecord key aggregate_arrayrecords weighs by (Flower's strategies use num-examples)
 
@@ -61,13 +62,13 @@ class Rule:
 class Averaging(Protocol):
     """How a model-averaging method (FedAvg and those built on it) combines a round's valid updates."""
 
-    def step(self, ctx: TrainRound, replies: list[Reply], weights: Sequence[float], metrics: dict[str, float]) -> Step: ...  # noqa: D102
+    def step(self, ctx: TrainRound[M], replies: list[Reply], weights: Sequence[float], metrics: dict[str, float]) -> Step[M]: ...  # noqa: D102
 
 
 class WeightedMean:
     """The ``weights``-weighted mean of the replies (``aggregation=mean``)."""
 
-    def step(self, ctx: TrainRound, replies: list[Reply], weights: Sequence[float], metrics: dict[str, float]) -> Step:
+    def step(self, ctx: TrainRound[M], replies: list[Reply], weights: Sequence[float], metrics: dict[str, float]) -> Step[M]:
         """The mean of the replies' arrays, each array in the dtype it was sent."""
         from strategies.base import Step  # base imports the strategies' modules' types: kept out of import time
 
@@ -82,7 +83,7 @@ class RobustAverage:
 
     rule: Rule
 
-    def step(self, ctx: TrainRound, replies: list[Reply], weights: Sequence[float], metrics: dict[str, float]) -> Step:
+    def step(self, ctx: TrainRound[M], replies: list[Reply], weights: Sequence[float], metrics: dict[str, float]) -> Step[M]:
         """The rule's combination of the replies; too few replies for the rule keep the previous
         model, the reason counted as a failure."""
         from strategies.base import Step  # see WeightedMean.step
@@ -95,7 +96,7 @@ class RobustAverage:
         return Step(to_record(avg), len(replies), metrics, details)
 
 
-def averaging_for(cfg: Mapping[str, Any], strategy: object) -> Averaging:
+def averaging_for(cfg: Mapping[str, Any], strategy: HeadwayStrategy[Any]) -> Averaging:
     """The run's averaging: the weighted mean, or the robust rule ``aggregation`` names, for a
     strategy that averages updates (the config check refused it already for others: this is the last guard)."""
     if cfg.aggregation == "mean":

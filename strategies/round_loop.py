@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic
 
 from core.config import scores_with_train
 from core.partition import counts_line, empty_note
@@ -21,7 +21,7 @@ from strategies.engine import Engine, RoundFailed
 from strategies.meter import RoundMeter
 from strategies.replies import Reply
 from strategies.round_record import round_record
-from strategies.state import ServerState
+from strategies.state import M, ServerState
 
 if TYPE_CHECKING:
     from strategies.base import HeadwayStrategy
@@ -37,7 +37,7 @@ class Pending:
     scores the next round's train replies carry)."""
 
     round: int
-    step: Step
+    step: Step[Any]
     figures: dict[str, Any]
     meter: RoundMeter
     seconds: float
@@ -46,17 +46,17 @@ class Pending:
     expected: list[int] = field(default_factory=list)  # partitions the evaluation exchange would have asked
 
 
-class RoundLoop:
+class RoundLoop(Generic[M]):
     """Runs ``strategy``'s rounds on ``engine``, calling ``on_round`` with each round's record."""
 
-    def __init__(self, strategy: HeadwayStrategy, engine: Engine, on_round: RoundCallback | None = None):
+    def __init__(self, strategy: HeadwayStrategy[M], engine: Engine, on_round: RoundCallback | None = None):
         self.strategy = strategy
         self.engine = engine
         self.on_round = on_round
-        self.state: ServerState | None = None  # the server's state after the last hook that returned one
+        self.state: ServerState[M] | None = None  # the server's state after the last hook that returned one
         self.counts: dict[int, int] = {}  # partition id -> training rows, refreshed each round (train_counts)
 
-    def run(self, state: ServerState, num_rounds: int) -> ServerState:
+    def run(self, state: ServerState[M], num_rounds: int) -> ServerState[M]:
         """Run ``num_rounds`` rounds from ``state``; returns the server's last state. Raises
         :class:`RoundFailed` when round 1 (or the work before it) gets no valid reply."""
         strategy, engine, cfg = self.strategy, self.engine, self.strategy.cfg
@@ -75,7 +75,7 @@ class RoundLoop:
                 if rnd == 1:
                     self.log_counts()
                 extra: dict[str, float] = {}
-                prep: Step | None = None
+                prep: Step[M] | None = None
                 if rnd == 1:
                     self.state, prep = strategy.prepare(self.state, engine)
                     if prep is not None:

@@ -12,22 +12,25 @@ Dict fields are never changed in place: a hook makes the next state with new dic
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from flwr.app import ArrayRecord
 
 if TYPE_CHECKING:
     from strategies.base import Step
 
+M = TypeVar("M")  # a method's own state: its frozen dataclass, or None for a method that keeps none
+
 
 @dataclass(frozen=True)
-class ServerState:
-    """The server's arrays (what clients are sent) and its method's own state (None: it keeps none)."""
+class ServerState(Generic[M]):
+    """The server's arrays (what clients are sent) and its method's own state, of the type its
+    strategy declares (``HeadwayStrategy[FedLogState]``: a ``ServerState[FedLogState]``)."""
 
     arrays: ArrayRecord
-    method: Any = None
+    method: M
 
-    def advance(self, step: Step) -> ServerState:
+    def advance(self, step: Step[M]) -> ServerState[M]:
         """The state after ``step``: its new arrays and method state, each kept where the step made none."""
         return ServerState(
             self.arrays if step.arrays is None else step.arrays,
