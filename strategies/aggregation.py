@@ -45,7 +45,7 @@ class PlainAggregation:
         from strategies.base import Step  # base builds an Aggregation: a module-level import would be circular
 
         layout = strategy.train_layout(ctx)
-        if phase == P.PHASE_TRAIN and scores_with_train(strategy.cfg, ctx.server_round):  # each reply also scores the model it received
+        if phase == P.PHASE_TRAIN and scores_with_train(strategy.settings, ctx.server_round):  # each reply also scores the model it received
             layout = replace(layout, scores=strategy.eval_layout())
         replies = ctx.engine.exchange(phase, contents, MessageType.TRAIN, layout)
         ctx = strategy.received(ctx, contents, replies)
@@ -73,13 +73,13 @@ class SecureAggregation:
         return replace(step, method=ctx.state.method if step.method is None else step.method)
 
 
-def aggregation_for(cfg: Mapping[str, Any], strategy: HeadwayStrategy[Any]) -> Aggregation:
+def aggregation_for(secure_aggregation: str, strategy: HeadwayStrategy[Any]) -> Aggregation:
     """The run's aggregation: secure when ``secure-aggregation`` is on (the config check refused it
     already for a method that cannot sum: this is the last guard), else plain."""
-    if cfg.secure_aggregation == "off":
+    if secure_aggregation == "off":
         return PlainAggregation()
     if SECURE_SUM not in capabilities_of(type(strategy)):
         raise ConfigError(
-            f"secure-aggregation={cfg.secure_aggregation}: {type(strategy).__name__} cannot aggregate from a sum of replies"
+            f"secure-aggregation={secure_aggregation}: {type(strategy).__name__} cannot aggregate from a sum of replies"
         )
     return SecureAggregation()

@@ -46,6 +46,7 @@ from core.config import body_names, fit_body
 from core.data import DatasetSpec
 from core.methods import METHODS
 from core.models import BODIES, build_model, common_width, is_custom_body
+from core.settings import Settings
 from core.training import predict, task_metrics
 from strategies.aggregation import Aggregation, aggregation_for
 from strategies.engine import Engine
@@ -88,14 +89,14 @@ class TrainRound(Generic[M]):
     draws: dict[int, int] = field(default_factory=dict)
 
 
-def unknown_body(body: str, cfg: Mapping[str, Any]) -> str | None:
+def unknown_body(body: str, settings: Settings) -> str | None:
     """Why a node's declared ``body`` is not one this server may build, or None. Registry
     names are admitted; an import path or ``torchvision:`` name only when it is exactly one
     of the run config's own ``body``/``bodies`` (checked, imported, by ``server.app.check_strategy``):
     what a node declares never makes the server import a module."""
     if body in BODIES:
         return None
-    own = [b for b in body_names(cfg) if is_custom_body(b)]
+    own = [b for b in body_names(settings) if is_custom_body(b)]
     if is_custom_body(body):
         if body in own:
             return None
@@ -128,17 +129,16 @@ class HeadwayStrategy(Generic[M]):
     has_global_model = False  # one model for everyone: the server also scores it on the test set
     eval_metrics: tuple[str, ...] = ()  # extra "correct-<how>" counts an evaluation reply may carry
 
-    def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
-        fit_body(cfg, spec.input_shape)  # body=auto: the body that fits these inputs (server.app.build_strategy did it already)
-        self.cfg = cfg
+    def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
+        self.settings = fit_body(settings, spec.input_shape)  # body=auto: the body that fits these inputs (server.app.build_strategy did it already)
         self.spec = spec
         self.services = services
-        self.aggregation: Aggregation = aggregation_for(cfg, self)  # plain, or SecAgg+ around aggregate_sum
+        self.aggregation: Aggregation = aggregation_for(self.settings.secure_aggregation, self)  # plain, or SecAgg+ around aggregate_sum
 
     # ----- set-up ---------------------------------------------------------------
     @classmethod
-    def check_config(cls, cfg: Mapping[str, Any], spec: DatasetSpec) -> None:
-        """ConfigError when this method cannot run ``cfg`` on data of ``spec``, checked before
+    def check_config(cls, settings: Settings, spec: DatasetSpec) -> None:
+        """ConfigError when this method cannot run ``settings`` on data of ``spec``, checked before
         the strategy is built and any client asked (``server.app.check_strategy``); default: nothing."""
 
     def initial_arrays(self) -> ArrayRecord:
@@ -157,15 +157,15 @@ class HeadwayStrategy(Generic[M]):
         """Why a node that registers with ``body`` cannot take part in this run, or None.
         Default: the body must be one this server can build (a typo in a SuperNode's
         ``--node-config body=...`` is refused for that node, not fatal to the run)."""
-        return unknown_body(body, self.cfg)
+        return unknown_body(body, self.settings)
 
     def width_problem(self, body: str, width: int) -> str | None:
         """Why ``body`` (a known one) cannot send ``width`` features in this run, or None;
         for methods whose replies are sized by the feature width (FedLog, FedProto)."""
-        if (problem := unknown_body(body, self.cfg)) is not None:
+        if (problem := unknown_body(body, self.settings)) is not None:
             return problem
         try:
-            got = _body_width(body, tuple(self.spec.input_shape), self.cfg.feature_dim)
+            got = _body_width(body, tuple(self.spec.input_shape), self.settings.feature_dim)
         except Exception as exc:
             return f"registration names body {body!r}, which cannot be built for this data set: {exc}"
         if got != width:
@@ -203,7 +203,7 @@ class HeadwayStrategy(Generic[M]):
         """The round's context and what each chosen node is sent. Default: ``fraction-train``
         of the clients, all sent the state's arrays."""
         content = self.content(server_round, state.arrays)
-        return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.cfg.fraction_train)}
+        return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.settings.fraction_train)}
 
     def train_layout(self, ctx: TrainRound[M]) -> Layout:
         """The layout a training reply of round ``ctx`` must match."""
@@ -265,18 +265,18 @@ class HeadwayStrategy(Generic[M]):
     def global_evaluation(self, state: ServerState[M]) -> dict[str, float]:
         """The single global model scored on the whole test set, where one exists and the
         server holds the data (``global-eval``)."""
-        if not (self.has_global_model and self.cfg.global_eval):
+        if not (self.has_global_model and self.settings.global_eval):
             return {}
         test = self.services.data.test_tensors()
         if test is None:
             return {}
         model = build_model(
-            self.cfg.body,
+            self.settings.body,
             self.spec.input_shape,
-            self.cfg.feature_dim,
+            self.settings.feature_dim,
             self.spec.num_classes,
-            self.cfg.seed,
-            self.cfg.body_dropout,
+            self.settings.seed,
+            self.settings.body_dropout,
         )
         model.load_state_dict(state.arrays.to_torch_state_dict())
         s = task_metrics(self.spec.task, predict(model.eval(), test[0]), test[1])
@@ -286,7 +286,7 @@ class HeadwayStrategy(Generic[M]):
     def connect(self, grid: Grid) -> Engine:
         """The run's engine on ``grid``, made once per run: a node registers only with a body
         :meth:`body_problem` admits. Every hook that needs it is given it."""
-        return Engine(grid, self.cfg, self.services, admit=self.body_problem)
+        return Engine(grid, self.settings, self.services, admit=self.body_problem)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int, on_round: RoundCallback | None = None) -> Engine:
         """Run ``num_rounds`` rounds on ``grid`` from ``initial_arrays`` (see :meth:`run`); returns the
@@ -308,4 +308,4 @@ class HeadwayStrategy(Generic[M]):
         """Log the method's own run-config keys (those its declaration in :data:`core.methods.METHODS` names),
         at DEBUG (``headway run --verbose``): config.json holds them for every run."""
         keys = METHODS[self.name].keys if self.name in METHODS else {}
-        log.debug("strategy %s: %s", self.name, {k: self.cfg[k] for k in keys})
+        log.debug("strategy %s: %s", self.name, {k: self.settings.value(k) for k in keys})

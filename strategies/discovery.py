@@ -28,6 +28,7 @@ from flwr.serverapp import Grid
 
 from core import protocol as P
 from core.run_data import read_profile, source_options
+from core.settings import Settings
 from strategies.engine import Engine, RoundFailed
 from strategies.meter import short_reason
 from strategies.services import Services
@@ -78,16 +79,16 @@ class Discovery:
         }
 
 
-def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
+def discover(grid: Grid, settings: Settings) -> Discovery:
     """Wait for ``min-available-clients`` (0: ``num-clients``) nodes, ask each to describe its
     data within ``round-timeout``, and merge the descriptions; RoundFailed when none can be used."""
     from core.run_data import MAX_PROFILE_CHARS
 
-    engine = Engine(grid, cfg, Services(cfg))
+    engine = Engine(grid, settings, Services(settings))
     nodes = engine.wait_for_clients()
     content = RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 0, P.PHASE: P.PHASE_DESCRIBE})})
     replies = engine.send(P.PHASE_DESCRIBE, {n: content for n in nodes}, MessageType.QUERY)
-    opts = source_options(cfg)
+    opts = source_options(settings)
     described: list[tuple[str, int, dict[str, Any]]] = []
     left_out: list[str] = list(engine.meter.failures)
     logged = len(left_out)  # the engine logged these already ("failure: describe: node ...: no reply"): once is enough
@@ -106,7 +107,7 @@ def discover(grid: Grid, cfg: dict[str, Any]) -> Discovery:
         except Exception as exc:
             left_out.append(f"node {node}: {type(exc).__name__}: {short_reason(str(exc))}")
     agreeing = _agreeing(described, opts, left_out)
-    schema, kept = _robust(agreeing, opts, engine.example_cap(), int(cfg.num_clients), left_out)
+    schema, kept = _robust(agreeing, opts, engine.example_cap(), int(settings.num_clients), left_out)
     for reason in left_out[logged:]:
         log.warning("discovery: %s", reason)
     if schema is None:

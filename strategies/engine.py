@@ -23,6 +23,7 @@ from typing_extensions import TypeVar
 
 from core import protocol as P
 from core.sampling import draw_with_replacement, sample_positions, sample_size
+from core.settings import Settings
 from strategies.meter import RoundMeter, short_reason
 from strategies.registration import ClientRegistry, Registrar
 from strategies.replies import Layout, Problem, Rejection, Reply, decode
@@ -99,7 +100,7 @@ class Engine:
     def __init__(
         self,
         grid: Grid,
-        cfg: dict[str, Any],
+        settings: Settings,
         services: Services,
         clock: Callable[[], float] = time.monotonic,
         admit: Callable[[str], str | None] | None = None,
@@ -107,11 +108,11 @@ class Engine:
     ):
         self.grid = grid
         self.sleep = sleep  # between polls for connected nodes (tests pass a fake that moves their clock)
-        self.cfg = cfg
+        self.settings = settings
         self.services = services
-        self.registry = ClientRegistry(cfg.num_clients)
+        self.registry = ClientRegistry(settings.num_clients)
         # admit: why a node's declared body cannot take part in this run, or None
-        self.registrar = Registrar(self, grid, cfg, services, self.registry, admit)
+        self.registrar = Registrar(self, grid, settings, services, self.registry, admit)
         self.clock = clock
         self.wire = WireMeter()
         self.meter = RoundMeter()
@@ -148,8 +149,9 @@ class Engine:
         if self.waited:
             return sorted(self.grid.get_node_ids())
         self.waited = True
-        key = "min-available-clients" if self.cfg.min_available_clients else "num-clients"
-        wanted, limit = int(self.cfg[key]), float(self.cfg.sample_timeout)
+        s = self.settings
+        key, wanted = ("min-available-clients", s.min_available_clients) if s.min_available_clients else ("num-clients", s.num_clients)
+        limit = float(s.sample_timeout)
         start = self.clock()
         said: tuple[int, float] | None = None  # (count, when) of the last line
         while True:
@@ -173,7 +175,7 @@ class Engine:
     def example_cap(self) -> int:
         """The most examples one client may declare or report where the server holds no
         partition sizes: ``max-client-examples``, else :data:`~strategies.services.DEFAULT_EXAMPLE_CAP`."""
-        return example_cap(self.cfg)
+        return example_cap(self.settings.max_client_examples)
 
     def nodes(self) -> list[int]:
         """Registered, connected nodes that have not missed a deadline this round, by partition id."""
@@ -212,7 +214,7 @@ class Engine:
         heartbeats), or how long was waited of which deadline."""
         if not contents:
             return []
-        timeout = self.cfg.round_timeout if timeout is None else timeout
+        timeout = self.settings.round_timeout if timeout is None else timeout
         messages = [Message(content=c, dst_node_id=n, message_type=kind, group_id=str(self.round)) for n, c in contents.items()]
         if phase in SELECTING_PHASES:
             self.meter.selected.update(c.partition_id for n, c in self.registry.clients.items() if n in contents)
@@ -310,7 +312,7 @@ class Engine:
 
     def quorum(self, phase: str, replies: Sized) -> bool:
         """Whether ``replies`` (or the clients in a secure sum) reach ``min-replies``; a shortfall is counted as a failure."""
-        need = self.cfg.min_replies
+        need = self.settings.min_replies
         if len(replies) >= need:
             return True
         self.meter.fail(f"{phase}: {len(replies)} valid replies, fewer than min-replies={need}; keeping the previous model")
@@ -332,7 +334,7 @@ class Engine:
         ``hop_timeout``, or an invalid reply) is skipped: the next node gets what the failed
         one was given. No hop waits past the round deadline of ``round-timeout`` from the
         relay's start."""
-        deadline = self.clock() + self.cfg.round_timeout
+        deadline = self.clock() + self.settings.round_timeout
         content = first
         out: list[Reply[T]] = []
         for node in order:

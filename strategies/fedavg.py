@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
@@ -23,6 +22,7 @@ from core.aggregate import float_norm, relative_update_norm
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.models import build_model
+from core.settings import Settings
 from core.sum_bounds import count_problem, update_sum_problem
 from strategies.arrays import to_numpy, to_record
 from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
@@ -52,28 +52,28 @@ class ModelAveraging(HeadwayStrategy[M]):
     averages = "whole models"  # what the server averages (for the single-body refusal)
     mixed_bodies = False  # whether clients may run different bodies (layer sharing: where the shared layers agree)
 
-    def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
-        super().__init__(cfg, spec, services)
-        if not self.mixed_bodies and body_names(cfg) != [cfg.body]:
+    def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
+        super().__init__(settings, spec, services)
+        if not self.mixed_bodies and body_names(self.settings) != [self.settings.body]:
             raise ConfigError(f"{self.name} averages {self.averages}, so every client must run the same body: leave 'bodies' empty")
-        self.averaging: Averaging = averaging_for(cfg, self)  # the weighted mean, or the robust rule ``aggregation`` names
+        self.averaging: Averaging = averaging_for(self.settings, self)  # the weighted mean, or the robust rule ``aggregation`` names
 
     def initial_arrays(self) -> ArrayRecord:
         """The run body's seeded initial model."""
         model = build_model(
-            self.cfg.body,
+            self.settings.body,
             self.spec.input_shape,
-            self.cfg.feature_dim,
+            self.settings.feature_dim,
             self.spec.num_classes,
-            self.cfg.seed,
-            self.cfg.body_dropout,
+            self.settings.seed,
+            self.settings.body_dropout,
         )
         return ArrayRecord(model.state_dict())
 
     def body_problem(self, body: str) -> str | None:
         """Whole models are averaged: a node must run the run's one body."""
-        if body != self.cfg.body:
-            return f"registration names body {body!r}, but {self.name} averages whole models of body {self.cfg.body!r}: every client must run it"
+        if body != self.settings.body:
+            return f"registration names body {body!r}, but {self.name} averages whole models of body {self.settings.body!r}: every client must run it"
         return None
 
     def shared(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
@@ -90,8 +90,9 @@ class ModelAveraging(HeadwayStrategy[M]):
         """The key and value bounding ``server_round``'s relative update norms. Round 1 starts
         from the seeded random model, and long training moves far from it (measured: 1.0 with
         1,000 examples a client, 2.7 with 20,000): it has its own key, to loosen on its own."""
-        key = "max-first-update-norm" if server_round <= 1 else "max-update-norm"
-        return key, float(self.cfg[key])
+        if server_round <= 1:
+            return "max-first-update-norm", float(self.settings.max_first_update_norm)
+        return "max-update-norm", float(self.settings.max_update_norm)
 
     def check_update(
         self, arrays: dict[str, np.ndarray], reply: Reply, ctx: TrainRound[M]
@@ -132,10 +133,10 @@ class FedAvg(ModelAveraging[FedAvgState]):
         """The shared part of the model to ``fraction-train`` of the clients (data-ratio: drawn ∝ n_k)."""
         sent = self.shared(server_round, state.arrays)
         content = self.content(server_round, sent)
-        if self.cfg.client_sampling == "data-ratio":
-            draws = engine.draw(self.cfg.fraction_train, self.data_ratio(engine, state.method))
+        if self.settings.client_sampling == "data-ratio":
+            draws = engine.draw(self.settings.fraction_train, self.data_ratio(engine, state.method))
             return TrainRound(server_round, engine, state, to_numpy(sent), draws), {node: content for node in draws}
-        nodes = engine.sample(self.cfg.fraction_train)
+        nodes = engine.sample(self.settings.fraction_train)
         return TrainRound(server_round, engine, state, to_numpy(sent)), {node: content for node in nodes}
 
     def data_ratio(self, engine: Engine, method: FedAvgState) -> dict[int, float]:
@@ -154,7 +155,7 @@ class FedAvg(ModelAveraging[FedAvgState]):
     def update_weights(self, ctx: TrainRound[FedAvgState], replies: list[Reply]) -> list[float]:
         """Each reply's weight in the average: its n_k, or under data-ratio sampling the times its
         node was drawn (scheme I: every draw weighs the same)."""
-        if self.cfg.client_sampling == "data-ratio":
+        if self.settings.client_sampling == "data-ratio":
             return [ctx.draws.get(r.node_id, 0) for r in replies]
         return [r.examples for r in replies]
 
@@ -164,7 +165,7 @@ class FedAvg(ModelAveraging[FedAvgState]):
         losses = [r.metrics.get(P.LOSS, float("nan")) for r in replies]
         metrics = {"loss": mean_finite(losses), **self.update_norms(ctx.sent, replies)}
         step = self.averaging.step(ctx, replies, self.update_weights(ctx, replies), metrics)
-        if self.cfg.client_sampling != "data-ratio":
+        if self.settings.client_sampling != "data-ratio":
             return step
         method = ctx.state.method
         heard = {r.partition_id: r.examples for r in replies}

@@ -17,6 +17,7 @@ from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.fedlog import StatsCheck, class_means, dense_statistics, noise_sigma, share_sigma, solve_head, sum_rows
 from core.models import common_width, nonnegative_features
+from core.settings import Settings
 from core.sum_bounds import count_problem
 from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
@@ -44,22 +45,23 @@ class FedLog(HeadwayStrategy[FedLogState]):
 
     name = "fedlog"
 
-    def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
-        super().__init__(cfg, spec, services)
+    def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
+        super().__init__(settings, spec, services)
+        self.opts = self.settings.fedlog  # FedLog's own keys (fedlog-*)
         if spec.task != "classification":
-            raise ConfigError(f"fedlog needs a classification data set; '{cfg.dataset}' is {spec.task}")
+            raise ConfigError(f"fedlog needs a classification data set; '{self.settings.dataset}' is {spec.task}")
         try:
-            self.m = common_width(body_names(cfg), spec.input_shape, cfg.feature_dim) + 1  # plus the constant 1
+            self.m = common_width(body_names(self.settings), spec.input_shape, self.settings.feature_dim) + 1  # plus the constant 1
         except ValueError as exc:
             raise ConfigError(f"fedlog: {exc}") from None
         self.classes = spec.num_classes
-        self.local_dp = cfg.fedlog.dp == "local"
-        self.sigma = noise_sigma(cfg, self.m)
-        self.dp_report = fedlog_dp_report(cfg, self.m)  # at the start: a missing accountant stops the run before it trains
-        bound = cfg.fedlog.clip if cfg.fedlog.clip > 0 else cfg.max_feature_value
-        self.half_up = cfg.fedlog.uplink_dtype == "float16"  # statistics come up as [count, means] rows
+        self.local_dp = self.opts.dp == "local"
+        self.sigma = noise_sigma(self.settings, self.m)
+        self.dp_report = fedlog_dp_report(self.settings, self.m)  # at the start: a missing accountant stops the run before it trains
+        bound = self.opts.clip if self.opts.clip > 0 else self.settings.max_feature_value
+        self.half_up = self.opts.uplink_dtype == "float16"  # statistics come up as [count, means] rows
         precision = 2.0**-11 if self.half_up else 0.0  # float16's relative rounding of a mean
-        self.nonnegative = all(nonnegative_features(b, spec.input_shape, cfg.feature_dim) for b in body_names(cfg))
+        self.nonnegative = all(nonnegative_features(b, spec.input_shape, self.settings.feature_dim) for b in body_names(self.settings))
         self.checker = StatsCheck(
             self.classes,
             self.m,
@@ -69,19 +71,19 @@ class FedLog(HeadwayStrategy[FedLogState]):
             precision=precision,
             nonnegative=self.nonnegative,
         )
-        self.release: Release = release_for(cfg, self.sigma, services.private)  # the sum as released: exact, or with central DP's noise
+        self.release: Release = release_for(self.opts.dp, self.sigma, services.private)  # the sum as released: exact, or with central DP's noise
 
     def body_problem(self, body: str) -> str | None:
         """A node's body must send this run's feature width (and non-negative features where the checks assume them)."""
         if problem := self.width_problem(body, self.m - 1):
             return problem
-        if self.nonnegative and not nonnegative_features(body, self.spec.input_shape, self.cfg.feature_dim):
-            return f"registration names body {body!r}, whose features can be negative, but this run checks statistics for the non-negative features of {body_names(self.cfg)}"
+        if self.nonnegative and not nonnegative_features(body, self.spec.input_shape, self.settings.feature_dim):
+            return f"registration names body {body!r}, whose features can be negative, but this run checks statistics for the non-negative features of {body_names(self.settings)}"
         return None
 
     def initial_method_state(self) -> FedLogState:
         """The seeded random η, no statistics yet."""
-        eta = np.random.default_rng(self.cfg.seed).normal(0.0, 1.0 / np.sqrt(self.m), size=(self.classes, self.m))
+        eta = np.random.default_rng(self.settings.seed).normal(0.0, 1.0 / np.sqrt(self.m), size=(self.classes, self.m))
         return FedLogState(eta)
 
     def initial_arrays(self) -> ArrayRecord:
@@ -93,14 +95,14 @@ class FedLog(HeadwayStrategy[FedLogState]):
         its class means (rows [1, Φ̄_y]: bounded like the features, where sums could overflow),
         which is all a client computes from it."""
         arrays = {P.ETA: Array(self._wire(method.eta))}
-        if self.cfg.fedlog.alpha > 0 and method.phi_sum is not None:
-            phi = class_means(method.phi_sum) if self.cfg.fedlog.wire_dtype == "float16" else method.phi_sum
+        if self.opts.alpha > 0 and method.phi_sum is not None:
+            phi = class_means(method.phi_sum) if self.opts.wire_dtype == "float16" else method.phi_sum
             arrays[P.STATS_SUM] = Array(self._wire(phi))
         return ArrayRecord(arrays)
 
     def _wire(self, values: np.ndarray) -> np.ndarray:
         """``values`` in the wire dtype; float32 where float16 would overflow (never silently inf)."""
-        if self.cfg.fedlog.wire_dtype == "float16":
+        if self.opts.wire_dtype == "float16":
             half = values.astype(np.float16)
             if np.all(np.isfinite(half)):
                 return half
@@ -110,7 +112,7 @@ class FedLog(HeadwayStrategy[FedLogState]):
     # ----- rounds ---------------------------------------------------------------
     def prepare(self, state: ServerState[FedLogState], engine: Engine) -> tuple[ServerState[FedLogState], Step[FedLogState] | None]:
         """fedlog-init=stats: one statistics round on the untrained bodies sets the first η."""
-        if self.cfg.fedlog.init != "stats":
+        if self.opts.init != "stats":
             return state, None
         ctx = TrainRound(0, engine, state)
         content = self.content(0, state.arrays, **{P.PHASE: P.PHASE_STATS})
@@ -123,7 +125,7 @@ class FedLog(HeadwayStrategy[FedLogState]):
     def configure_train(self, server_round: int, state: ServerState[FedLogState], engine: Engine) -> tuple[TrainRound[FedLogState], dict[int, RecordDict]]:
         """The state's arrays (η, and FedLog-C's Φ: :meth:`head_record` of its method state) to ``fraction-train`` of the clients."""
         content = self.content(server_round, state.arrays, **{P.PHASE: P.PHASE_TRAIN})
-        return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.cfg.fraction_train)}
+        return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.settings.fraction_train)}
 
     def train_layout(self, ctx: TrainRound[FedLogState]) -> Layout:
         """Statistics (classes × m; or, with fedlog-uplink=sparse, the rows of the classes a
@@ -131,7 +133,7 @@ class FedLog(HeadwayStrategy[FedLogState]):
         [count, means] rows in float16 or, where a count needs it, float32) and, unless under local DP, the count
         and loss (under local DP a client releases nothing but its noised statistics)."""
         dtype = ("float16", "float32") if self.half_up else "float32"  # float16, or float32 where a count needs it
-        if self.cfg.fedlog.uplink == "sparse":  # [class index, row of T] for the classes held
+        if self.opts.uplink == "sparse":  # [class index, row of T] for the classes held
             sparse = {P.STATS_ROWS: ArraySpec(("rows", self.m + 1), dtype)}
             return Layout(sparse, count=True, optional=(P.LOSS,), check=self.check_statistics, dims={"rows": self.classes})
         arrays = {P.STATS: ArraySpec((self.classes, self.m), dtype)}
@@ -168,8 +170,8 @@ class FedLog(HeadwayStrategy[FedLogState]):
         """T (classes × m) of every client; |a sum| ≤ the examples the clients can hold times max(b, 1)
         (plus 16 std of the clients' noise under fedlog-dp=distributed)."""
         most = sum(ctx.engine.most_examples(v) for v in nodes)
-        noise = 16.0 * share_sigma(self.cfg, self.m) * math.sqrt(len(nodes))
-        return SumSpec({P.STATS: (self.classes, self.m)}, float(most) * max(self.cfg.fedlog.clip, 1.0) + noise)
+        noise = 16.0 * share_sigma(self.settings, self.m) * math.sqrt(len(nodes))
+        return SumSpec({P.STATS: (self.classes, self.m)}, float(most) * max(self.opts.clip, 1.0) + noise)
 
     def aggregate_sum(self, ctx: TrainRound[FedLogState], total: SecureSum) -> Step[FedLogState]:
         """The head from the securely summed T: the count row gives n (noised under fedlog-dp=distributed:
@@ -178,8 +180,8 @@ class FedLog(HeadwayStrategy[FedLogState]):
         phi = total.arrays[P.STATS]
         n = float(np.sum(phi[:, 0]))
         most = total.max_examples  # what the clients in the sum can hold together: a bound on its count row
-        if self.cfg.fedlog.dp == "distributed":  # the sum carries every client's noise share: σ_share·√clients on each entry
-            checker = replace(self.checker, noise_sigma=share_sigma(self.cfg, self.m) * math.sqrt(len(total)), count_known=False)
+        if self.opts.dp == "distributed":  # the sum carries every client's noise share: σ_share·√clients on each entry
+            checker = replace(self.checker, noise_sigma=share_sigma(self.settings, self.m) * math.sqrt(len(total)), count_known=False)
             problem = checker.problem(phi, max(n, 0.0), most)  # the noised count row within 8 std of [0, most]
             n = max(n, 0.0)
         else:  # whole class counts, |T_cj| <= b·T_c0 (and >= 0 for ReLU bodies), and no more examples than the clients hold
@@ -196,7 +198,7 @@ class FedLog(HeadwayStrategy[FedLogState]):
         run's :attr:`release` (under central DP: noised once, n read from the noised count row)."""
         phi, n = self.release(phi, n)
         t0 = time.perf_counter()
-        eta = solve_head(phi, n, chi=self.cfg.fedlog.prior_chi, nu=self.cfg.fedlog.prior_nu)  # Eq. 12
+        eta = solve_head(phi, n, chi=self.opts.prior_chi, nu=self.opts.prior_nu)  # Eq. 12
         dt = time.perf_counter() - t0
         method = FedLogState(eta, phi, (*ctx.state.method.solve_seconds, dt))
         return Step(self.head_record(method), clients, {"solve_seconds": dt, **metrics}, method=method)
@@ -208,14 +210,13 @@ class FedLog(HeadwayStrategy[FedLogState]):
     def summary_extra(self, engine: Engine, state: ServerState[FedLogState] | None) -> dict[str, Any]:
         """The variant, m, the prior, init, clip, the mean solve time and the DP report."""
         solves = state.method.solve_seconds if state is not None else ()
-        cfg = self.cfg
         extra: dict[str, Any] = {
-            "variant": "fedlog-c" if cfg.fedlog.alpha > 0 else "fedlog",
+            "variant": "fedlog-c" if self.opts.alpha > 0 else "fedlog",
             "m": self.m,
-            "prior_nu": cfg.fedlog.prior_nu,
-            "prior_chi": cfg.fedlog.prior_chi,
-            "init": cfg.fedlog.init,
-            "clip": cfg.fedlog.clip,
+            "prior_nu": self.opts.prior_nu,
+            "prior_chi": self.opts.prior_chi,
+            "init": self.opts.init,
+            "clip": self.opts.clip,
             "solve_seconds_mean": float(np.mean(solves)) if solves else None,
         }
         if self.dp_report is not None:

@@ -24,4 +24,4 @@ class FedPer(LayerSharing):
 
     def shared_layers(self, model: Net, server_round: int) -> list[str] | None:
         """Every layer but the top ``fedper-local-layers``."""
-        return all_but_top(model, self.cfg.fedper.local_layers)
+        return all_but_top(model, self.settings.fedper.local_layers)

@@ -31,6 +31,7 @@ from core.fedpft import (
     train_head,
 )
 from core.models import resolve_device
+from core.settings import Settings
 from core.training import task_metrics
 from strategies.base import HeadwayStrategy, Step, TrainRound
 from strategies.engine import Engine
@@ -66,35 +67,35 @@ class FedPFT(HeadwayStrategy[FedPFTState]):
 
     name = "fedpft"
 
-    def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
-        super().__init__(cfg, spec, services)
+    def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
+        super().__init__(settings, spec, services)
         if spec.task != "classification":
-            raise ConfigError(f"fedpft needs a classification data set; '{cfg.dataset}' is {spec.task}")
-        if cfg.num_server_rounds != 1:
+            raise ConfigError(f"fedpft needs a classification data set; '{settings.dataset}' is {spec.task}")
+        if settings.num_server_rounds != 1:
             raise ConfigError(
-                f"fedpft is one-shot: set num-server-rounds=1 (got {cfg.num_server_rounds}); "
+                f"fedpft is one-shot: set num-server-rounds=1 (got {settings.num_server_rounds}); "
                 "every client sends its mixtures once and the head is trained once"
             )
-        if cfg.fedpft.extractor != "identity" and len(spec.input_shape) != 3:
+        if settings.fedpft.extractor != "identity" and len(spec.input_shape) != 3:
             raise ConfigError(
-                f"fedpft-extractor {cfg.fedpft.extractor!r} takes images; data set '{cfg.dataset}' is tabular: use fedpft-extractor=identity"
+                f"fedpft-extractor {settings.fedpft.extractor!r} takes images; data set '{settings.dataset}' is tabular: use fedpft-extractor=identity"
             )
-        if cfg.fedpft.dp == "on" and cfg.fedpft.components != 1:
+        if settings.fedpft.dp == "on" and settings.fedpft.components != 1:
             raise ConfigError(
-                f"fedpft-dp=on releases one Gaussian per class (Theorem 4.1 is for K = 1): set fedpft-components=1 (got {cfg.fedpft.components})"
+                f"fedpft-dp=on releases one Gaussian per class (Theorem 4.1 is for K = 1): set fedpft-components=1 (got {settings.fedpft.components})"
             )
-        self.chain = cfg.fedpft.topology == "chain"
+        self.chain = settings.fedpft.topology == "chain"
         self.eval_metrics = ("correct-local",) if self.chain else ()
         self.classes = spec.num_classes
-        self.dim = feature_dim(cfg.fedpft.extractor, spec.input_shape)
-        self.k = cfg.fedpft.components
-        self.covariance = cfg.fedpft.covariance
+        self.dim = feature_dim(settings.fedpft.extractor, spec.input_shape)
+        self.k = settings.fedpft.components
+        self.covariance = settings.fedpft.covariance
         # under DP the released means carry noise, and in the chain a client fits its mixtures on
         # Gaussian samples of the ones relayed to it as well (unbounded): only max-feature-value bounds them
-        unbounded = cfg.fedpft.dp == "on" or cfg.fedpft.topology == "chain"
-        value_range = None if unbounded else feature_range(cfg.fedpft.extractor, cfg.dataset)
+        unbounded = settings.fedpft.dp == "on" or settings.fedpft.topology == "chain"
+        value_range = None if unbounded else feature_range(settings.fedpft.extractor, settings.dataset)
         self.checker = PayloadCheck(
-            self.classes, self.dim, self.k, self.covariance, cfg.max_feature_value, cfg.fedpft.min_class_examples, value_range
+            self.classes, self.dim, self.k, self.covariance, settings.max_feature_value, settings.fedpft.min_class_examples, value_range
         )
 
     def initial_method_state(self) -> FedPFTState:
@@ -148,22 +149,22 @@ class FedPFT(HeadwayStrategy[FedPFTState]):
         """Alg. 1 lines 13–17: sample every received class mixture, train the head."""
         mixtures = [m for r in replies for m in r.payload]
         noted = ctx.state.method.noted(replies)
-        gen = torch.Generator().manual_seed(int(self.cfg.seed))  # synthetic draws protect nothing: seeded, reproducible
-        x, y = synthesize(mixtures, gen, capped_counts(mixtures, self.cfg.fedpft.max_synthetic))
+        gen = torch.Generator().manual_seed(int(self.settings.seed))  # synthetic draws protect nothing: seeded, reproducible
+        x, y = synthesize(mixtures, gen, capped_counts(mixtures, self.settings.fedpft.max_synthetic))
         if len(y) == 0:  # valid replies, but no class anyone could send: no head this round
             return Step(None, len(replies), {"synthetic_examples": 0.0}, method=noted)
-        cfg = self.cfg
+        settings = self.settings
         t0 = time.perf_counter()
         head = train_head(
             x,
             y,
             self.classes,
-            cfg.fedpft.head_optimizer,
-            cfg.fedpft.head_lr,
-            cfg.fedpft.head_epochs,
-            cfg.fedpft.head_batch_size,
-            cfg.seed,
-            resolve_device(cfg.device),
+            settings.fedpft.head_optimizer,
+            settings.fedpft.head_lr,
+            settings.fedpft.head_epochs,
+            settings.fedpft.head_batch_size,
+            settings.seed,
+            resolve_device(settings.device),
         )
         seconds = time.perf_counter() - t0
         method = FedPFTState(head, noted.received, noted.payload_bytes, seconds)
@@ -188,7 +189,7 @@ class FedPFT(HeadwayStrategy[FedPFTState]):
 
         first = self.content(server_round, ArrayRecord(), **{P.PHASE: P.PHASE_CHAIN})
         out = engine.relay(
-            P.PHASE_CHAIN, engine.nodes(), first, forward, self.payload_layout(relayed=0), hop_timeout=self.cfg.round_timeout
+            P.PHASE_CHAIN, engine.nodes(), first, forward, self.payload_layout(relayed=0), hop_timeout=self.settings.round_timeout
         )
         details = {"chain_order": [r.partition_id for r in out]}
         return Step(None, len(out), {"chain_hops": float(len(out))}, details, method=state.method.noted(out))
@@ -207,12 +208,12 @@ class FedPFT(HeadwayStrategy[FedPFTState]):
     def global_evaluation(self, state: ServerState[FedPFTState]) -> dict[str, float]:
         """The server's head on the whole test set, where the server holds the data."""
         head = state.method.head
-        if head is None or not self.cfg.global_eval:
+        if head is None or not self.settings.global_eval:
             return {}
         test = self.services.data.test_tensors()
         if test is None:
             return {}
-        f = features(self.cfg, self.cfg.dataset, test[0], resolve_device(self.cfg.device))
+        f = features(self.settings, self.settings.dataset, test[0], resolve_device(self.settings.device))
         s = task_metrics("classification", head_logits(f, *head), test[1])
         return {f"global_{k}": v for k, v in s.items()}
 
@@ -230,7 +231,7 @@ class FedPFT(HeadwayStrategy[FedPFTState]):
         """As every method's, but naming what each client runs: the shared frozen extractor
         and a linear head (FedPFT never builds the config's ``body``)."""
         out = super().participants(engine)
-        runs = f"{self.cfg.fedpft.extractor} (frozen) + linear head"
+        runs = f"{self.settings.fedpft.extractor} (frozen) + linear head"
         if "participants" in out:
             out["participants"] = {pid: runs for pid in out["participants"]}
         return out
@@ -238,21 +239,21 @@ class FedPFT(HeadwayStrategy[FedPFTState]):
     def summary_extra(self, engine: Engine, state: ServerState[FedPFTState] | None) -> dict[str, Any]:
         """The extractor, mixtures and head figures, and the DP report of the classes received."""
         method = state.method if state is not None else FedPFTState()
-        cfg = self.cfg
+        settings = self.settings
         extra: dict[str, Any] = {
-            "extractor": cfg.fedpft.extractor,
-            "resolution": cfg.fedpft.resolution,
+            "extractor": settings.fedpft.extractor,
+            "resolution": settings.fedpft.resolution,
             "feature_dim": self.dim,
             "components": self.k,
             "covariance": self.covariance,
-            "topology": cfg.fedpft.topology,
+            "topology": settings.fedpft.topology,
             "classes_received": len(method.received),
             "payload_bytes_per_client": float(np.mean(method.payload_bytes)) if method.payload_bytes else None,
             "head_seconds": method.head_seconds,
         }
-        if cfg.fedpft.dp == "on":
+        if settings.fedpft.dp == "on":
             extra["dp"] = {
-                **fedpft_dp_report(cfg.fedpft.epsilon, cfg.fedpft.delta, [int(n) for _, n in method.received]),
+                **fedpft_dp_report(settings.fedpft.epsilon, settings.fedpft.delta, [int(n) for _, n in method.received]),
                 "noise": "OS entropy, added by each client before sending",
                 "features": "L2-normalized to the unit sphere",
             }

@@ -53,6 +53,7 @@ from core.profiles import (
     profile_problem,
     score,
 )
+from core.settings import Settings
 from strategies.arrays import to_numpy, to_record
 from strategies.base import Step, TrainRound, mean_finite
 from strategies.engine import Engine
@@ -74,10 +75,10 @@ def validation_stream(seed: int, secret: str | None) -> tuple[np.random.Generato
     return np.random.default_rng([int(seed), *(int.from_bytes(digest[i : i + 4], "little") for i in range(0, 32, 4))]), f"${SECRET_ENV}"
 
 
-def profiled_layers(cfg: Mapping[str, Any], spec: DatasetSpec) -> list[str]:
+def profiled_layers(settings: Settings, spec: DatasetSpec) -> list[str]:
     """Modules of the run's model whose output is a tensor in a forward pass (what FedProf
     can profile), found on a 2-row zero input in eval mode: no training, no data."""
-    model = build_model(cfg.body, spec.input_shape, cfg.feature_dim, spec.num_classes, cfg.seed, cfg.body_dropout)
+    model = build_model(settings.body, spec.input_shape, settings.feature_dim, spec.num_classes, settings.seed, settings.body_dropout)
     seen: list[str] = []
     hooks = [
         module.register_forward_hook(lambda _m, _i, out, name=name: seen.append(name) if isinstance(out, torch.Tensor) else None)
@@ -89,7 +90,7 @@ def profiled_layers(cfg: Mapping[str, Any], spec: DatasetSpec) -> list[str]:
             model(torch.zeros((2, *spec.input_shape)))
     except Exception as exc:  # e.g. a body built for another input shape
         raise ConfigError(
-            f"run-config key 'body' is {cfg.body!r}, which cannot run on data set '{cfg.dataset}' inputs of shape "
+            f"run-config key 'body' is {settings.body!r}, which cannot run on data set '{settings.dataset}' inputs of shape "
             f"{tuple(spec.input_shape)}: {type(exc).__name__}: {' '.join(str(exc).split())}"
         ) from None
     finally:
@@ -160,13 +161,13 @@ class FedProf(ModelAveraging[FedProfState]):
     name = "fedprof"
 
     @classmethod
-    def check_config(cls, cfg: Mapping[str, Any], spec: DatasetSpec) -> None:
+    def check_config(cls, settings: Settings, spec: DatasetSpec) -> None:
         """ConfigError unless ``fedprof-layer`` names a module of the run's model that outputs a tensor."""
-        layer = cfg.fedprof.layer
-        names = profiled_layers(cfg, spec)
+        layer = settings.fedprof.layer
+        names = profiled_layers(settings, spec)
         if layer not in names:
             raise ConfigError(
-                f"run-config key 'fedprof-layer' is {layer!r}, which is not a layer with an output in body {cfg.body!r}; "
+                f"run-config key 'fedprof-layer' is {layer!r}, which is not a layer with an output in body {settings.body!r}; "
                 f"choose one of: {', '.join(names)}"
             )
 
@@ -183,22 +184,22 @@ class FedProf(ModelAveraging[FedProfState]):
                 "fedprof needs the server to hold the data set for its validation set D^V (fedprof-val-size rows); "
                 "give the server a data-dir with the data"
             )
-        rng, source = validation_stream(self.cfg.seed, os.environ.get(SECRET_ENV))
+        rng, source = validation_stream(self.settings.seed, os.environ.get(SECRET_ENV))
         rows = private_validation_rows(len(held[0]), rng)
         return Validation(held[0][rows], source, len(held[0]))
 
     def baseline(self, validation: Validation, arrays: ArrayRecord) -> np.ndarray:
         """RP^B of the global model ``arrays`` on the server's validation set."""
         model = build_model(
-            self.cfg.body,
+            self.settings.body,
             self.spec.input_shape,
-            self.cfg.feature_dim,
+            self.settings.feature_dim,
             self.spec.num_classes,
-            self.cfg.seed,
-            self.cfg.body_dropout,
+            self.settings.seed,
+            self.settings.body_dropout,
         )
         model.load_state_dict(arrays.to_torch_state_dict())
-        return model_profile(model, self.cfg.fedprof.layer, validation.inputs)
+        return model_profile(model, self.settings.fedprof.layer, validation.inputs)
 
     def new_version(self, method: FedProfState, version: int, arrays: ArrayRecord, engine: Engine) -> FedProfState:
         """``method`` at global version ``version`` with its baseline (on D^V, drawn the first time it is
@@ -248,7 +249,7 @@ class FedProf(ModelAveraging[FedProfState]):
         """λ_k of every available node (Alg. 1 lines 8-9), each scored client's divergence noted in
         ``clients``. A node without a valid profile scores 0, the lowest: the sampler takes it only
         when fewer than K nodes score above 0 (a node never asked is profiled before the draw)."""
-        alpha = self.cfg.fedprof.alpha
+        alpha = self.settings.fedprof.alpha
         out = {}
         for node in engine.nodes():
             pid = engine.partition_of(node)
@@ -305,7 +306,7 @@ class FedProf(ModelAveraging[FedProfState]):
         self.ask_profiles(engine, method, clients, due, server_round, state.arrays)
         content = self.content(server_round, state.arrays, **{P.PHASE: P.PHASE_TRAIN})
         scores = self.scores(engine, method, clients)
-        chosen = engine.sample(self.cfg.fraction_train, scores)
+        chosen = engine.sample(self.settings.fraction_train, scores)
         selections = dict(method.selections)
         for node in chosen:
             pid = engine.partition_of(node)
@@ -371,7 +372,7 @@ class FedProf(ModelAveraging[FedProfState]):
         sizes = [r.examples for r in replies]
         known = {n: s.n for n, s in states.items() if s.n is not None}
         total = float(sum(known.values()))
-        mode = self.cfg.fedprof.aggregation
+        mode = self.settings.fedprof.aggregation
         if mode == "full":
             new = full_aggregate(ctx.sent, models, sizes, total)
         elif mode == "full-cache":
@@ -400,8 +401,8 @@ class FedProf(ModelAveraging[FedProfState]):
         divs = {str(engine.partition_of(n)): s.div for n, s in states.items() if s.div is not None}
         validation = method.validation
         return {
-            "fedprof_alpha": self.cfg.fedprof.alpha,
-            "fedprof_aggregation": self.cfg.fedprof.aggregation,
+            "fedprof_alpha": self.settings.fedprof.alpha,
+            "fedprof_aggregation": self.settings.fedprof.aggregation,
             "fedprof_selections": {str(k): v for k, v in sorted(method.selections.items())},
             "fedprof_last_divergence": divs,
             # where D^V came from, never the draw itself: a client must not be able to rebuild it

@@ -16,6 +16,7 @@ from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.models import common_width
 from core.prototypes import average_prototypes, prototype_problem
+from core.settings import Settings
 from core.sum_bounds import count_problem
 from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
 from strategies.engine import Engine
@@ -41,12 +42,12 @@ class FedProto(HeadwayStrategy[FedProtoState]):
     name = "fedproto"
     eval_metrics = (f"{P.CORRECT}-head", f"{P.CORRECT}-prototype")
 
-    def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
-        super().__init__(cfg, spec, services)
+    def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
+        super().__init__(settings, spec, services)
         if spec.task != "classification":
-            raise ConfigError(f"fedproto needs a classification data set; '{cfg.dataset}' is {spec.task}")
+            raise ConfigError(f"fedproto needs a classification data set; '{self.settings.dataset}' is {spec.task}")
         try:
-            self.m = common_width(body_names(cfg), spec.input_shape, cfg.feature_dim)
+            self.m = common_width(body_names(self.settings), spec.input_shape, self.settings.feature_dim)
         except ValueError as exc:
             raise ConfigError(f"fedproto: {exc}") from None
         self.classes = spec.num_classes
@@ -68,7 +69,7 @@ class FedProto(HeadwayStrategy[FedProtoState]):
     def configure_train(self, server_round: int, state: ServerState[FedProtoState], engine: Engine) -> tuple[TrainRound[FedProtoState], dict[int, RecordDict]]:
         """The state's arrays (its global prototypes: :meth:`global_record`) to ``fraction-train`` of the clients."""
         content = self.content(server_round, state.arrays)
-        return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.cfg.fraction_train)}
+        return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.settings.fraction_train)}
 
     def train_layout(self, ctx: TrainRound[FedProtoState]) -> Layout:
         """Prototypes (classes × m) and class counts, with n and an optional loss."""
@@ -79,8 +80,8 @@ class FedProto(HeadwayStrategy[FedProtoState]):
         """A reply's (prototypes, counts) as float64, or why they cannot be a client's."""
         protos, counts = arrays[P.PROTOTYPES].astype(np.float64), arrays[P.CLASS_COUNTS].astype(np.float64)
         problem = prototype_problem(protos, counts, float(reply.examples), (self.classes, self.m))
-        if problem is None and np.max(np.abs(protos), initial=0.0) > self.cfg.max_feature_value:
-            problem = f"a prototype entry exceeds max-feature-value={self.cfg.max_feature_value:g}"
+        if problem is None and np.max(np.abs(protos), initial=0.0) > self.settings.max_feature_value:
+            problem = f"a prototype entry exceeds max-feature-value={self.settings.max_feature_value:g}"
         return (protos, counts), problem
 
     def aggregate_train(self, ctx: TrainRound[FedProtoState], replies: list[Reply]) -> Step[FedProtoState]:
@@ -94,15 +95,15 @@ class FedProto(HeadwayStrategy[FedProtoState]):
         examples the clients hold times max-feature-value."""
         most = float(sum(ctx.engine.most_examples(v) for v in nodes))
         arrays = {P.PROTOTYPES: (self.classes, self.m), P.CLASS_COUNTS: (self.classes,)}
-        return SumSpec(arrays, most * max(self.cfg.max_feature_value, 1.0), row_weights=P.CLASS_COUNTS)
+        return SumSpec(arrays, most * max(self.settings.max_feature_value, 1.0), row_weights=P.CLASS_COUNTS)
 
     def aggregate_sum(self, ctx: TrainRound[FedProtoState], total: SecureSum) -> Step[FedProtoState]:
         """The count-weighted prototypes from the secure sums; sums no honest clients could send keep the previous ones."""
         weighted, counts = total.arrays[P.PROTOTYPES], total.arrays[P.CLASS_COUNTS]
         protos = np.divide(weighted, counts[:, None], out=np.zeros_like(weighted), where=counts[:, None] > 0)
         problem = prototype_problem(protos, counts, float(np.sum(counts)), (self.classes, self.m))
-        if problem is None and np.max(np.abs(protos), initial=0.0) > self.cfg.max_feature_value * (1 + 1e-6):
-            problem = f"a prototype entry exceeds max-feature-value={self.cfg.max_feature_value:g}"
+        if problem is None and np.max(np.abs(protos), initial=0.0) > self.settings.max_feature_value * (1 + 1e-6):
+            problem = f"a prototype entry exceeds max-feature-value={self.settings.max_feature_value:g}"
         if problem is None:  # whole counts are checked above; their total within what these clients hold
             problem = count_problem(float(np.sum(counts)), total.max_examples)
         if problem is not None:
@@ -118,4 +119,4 @@ class FedProto(HeadwayStrategy[FedProtoState]):
 
     def summary_extra(self, engine: Engine, state: ServerState[FedProtoState] | None) -> dict[str, Any]:
         """m, λ and the prediction rule."""
-        return {"m": self.m, "lambda": self.cfg.fedproto.lambda_, "predict": self.cfg.fedproto.predict}
+        return {"m": self.m, "lambda": self.settings.fedproto.lambda_, "predict": self.settings.fedproto.predict}

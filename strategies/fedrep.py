@@ -16,4 +16,4 @@ class FedRep(LayerSharing):
 
     def shared_layers(self, model: Net, server_round: int) -> list[str] | None:
         """Every layer but the top ``fedrep-local-layers``."""
-        return all_but_top(model, self.cfg.fedrep.local_layers)
+        return all_but_top(model, self.settings.fedrep.local_layers)

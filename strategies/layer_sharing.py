@@ -8,14 +8,13 @@ arrays it received; the server averages them with weights n_k/n.
 
 from __future__ import annotations
 
-from typing import Any
-
 from flwr.app import ArrayRecord
 
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.layers import select
 from core.models import Net, build_model
+from core.settings import Settings
 from strategies.arrays import to_numpy, to_record
 from strategies.base import unknown_body
 from strategies.fedavg import FedAvg
@@ -28,15 +27,15 @@ class LayerSharing(FedAvg):
     has_global_model = False  # each client predicts with its own mix of local and shared layers
     averages = "body layers"  # without mixed_bodies, FedAvg's one-body rule holds (FedAvg.__init__)
 
-    def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
-        super().__init__(cfg, spec, services)
+    def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
+        super().__init__(settings, spec, services)
         self._admitted: dict[str, str | None] = {}  # body name -> why it cannot take part (None: it can)
-        self.template = self._model(cfg.body)
+        self.template = self._model(self.settings.body)
         try:
             self.reference = self._shared_shapes(self.template)
         except ValueError as exc:
             raise ConfigError(f"{self.name}: {exc}") from None
-        for body in body_names(cfg):
+        for body in body_names(self.settings):
             if problem := self._mismatch(body):
                 raise ConfigError(f"{self.name}: {problem}")
 
@@ -45,7 +44,7 @@ class LayerSharing(FedAvg):
         shapes = self._shared_shapes(self._model(body))
         if shapes != self.reference:
             return (
-                f"the shared layers of body {body!r} do not match those of {self.cfg.body!r} ({shapes} vs {self.reference}); "
+                f"the shared layers of body {body!r} do not match those of {self.settings.body!r} ({shapes} vs {self.reference}); "
                 "use bodies whose shared layers agree"
             )
         return None
@@ -55,7 +54,7 @@ class LayerSharing(FedAvg):
         ``mixed_bodies``), else the run body itself; checked once, at registration."""
         if not self.mixed_bodies:
             return super().body_problem(body)  # FedAvg's: the run's one body
-        if problem := unknown_body(body, self.cfg):
+        if problem := unknown_body(body, self.settings):
             return problem
         if body not in self._admitted:
             try:
@@ -70,12 +69,12 @@ class LayerSharing(FedAvg):
 
     def _model(self, body: str) -> Net:
         return build_model(
-            body, self.spec.input_shape, self.cfg.feature_dim, self.spec.num_classes, self.cfg.seed, self.cfg.body_dropout
+            body, self.spec.input_shape, self.settings.feature_dim, self.spec.num_classes, self.settings.seed, self.settings.body_dropout
         )
 
     def _shared_shapes(self, model: Net) -> dict[str, tuple[int, ...]]:
         """Shapes of the layers shared after any warm-up (the part that must agree across bodies)."""
-        layers = self.shared_layers(model, self.cfg.num_server_rounds)
+        layers = self.shared_layers(model, self.settings.num_server_rounds)
         state = model.state_dict()
         part = state if layers is None else select(state, layers)
         return {k: tuple(v.shape) for k, v in part.items()}

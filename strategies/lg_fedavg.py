@@ -11,7 +11,6 @@ test*), counting those bytes in the ``upload`` phase.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
 from flwr.app import MessageType
@@ -21,6 +20,7 @@ from core.config import ConfigError, body_names
 from core.data import DatasetSpec
 from core.layers import top_layers
 from core.models import Net
+from core.settings import Settings
 from core.training import ensemble_logits, task_metrics
 from strategies.engine import Engine
 from strategies.fedavg import FedAvg, FedAvgState
@@ -38,24 +38,24 @@ class LGFedAvg(LayerSharing):
     name = "lg-fedavg"
     mixed_bodies = True  # only the top layers are shared, so bodies may differ below them
 
-    def __init__(self, cfg: dict[str, Any], spec: DatasetSpec, services: Services):
-        if cfg.lg_fedavg.warmup_rounds > 0 and len(body_names(cfg)) > 1:
+    def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
+        if settings.lg_fedavg.warmup_rounds > 0 and len(body_names(settings)) > 1:
             raise ConfigError(
                 "lg-fedavg: warm-up rounds average whole models, so every client must run the same body: set lg-warmup-rounds=0 or leave 'bodies' empty"
             )
-        super().__init__(cfg, spec, services)
+        super().__init__(settings, spec, services)
 
     def body_problem(self, body: str) -> str | None:
         """As layer sharing's, but warm-up rounds average whole models: then only the run body."""
-        if self.cfg.lg_fedavg.warmup_rounds > 0:  # warm-up rounds average whole models
+        if self.settings.lg_fedavg.warmup_rounds > 0:  # warm-up rounds average whole models
             return FedAvg.body_problem(self, body)
         return super().body_problem(body)
 
     def shared_layers(self, model: Net, server_round: int) -> list[str] | None:
         """Every layer in warm-up rounds, then the top ``lg-global-layers``."""
-        if server_round <= self.cfg.lg_fedavg.warmup_rounds:
+        if server_round <= self.settings.lg_fedavg.warmup_rounds:
             return None
-        return top_layers(model, self.cfg.lg_fedavg.global_layers)
+        return top_layers(model, self.settings.lg_fedavg.global_layers)
 
     def upload_layout(self, engine: Engine, node: int) -> Layout:
         """A client's whole model, shaped as its registered body's."""
@@ -65,10 +65,10 @@ class LGFedAvg(LayerSharing):
 
     def final_evaluation(self, state: ServerState[FedAvgState], engine: Engine) -> dict[str, float]:
         """New test: collect every client's model once and score their logit ensemble."""
-        test = self.services.data.test_tensors() if self.cfg.lg_fedavg.new_test else None
+        test = self.services.data.test_tensors() if self.settings.lg_fedavg.new_test else None
         if test is None:
             return {}
-        content = self.content(self.cfg.num_server_rounds, state.arrays, **{P.PHASE: P.PHASE_UPLOAD})
+        content = self.content(self.settings.num_server_rounds, state.arrays, **{P.PHASE: P.PHASE_UPLOAD})
         replies = engine.exchange(
             P.PHASE_UPLOAD, {n: content for n in engine.nodes()}, MessageType.EVALUATE, lambda node: self.upload_layout(engine, node)
         )

@@ -8,7 +8,6 @@ FedPFT's one shot ask every client."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
@@ -20,6 +19,7 @@ from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
 from core.fedlog import add_noise, share_sigma
 from core.privacy import FEDLOG_RELEASED, NEIGHBOURING, GaussianRelease, fedlog_release, fedpft_release, withheld_release
+from core.settings import Settings
 
 
 class Release(Protocol):
@@ -48,9 +48,9 @@ class CentralNoise:
         return noised, max(float(np.sum(noised[:, 0])), 0.0)
 
 
-def release_for(cfg: Mapping[str, Any], sigma: float, private: np.random.Generator) -> Release:
+def release_for(dp: str, sigma: float, private: np.random.Generator) -> Release:
     """The run's release of FedLog's summed statistics: with central noise under ``fedlog-dp=central``, else exact."""
-    return CentralNoise(sigma, private) if cfg.fedlog.dp == "central" else exact_release
+    return CentralNoise(sigma, private) if dp == "central" else exact_release
 
 
 def _backend() -> str:
@@ -93,28 +93,28 @@ def release_epsilon(release: GaussianRelease) -> tuple[float, float]:
     return rdp_epsilon(release.noise_multiplier, release.releases, release.delta)
 
 
-def fedlog_dp_report(cfg: dict[str, Any], m: int) -> dict[str, Any] | None:
+def fedlog_dp_report(settings: Settings, m: int) -> dict[str, Any] | None:
     """DP-FedLog's report for summary.json (None when fedlog-dp=off): the paper's ε (what
     Theorem 7's σ is calibrated for) beside the RDP ε of the same noise, both at fedlog-delta."""
-    release = fedlog_release(cfg, m)
+    release = fedlog_release(settings, m)
     if release is None:
         return None
     epsilon_rdp, order = release_epsilon(release)
     extra: dict[str, Any] = {}
-    if cfg.fedlog.dp == "distributed":  # ε holds while at most w clients of a sum withhold their share; what more would cost
-        w = cfg.fedlog.dp_withholding
+    if settings.fedlog.dp == "distributed":  # ε holds while at most w clients of a sum withhold their share; what more would cost
+        w = settings.fedlog.dp_withholding
         extra = {
             "withholding_clients": w,
-            "assumption": f"at most {w} of the at least min-replies={cfg.min_replies} clients in an accepted sum withhold "
+            "assumption": f"at most {w} of the at least min-replies={settings.min_replies} clients in an accepted sum withhold "
             "their noise share (undetectable under secure aggregation); epsilon and epsilon_rdp hold only under it",
-            "share_sigma": share_sigma(cfg, m),
-            "epsilon_rdp_if_withholding": {str(k): release_epsilon(withheld_release(cfg, m, k))[0] for k in range(cfg.min_replies)},
+            "share_sigma": share_sigma(settings, m),
+            "epsilon_rdp_if_withholding": {str(k): release_epsilon(withheld_release(settings, m, k))[0] for k in range(settings.min_replies)},
         }
     return {
-        "mode": cfg.fedlog.dp,
+        "mode": settings.fedlog.dp,
         "epsilon": release.epsilon,
         "delta": release.delta,
-        "clip": cfg.fedlog.clip,
+        "clip": settings.fedlog.clip,
         "k": release.releases,
         "sigma": release.sigma,
         "sensitivity": release.sensitivity,
@@ -122,7 +122,7 @@ def fedlog_dp_report(cfg: dict[str, Any], m: int) -> dict[str, Any] | None:
         "epsilon_rdp": epsilon_rdp,
         "rdp_order": order,
         "neighbouring": NEIGHBOURING,
-        "release": FEDLOG_RELEASED[cfg.fedlog.dp],
+        "release": FEDLOG_RELEASED[settings.fedlog.dp],
         "accountant": ACCOUNTANT,
         **extra,
     }

@@ -27,6 +27,7 @@ from flwr.app.typing import ConfigRecordValues, MetricRecordValues
 from flwr.serverapp import Grid
 
 from core import protocol as P
+from core.settings import Settings
 from strategies.meter import RoundMeter, short_reason
 from strategies.services import Services, example_cap
 from strategies.wire import WireMeter
@@ -198,14 +199,14 @@ class Registrar:
         self,
         channel: Channel,
         grid: Grid,
-        cfg: Mapping[str, Any],
+        settings: Settings,
         services: Services,
         registry: ClientRegistry,
         admit: Callable[[str], str | None] | None = None,
     ):
         self.channel = channel
         self.grid = grid
-        self.cfg = cfg
+        self.settings = settings
         self.services = services
         self.registry = registry
         self.admit = admit  # why a node's declared body cannot take part in this run, or None
@@ -260,7 +261,7 @@ class Registrar:
             waiting = [n for n in waiting if n not in offered or n in self.takeover_refused]
         for node in waiting:
             if node not in self.registry.refused:
-                self.registry.refuse(node, f"every one of the num-clients={self.cfg.num_clients} client indices is taken")
+                self.registry.refuse(node, f"every one of the num-clients={self.settings.num_clients} client indices is taken")
 
     def _registrations(self, contents: Mapping[int, RecordDict], connected: Collection[int], offered: Mapping[int, int]) -> None:
         """Send registration queries ``contents`` (one deadline) and register or refuse each node that answers."""
@@ -332,7 +333,7 @@ class Registrar:
                     f"it declares {declared[more]} examples of class {short_reason(repr(more), 80)}, more than the "
                     f"{before.get(more, [0, 0])} it described before the run"
                 )
-        cap = example_cap(self.cfg)
+        cap = example_cap(self.settings.max_client_examples)
         total = sum(a + b for a, b in declared.values())
         if total > cap:
             return (

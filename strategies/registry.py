@@ -11,12 +11,11 @@ and one declaring nothing does)."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
-from typing import Any
 
 import strategies
 from core.methods import METHODS, Method, class_path
 from core.schema import ConfigError
+from core.settings import Settings
 from strategies.base import HeadwayStrategy
 from strategies.capabilities import ROBUST_AGGREGATION, SECURE_SUM, capabilities_of
 
@@ -68,17 +67,17 @@ def able(capability: str) -> list[str]:
     return [name for name, found in CAPABILITIES.items() if capability in found]
 
 
-def check_capabilities(cfg: Mapping[str, Any]) -> None:
+def check_capabilities(settings: Settings) -> None:
     """ConfigError when a resolved config asks a method for what its strategy does not implement: a secure sum
     (secure-aggregation) or a robust rule (aggregation). Run before any client is asked (server.app)."""
-    name = cfg.algorithm
-    if cfg.secure_aggregation != "off" and SECURE_SUM not in CAPABILITIES[name]:
+    name = settings.algorithm
+    if settings.secure_aggregation != "off" and SECURE_SUM not in CAPABILITIES[name]:
         raise ConfigError(
-            f"run-config key 'secure-aggregation' is {cfg.secure_aggregation!r}, which only {', '.join(able(SECURE_SUM))} implement: "
+            f"run-config key 'secure-aggregation' is {settings.secure_aggregation!r}, which only {', '.join(able(SECURE_SUM))} implement: "
             f"{name}'s server needs what each client sends (profiles to select by, mixtures to sample from, models to compare), not only their sum"
         )
-    if cfg.aggregation != "mean" and ROBUST_AGGREGATION not in CAPABILITIES[name]:
+    if settings.aggregation != "mean" and ROBUST_AGGREGATION not in CAPABILITIES[name]:
         raise ConfigError(
-            f"run-config key 'aggregation' is {cfg.aggregation!r}, which only {', '.join(able(ROBUST_AGGREGATION))} implement (it replaces their "
+            f"run-config key 'aggregation' is {settings.aggregation!r}, which only {', '.join(able(ROBUST_AGGREGATION))} implement (it replaces their "
             f"average of the round's model updates); {name} {METHODS[name].server_combines}: leave it 'mean'"
         )

@@ -21,6 +21,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from core.aggregate import SELECTING, multi_krum_count, replies_needed, weighted_average
 from core.config import ConfigError
+from core.settings import Settings
 from strategies.arrays import to_record
 from strategies.capabilities import ROBUST_AGGREGATION, capabilities_of
 from strategies.replies import Reply
@@ -43,9 +44,9 @@ class Rule:
     m: int = 0
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> Rule:
-        """The rule the run config's ``aggregation`` names, with its parameters."""
-        return cls(cfg.aggregation, cfg.trimmed_mean_beta, cfg.malicious_clients, cfg.multi_krum_select)
+    def from_settings(cls, settings: Settings) -> Rule:
+        """The rule the run's ``aggregation`` names, with its parameters."""
+        return cls(settings.aggregation, settings.trimmed_mean_beta, settings.malicious_clients, settings.multi_krum_select)
 
     def shortfall(self, n: int) -> str | None:
         """Why ``n`` replies are too few for this rule, or None. Trimmed mean needs floor(beta x n) >= 1:
@@ -96,14 +97,14 @@ class RobustAverage:
         return Step(to_record(avg), len(replies), metrics, details)
 
 
-def averaging_for(cfg: Mapping[str, Any], strategy: HeadwayStrategy[Any]) -> Averaging:
+def averaging_for(settings: Settings, strategy: HeadwayStrategy[Any]) -> Averaging:
     """The run's averaging: the weighted mean, or the robust rule ``aggregation`` names, for a
     strategy that averages updates (the config check refused it already for others: this is the last guard)."""
-    if cfg.aggregation == "mean":
+    if settings.aggregation == "mean":
         return WeightedMean()
     if ROBUST_AGGREGATION not in capabilities_of(type(strategy)):
-        raise ConfigError(f"aggregation={cfg.aggregation}: {type(strategy).__name__} does not average model updates")
-    return RobustAverage(Rule.from_config(cfg))
+        raise ConfigError(f"aggregation={settings.aggregation}: {type(strategy).__name__} does not average model updates")
+    return RobustAverage(Rule.from_settings(settings))
 
 
 def robust_aggregate(

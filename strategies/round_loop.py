@@ -59,7 +59,7 @@ class RoundLoop(Generic[M]):
     def run(self, state: ServerState[M], num_rounds: int) -> ServerState[M]:
         """Run ``num_rounds`` rounds from ``state``; returns the server's last state. Raises
         :class:`RoundFailed` when round 1 (or the work before it) gets no valid reply."""
-        strategy, engine, cfg = self.strategy, self.engine, self.strategy.cfg
+        strategy, engine, settings = self.strategy, self.engine, self.strategy.settings
         strategy.summary()
         self.state = state
         started = time.monotonic()
@@ -89,9 +89,9 @@ class RoundLoop(Generic[M]):
                 self.state = self.state.advance(step)
                 if rnd == 1 and step.clients == 0:
                     raise RoundFailed(first_reason(engine.meter, "every client failed in round 1"))
-                every = cfg.eval_every
+                every = settings.eval_every
                 due = rnd == num_rounds or bool(every and rnd % every == 0)
-                carried = due and scores_with_train(cfg, rnd + 1)
+                carried = due and scores_with_train(settings, rnd + 1)
                 evaluation = strategy.evaluate_round(rnd, self.state, engine) if due and not carried else {}
                 if rnd == num_rounds:
                     evaluation.update(strategy.final_evaluation(self.state, engine))
@@ -100,7 +100,7 @@ class RoundLoop(Generic[M]):
                 # replies; round 1 also counts a first model built before it (FedLog's statistics round)
                 aggregated = bool(
                     step.arrays is not None
-                    or (step.clients >= cfg.min_replies and not step.kept)
+                    or (step.clients >= settings.min_replies and not step.kept)
                     or (rnd == 1 and prep is not None and prep.arrays is not None)
                 )
                 done = Pending(
@@ -119,7 +119,7 @@ class RoundLoop(Generic[M]):
     def log_counts(self) -> None:
         """Round 1's line on the clients' training rows, and a warning when some hold none."""
         counts = list(self.counts.values())
-        log.info("%s (train-fraction=%g)", counts_line(counts), self.strategy.cfg.train_fraction)
+        log.info("%s (train-fraction=%g)", counts_line(counts), self.strategy.settings.train_fraction)
         if empty := empty_note(counts):  # most empty is refused before the run (core.partition)
             log.warning("%s", empty)
 

@@ -138,7 +138,7 @@ class _Session:
     @classmethod
     def open(cls, engine: Engine, phase: str) -> _Session:
         """A session starting now."""
-        timeout = engine.cfg.round_timeout
+        timeout = engine.settings.round_timeout
         return cls(engine, phase, engine.clock() + timeout, timeout / STAGE_SHARE_OF_DEADLINE, {}, time.thread_time())
 
     def left(self, cap: float = math.inf, keep: float = 0.0) -> float:
@@ -157,14 +157,14 @@ class _Session:
 
 def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], spec: SumSpec) -> SecureSum | None:
     """The four stages of SecAgg+ in turn (:func:`_setup`, :func:`_share`, :func:`_collect`, :func:`_unmask`)."""
-    cfg = engine.cfg
+    settings = engine.settings
     nodes = sorted(contents)
     session = _Session.open(engine, phase)
-    smallest = max(S.MIN_CLIENTS, cfg.min_replies)  # what each client's floor assumes (core/secagg.py, client_floor)
+    smallest = max(S.MIN_CLIENTS, settings.min_replies)  # what each client's floor assumes (core/secagg.py, client_floor)
     if len(nodes) < smallest:
         session.fail(
             f"{len(nodes)} client(s) asked; a secure sum needs at least {smallest} (3, as a client's secrets are shared among "
-            f"at least 2 others, and min-replies={cfg.min_replies})"
+            f"at least 2 others, and min-replies={settings.min_replies})"
         )
         return None
     try:
@@ -172,14 +172,14 @@ def _secure_sum(engine: Engine, phase: str, contents: Mapping[int, RecordDict], 
     except S.SecAggError as exc:
         session.fail(str(exc))
         return None
-    shares = S.share_count(len(nodes), cfg.secagg_shares)
-    threshold = S.threshold_for(shares - 1, cfg.secagg_threshold)  # of the shares - 1 other neighbours that hold a client's shares
+    shares = S.share_count(len(nodes), settings.secagg_shares)
+    threshold = S.threshold_for(shares - 1, settings.secagg_threshold)  # of the shares - 1 other neighbours that hold a client's shares
     graph = S.neighbour_graph(nodes, shares)
     public, digests = _setup(session, nodes, threshold)
     relayed = _share(session, graph, public, threshold, shares)
     masked = _collect(session, contents, relayed, threshold, spec, frac)
-    if len(masked.arrived) < max(cfg.min_replies, 1):  # never unmask a sum of fewer: distributed DP's noise needs min-replies shares
-        session.fail(f"{len(masked.arrived)} masked vectors arrived, fewer than min-replies={cfg.min_replies}; nothing is unmasked")
+    if len(masked.arrived) < max(settings.min_replies, 1):  # never unmask a sum of fewer: distributed DP's noise needs min-replies shares
+        session.fail(f"{len(masked.arrived)} masked vectors arrived, fewer than min-replies={settings.min_replies}; nothing is unmasked")
         return None
     summed = _unmask(session, masked, relayed, public, digests, threshold, shares)
     if summed is None:
