@@ -186,7 +186,7 @@ class CommonSettings:
     client_sampling: str = setting(
         Key(
             "uniform",
-            "fedavg/fedprox: how the round's K clients are drawn. uniform: without replacement, updates weighted by n_k (McMahan et al.); "
+            "for the methods that honour it (docs/methods.md's table; the others refuse data-ratio): how the round's K clients are drawn. uniform: without replacement, updates weighted by n_k (McMahan et al.); "
             "data-ratio: K draws with replacement with probability n_k/n, each draw weighted equally (scheme I of Li et al. 2020, FedProx's sampling)",
             choices=SAMPLINGS,
         )
@@ -194,7 +194,8 @@ class CommonSettings:
     aggregation: str = setting(
         Key(
             "mean",
-            "fedavg, fedprox, lg-fedavg, fedper, fedrep: how the round's accepted model updates are combined, by Flower's own rules. "
+            "for the methods that average model updates (docs/methods.md's table; the others refuse a rule other than mean): "
+            "how the round's accepted model updates are combined, by Flower's own rules. "
             "mean: weighted by n_k; median: coordinate-wise (Yin et al. 2018); trimmed-mean: coordinate-wise, trimmed-mean-beta cut "
             "at each end; krum: the one update nearest its n-f-2 closest (Blanchard et al. 2017); multi-krum: the n_k-weighted mean "
             "of the multi-krum-select best by that score; bulyan: multi-krum keeps n-2f, then each coordinate is the mean of the "

@@ -6,7 +6,7 @@ replacement with probability n_k/n, and the server averages the draws with equal
 client drawn twice counts twice): scheme I of Li et al. 2020, FedProx's own sampling.
 
 ``aggregation`` other than ``mean`` replaces the average by a robust rule (strategies/robust.py)
-for FedAvg, FedProx and the layer-sharing methods, which all aggregate here."""
+for FedAvg and every strategy built on it (the layer-sharing methods among them), which all aggregate here."""
 
 from __future__ import annotations
 

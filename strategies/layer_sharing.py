@@ -1,5 +1,5 @@
 """Methods that average some named layers and keep the others on each client
-(LG-FedAvg, FedPer, FedRep): FedAvg's aggregation over a chosen part of the model.
+(the subclasses of :class:`LayerSharing`): FedAvg's aggregation over a chosen part of the model.
 
 The server holds only the shared layers. Each round it sends them, the client merges
 them into its own model (kept in its local state), trains, and returns exactly the

@@ -74,7 +74,7 @@ def check_capabilities(settings: Settings) -> None:
     if settings.secure_aggregation != "off" and SECURE_SUM not in CAPABILITIES[name]:
         raise ConfigError(
             f"run-config key 'secure-aggregation' is {settings.secure_aggregation!r}, which only {', '.join(able(SECURE_SUM))} implement: "
-            f"{name}'s server needs what each client sends (profiles to select by, mixtures to sample from, models to compare), not only their sum"
+            f"{name}'s server needs what each client sends, not only their sum"
         )
     if settings.aggregation != "mean" and ROBUST_AGGREGATION not in CAPABILITIES[name]:
         raise ConfigError(

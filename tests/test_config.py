@@ -210,7 +210,7 @@ def test_the_reference_documents_every_key_once_in_its_section():
 
 
 def test_check_mode_names_a_hand_edited_file_and_a_run_repairs_it(tmp_path, capsys):
-    for name in (generate.PYPROJECT, generate.DOC):
+    for name in (generate.PYPROJECT, generate.DOC, generate.METHODS_DOC):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
     root = ["--root", str(tmp_path)]
@@ -219,13 +219,16 @@ def test_check_mode_names_a_hand_edited_file_and_a_run_repairs_it(tmp_path, caps
     pyproject = tmp_path / generate.PYPROJECT
     pyproject.write_text(pyproject.read_text().replace("\nnum-clients = 50\n", "\nnum-clients = 51\n"))
     (tmp_path / generate.DOC).write_text((tmp_path / generate.DOC).read_text() + "hand-written line\n")
+    methods_doc = tmp_path / generate.METHODS_DOC
+    methods_doc.write_text(methods_doc.read_text().replace("| `fedpft` | ", "| `fedpft` | hand-edited |", 1))
     capsys.readouterr()
     assert generate.main(["--check", *root]) == 1
-    assert "stale: pyproject.toml, docs/configuration.md" in capsys.readouterr().err
+    assert "stale: pyproject.toml, docs/configuration.md, docs/methods.md" in capsys.readouterr().err
     assert generate.main(root) == 0
     assert generate.main(["--check", *root]) == 0
     assert tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"]["num-clients"] == 50
     assert pyproject.read_text().split(generate.BEGIN)[0] == (ROOT / generate.PYPROJECT).read_text().split(generate.BEGIN)[0]
+    assert methods_doc.read_text() == (ROOT / generate.METHODS_DOC).read_text()  # the table rewritten, the prose around it kept
 
 
 def test_a_pyproject_without_the_generated_block_is_refused(tmp_path, capsys):

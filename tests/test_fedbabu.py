@@ -183,13 +183,3 @@ def test_with_dataset_local_nodes_train_the_body_and_a_count_beyond_a_declaratio
     assert step.arrays is not None and set(step.arrays) == set(start) - HEAD
     for name, arr in step.arrays.items():
         np.testing.assert_allclose(arr.numpy(), start[name].numpy() * 0.98, rtol=1e-5, atol=1e-7)
-
-
-def test_under_secure_aggregation_the_server_gets_the_weighted_mean_of_the_bodies(task_identity):
-    """The model-averaging secure-sum check (tests/test_secure_aggregation.py) run on FedBABU: masked
-    n_k-weighted body updates sum to the weighted mean, and a huge update is clipped to the bound."""
-    from tests.test_secure_aggregation import (
-        test_model_averaging_gets_the_weighted_mean_of_the_updates_and_a_huge_update_is_clipped_to_the_bound as averaging_check,
-    )
-
-    averaging_check(task_identity, {"algorithm": "fedbabu"})

@@ -10,6 +10,8 @@ from flwr.app import MetricRecord, RecordDict
 from client.faults import MODEL_MODES, TRAIN_MODES, damage_reply
 from core.fedpft import ClassMixture, encode
 from core.methods import ALGORITHMS
+from strategies.fedavg import ModelAveraging
+from strategies.registry import STRATEGIES
 from strategies.state import ServerState
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
@@ -26,7 +28,8 @@ EXPECTED_REASON = {
     "string-metric": "cannot be measured: TypeError",
     "sign-flip": "exceeds max-update-norm",
 }
-MODEL_AVERAGING = ("fedavg", "fedprox", "lg-fedavg", "fedper", "fedrep", "fedprof")
+# the methods whose server checks a model update against max-update-norm: ModelAveraging's reply check, read from the strategies
+MODEL_AVERAGING = [name for name, cls in STRATEGIES.items() if issubclass(cls, ModelAveraging)]
 
 
 # keys a method needs before its strategy can be built on MNIST's spec

@@ -185,7 +185,7 @@ def test_secure_aggregation_is_refused_exactly_where_the_strategy_cannot_sum(met
         check_capabilities(cfg)
     assert str(refused.value) == (
         f"run-config key 'secure-aggregation' is 'secagg+', which only {able} implement: {method.name}'s server needs what each "
-        "client sends (profiles to select by, mixtures to sample from, models to compare), not only their sum"
+        "client sends, not only their sum"
     )
 
 

@@ -24,6 +24,7 @@ from core.training import trainable_only
 
 HEAD = "head"  # the Net's last linear layer: fixed during federated training
 INITIAL = f"{P.CORRECT}-initial"  # the strategy's eval_metrics names it too
+FINETUNE_SALT = seeds.salt("fedbabu-finetune")  # the fine-tuning's own stream, apart from training's (evaluation only)
 
 
 def fixed_head_model(env: ClientEnv) -> Net:
@@ -69,7 +70,7 @@ class FedBABUClient(SharedLayersClient):
         """Train ``fedbabu-finetune-part`` of ``model`` for ``fedbabu-finetune-epochs`` on the local training rows."""
         epochs = env.cfg["fedbabu-finetune-epochs"]
         with trainable_only(model, part_names(model, env.cfg["fedbabu-finetune-part"])) as params:
-            self.train_all(env, model, params, server_round, epochs=epochs, salt=seeds.FEDBABU_FINETUNE)
+            self.train_all(env, model, params, server_round, epochs=epochs, salt=FINETUNE_SALT)
 
     def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
         """Score the global model, fine-tune a copy of it, and report the copy's scores (with the global model's correct count)."""

@@ -1,5 +1,5 @@
 """Client side of every method that trains a whole model and exchanges some of its
-layers (FedAvg, FedProx, LG-FedAvg, FedPer, FedRep).
+layers (the FedAvg family and the layer-sharing methods: the subclasses of :class:`SharedLayersClient`).
 
 The client's own model lives in its local state; the layers the server sends overwrite
 their local copies, and after training exactly those layers go back.
