@@ -27,6 +27,7 @@ from core.config import body_for, scores_with_train
 from core.console import quiet_http_clients
 from core.run_data import node_profile
 from core.secagg import pinned_floor
+from core.settings import Settings
 from core.sources import limits_from_node_config
 
 log = logging.getLogger("headway")
@@ -40,7 +41,7 @@ def registration(env: ClientEnv) -> RecordDict:
     return RecordDict({P.METRICS: MetricRecord({P.PARTITION_ID: env.partition_id}), P.CONFIG: ConfigRecord({P.BODY: env.body})})
 
 
-def description(cfg: Mapping[str, Any], data: str, body: str, node_config: Mapping[str, Any] | None = None) -> RecordDict:
+def description(cfg: Settings, data: str, body: str, node_config: Mapping[str, Any] | None = None) -> RecordDict:
     """What a node with its own data states: its body and its data's profile (class names
     and counts, columns and their summed moments; never rows), read within its node config's limits."""
     profile = json.dumps(node_profile(data, cfg, limits_from_node_config(node_config or {})), sort_keys=True)
@@ -97,13 +98,13 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
             if data is not None and store is not None:
                 save_state(context.state, store)
         else:
-            procedure = PROCEDURES[env.cfg["algorithm"]]
+            procedure = PROCEDURES[env.cfg.algorithm]
             handler = procedure.train if kind == "train" else procedure.evaluate
             floor_cfg = pinned_floor(env.cfg, context.node_config) if kind == "train" else env.cfg  # the node's own pins
             scores = None
             if kind == "train" and scores_with_train(env.cfg, round_of(msg.content)):  # the model received, scored before training
                 scores = procedure.evaluate(env, msg.content, context.state).metric_records[P.METRICS]
-            if kind == "train" and env.cfg["secure-aggregation"] != "off" and not is_stage(msg.content):
+            if kind == "train" and env.cfg.secure_aggregation != "off" and not is_stage(msg.content):
                 raise ValueError("this run is under secure-aggregation: a training message outside its protocol is refused")
             if kind == "train" and is_stage(msg.content):  # one stage of secure aggregation (client/secure_aggregation.py)
                 content = answer(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -13,13 +12,14 @@ import numpy as np
 import torch
 
 from core import seeds
-from core.config import LOCAL, body_for, fit_body, resolve
+from core.config import LOCAL, body_for, fit_body, resolve_settings
 from core.data import Dataset, to_tensors
 from core.labels import check_label_column
 from core.models import Net, build_model, resolve_device
 from core.noise import corrupt, noise_assignment
 from core.partition import make_partition
 from core.run_data import load_node_data, load_run_dataset
+from core.settings import Settings
 from core.sources import ReaderLimits, limits_from_node_config
 
 
@@ -27,7 +27,7 @@ from core.sources import ReaderLimits, limits_from_node_config
 class ClientEnv:
     """One client's view of the run: everything a procedure needs, nothing of Flower."""
 
-    cfg: dict[str, Any]
+    cfg: Settings
     partition_id: int
     body: str
     data: Dataset
@@ -46,23 +46,23 @@ class ClientEnv:
     def init_seed(self) -> int:
         """Seed of this client's initial model: the run seed for all clients, or with
         ``body-init=per-client`` one derived from the run seed and the partition id."""
-        if self.cfg["body-init"] == "per-client":
-            return _derived_seed(self.cfg["seed"], self.partition_id, seeds.PER_CLIENT_INIT)
-        return int(self.cfg["seed"])
+        if self.cfg.body_init == "per-client":
+            return _derived_seed(self.cfg.seed, self.partition_id, seeds.PER_CLIENT_INIT)
+        return int(self.cfg.seed)
 
     def build_model(self, body: str | None = None) -> Net:
         """This client's initial model (see ``init_seed``)."""
         return build_model(
-            body or self.body, self.data.input_shape, self.cfg["feature-dim"], self.outputs, self.init_seed, self.cfg["body-dropout"]
+            body or self.body, self.data.input_shape, self.cfg.feature_dim, self.outputs, self.init_seed, self.cfg.body_dropout
         ).to(self.device)
 
     def lr(self, server_round: int) -> float:
         """The learning rate of ``server_round``: lr · lr-decay^(round − 1) (rounds from 1)."""
-        return float(self.cfg["lr"]) * float(self.cfg["lr-decay"]) ** max(server_round - 1, 0)
+        return float(self.cfg.lr) * float(self.cfg.lr_decay) ** max(server_round - 1, 0)
 
     def seed_for(self, server_round: int, salt: int = seeds.BATCHES) -> int:
         """A seed for this client's randomness in one round (batches, crops, noise)."""
-        return _derived_seed(self.cfg["seed"], self.partition_id, server_round, salt)
+        return _derived_seed(self.cfg.seed, self.partition_id, server_round, salt)
 
 
 def _derived_seed(*parts: object) -> int:
@@ -71,34 +71,28 @@ def _derived_seed(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
 
 
-def _config_key(cfg: Mapping[str, Any]) -> str:
-    return json.dumps(cfg, sort_keys=True)
-
-
 @lru_cache(maxsize=64)
-def _env(cfg_json: str, partition_id: int, body_override: str) -> ClientEnv:
-    """A simulated client: partition ``partition_id`` of the run's whole data set."""
-    cfg = json.loads(cfg_json)
+def _env(cfg: Settings, partition_id: int, body_override: str) -> ClientEnv:
+    """A simulated client: partition ``partition_id`` of the run's whole data set (``cfg`` is frozen: the cache's key)."""
     ds = load_run_dataset(cfg)
     part = make_partition(ds, cfg)
     if not 0 <= partition_id < part.num_clients:
-        raise ValueError(f"partition-id {partition_id} is outside 0..{part.num_clients - 1} (num-clients={cfg['num-clients']})")
+        raise ValueError(f"partition-id {partition_id} is outside 0..{part.num_clients - 1} (num-clients={cfg.num_clients})")
     tr, te = part.train[partition_id], part.test[partition_id]
     return _make_env(cfg, partition_id, body_override, ds, (ds.x_train[tr], ds.y_train[tr]), (ds.x_test[te], ds.y_test[te]))
 
 
 @lru_cache(maxsize=8)
-def _local_env(cfg_json: str, data: str, schema_json: str, slot: int, body_override: str, limits: ReaderLimits) -> ClientEnv:
+def _local_env(cfg: Settings, data: str, schema_json: str, slot: int, body_override: str, limits: ReaderLimits) -> ClientEnv:
     """A node that owns its data: all of the source at ``data``, encoded with the run's
     agreed schema; ``slot`` is the client index the server gave it at registration; ``limits``
     are the node's own reader limits (its --node-config)."""
-    cfg = json.loads(cfg_json)
     ds = load_node_data(data, cfg, schema_json, limits)
     return _make_env(cfg, slot, body_override, ds, (ds.x_train, ds.y_train), (ds.x_test, ds.y_test))
 
 
 def _make_env(
-    cfg: dict[str, Any],
+    cfg: Settings,
     partition_id: int,
     body_override: str,
     ds: Dataset,
@@ -107,43 +101,43 @@ def _make_env(
 ) -> ClientEnv:
     """Tensors, body and device of client ``partition_id`` from its raw train and test rows."""
     x_raw = train[0]
-    kind = noise_assignment(cfg["client-noise"], cfg["num-clients"], cfg["seed"]).get(partition_id)
+    kind = noise_assignment(cfg.client_noise, cfg.num_clients, cfg.seed).get(partition_id)
     if kind is not None:  # a low-quality client: its training data only, deterministically from the seed
-        x_raw = corrupt(x_raw, kind, np.random.default_rng([int(cfg["seed"]), partition_id, seeds.NOISE]))
+        x_raw = corrupt(x_raw, kind, np.random.default_rng([int(cfg.seed), partition_id, seeds.NOISE]))
     xtr, ytr = to_tensors(ds, x_raw, train[1])
     xte, yte = to_tensors(ds, *test)
-    device = resolve_device(cfg["device"])
-    if cfg["inputs"] == "features":  # the frozen extractor's features stand in for the inputs (noise applied before)
+    device = resolve_device(cfg.device)
+    if cfg.inputs == "features":  # the frozen extractor's features stand in for the inputs (noise applied before)
         from core.extractors import configured_features
 
         xtr, xte = configured_features(cfg, ds.name, xtr, device), configured_features(cfg, ds.name, xte, device)
         ds = replace(ds, input_shape=(xtr.shape[1],), augment=False)  # a view: same arrays, models see vectors
-    fit_body(cfg, ds.input_shape)  # body=auto: the body that fits the inputs (the server picks the same from the same shape)
+    cfg = fit_body(cfg, ds.input_shape)  # body=auto: the body that fits the inputs (the server picks the same from the same shape)
     body = body_for(cfg, partition_id, body_override or None)
     return ClientEnv(cfg, partition_id, body, ds, xtr, ytr, xte, yte, device)
 
 
-def node_cfg(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The run config as this node reads it: a SuperNode's ``data-dir`` overrides the run's. A
+def node_cfg(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> Settings:
+    """The settings of the run as this node reads them: a SuperNode's ``data-dir`` overrides the run's. A
     node imports only the body it runs: the others the run names need not be installed here."""
     overrides = {k: node_config[k] for k in ("data-dir",) if k in node_config}
-    return resolve({**dict(run_config), **overrides}, import_bodies=False)
+    return resolve_settings({**dict(run_config), **overrides}, import_bodies=False)
 
 
-def local_data(cfg: Mapping[str, Any], node_config: Mapping[str, Any]) -> str | None:
+def local_data(cfg: Settings, node_config: Mapping[str, Any]) -> str | None:
     """The path of this node's own data with ``dataset=local`` (node config ``data``), None
     in a run that partitions one data set; ValueError when the two do not match, or when the
     node refuses the run's label column (:func:`core.labels.check_label_column`: before
     any description, registration or reply, so nothing of a refused column leaves the node)."""
     data = str(node_config.get("data", "") or "")
-    if cfg["dataset"] == LOCAL and not data:
+    if cfg.dataset == LOCAL and not data:
         raise ValueError(
             "the run has dataset='local', so every node reads its own data, but this node's config has no 'data': "
             'start the SuperNode with --node-config "data=PATH" (the launcher: --data PATH)'
         )
-    if data and cfg["dataset"] != LOCAL:
+    if data and cfg.dataset != LOCAL:
         raise ValueError(
-            f"this node was started with its own data (data={data!r}), but the run partitions dataset={cfg['dataset']!r} "
+            f"this node was started with its own data (data={data!r}), but the run partitions dataset={cfg.dataset!r} "
             "by partition id: submit the run with dataset='local', or start the node with --partition-id instead"
         )
     if data:
@@ -168,11 +162,11 @@ def client_env(run_config: Mapping[str, Any], node_config: Mapping[str, Any], jo
                 "this node has not registered with the server in this run (no schema received): it is asked again when it reconnects"
             )
         schema_json, slot = joined
-        return _local_env(_config_key(cfg), data, schema_json, int(slot), body, limits_from_node_config(node_config))
+        return _local_env(cfg, data, schema_json, int(slot), body, limits_from_node_config(node_config))
     if "partition-id" not in node_config:
         raise ValueError(
             "node config has no 'partition-id': start the SuperNode with --node-config \"partition-id=N num-partitions=M\", "
             "or with its own data: --node-config \"data=PATH\" and dataset='local'"
         )
     pid = int(node_config["partition-id"])
-    return _env(_config_key(cfg), pid, body)
+    return _env(cfg, pid, body)

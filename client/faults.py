@@ -35,7 +35,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, 
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
 from core import protocol as P
-from core.config import fault_ids
+from core.config import fault_ids, resolve_settings
 
 log = logging.getLogger("headway")
 
@@ -135,16 +135,17 @@ def fault_mod(overrides: Mapping[str, Any], partition_of: Callable[[Context], in
         reply = call_next(msg, context)
         run_config = {**dict(context.run_config), **overrides}
         partition = partition_of(context)
-        if reply.has_error() or partition not in fault_ids({"fault-clients": run_config.get("fault-clients", "")}):
+        if reply.has_error() or partition not in fault_ids(str(run_config.get("fault-clients", ""))):
             return reply
+        cfg = resolve_settings(run_config, import_bodies=False)  # only for a named node: every other reply passes unread
         kind = "train" if msg.metadata.message_type == MessageType.TRAIN else "evaluate"
-        if run_config["fault-mode"] == "drop-after-keys":
+        if cfg.fault_mode == "drop-after-keys":
             stage = msg.content.config_records.get(P.SECAGG, ConfigRecord()).get(P.SECAGG_STAGE)
             if stage in (P.STAGE_COLLECT, P.STAGE_UNMASK):
                 return Message(Error(code=P.ERROR_CLIENT, reason="fault injection: gone after sharing its keys"), reply_to=msg)
             return reply
         try:
-            content = damage_reply(reply.content, str(run_config["fault-mode"]), kind, timeout=float(run_config["round-timeout"]) + 5.0)
+            content = damage_reply(reply.content, cfg.fault_mode, kind, timeout=cfg.round_timeout + 5.0)
         except Exception as exc:
             log.exception("client %d: %s failed", partition, kind)
             return Message(Error(code=P.ERROR_CLIENT, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)

@@ -18,7 +18,7 @@ and the client never reveals a share of its own secrets (docs/secure-aggregation
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,9 +26,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from core import protocol as P
 from core import secagg as S
+from core.settings import Settings
 
 SESSION = "secagg-session"
-PROTOCOL_FLOOR = {"min-replies": 1, "secagg-shares": 0, "secagg-threshold": 0.5}  # the least any run config implies
+PROTOCOL_FLOOR = S.client_floor(min_replies=1, secagg_shares=0, secagg_threshold=0.5)  # the least any run config implies
 NEXT = {P.STAGE_SHARE: P.STAGE_SETUP, P.STAGE_COLLECT: P.STAGE_SHARE, P.STAGE_UNMASK: P.STAGE_COLLECT}  # stage -> the one before
 
 
@@ -43,13 +44,13 @@ def answer(
     partition_id: int,
     state: RecordDict,
     train: Callable[[RecordDict], RecordDict],
-    cfg: Mapping[str, Any] | None = None,
+    cfg: Settings | None = None,
 ) -> RecordDict:
     """The reply to one stage message; ``train`` runs the method's procedure on a train content;
     ``cfg`` is this client's run config, the source of the floor it holds the server to (the
     ClientApp always passes it; None: the protocol's own floor, 3 clients and threshold 2).
     Raises SecAggError (or KeyError/TypeError on a malformed message) when the stage cannot go on."""
-    floor = S.client_floor(cfg if cfg is not None else PROTOCOL_FLOOR)
+    floor = S.settings_floor(cfg) if cfg is not None else PROTOCOL_FLOOR
     fields = content.config_records[P.SECAGG]
     stage = str(fields[P.SECAGG_STAGE])
     session = state.config_records.get(SESSION, ConfigRecord())

@@ -22,16 +22,16 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from core.data import NORMALIZATION, DatasetSpec, image_normalization
+from core.settings import Settings
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))  # EfficientNet-Lite's TF preprocessing, (x − 127) / 128
@@ -249,22 +249,22 @@ def cached_extract(
     return feats
 
 
-def configured_features(cfg: Mapping[str, Any], dataset: str, x: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+def configured_features(cfg: Settings, dataset: str, x: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
     """Features of inputs ``x`` from the run's extractor (``fedpft-extractor``, its weights
     and resolution), cached on disk (``fedpft-cache-dir``). Clients and the server compute
     them the same way, so the same rows give the same cache entry in every method."""
     return cached_extract(
         x,
         dataset,
-        cfg["fedpft-extractor"],
-        cfg["fedpft-extractor-weights"],
-        cfg["fedpft-resolution"],
+        cfg.fedpft.extractor,
+        cfg.fedpft.extractor_weights,
+        cfg.fedpft.resolution,
         device,
-        cache_dir(cfg["fedpft-cache-dir"]),
+        cache_dir(cfg.fedpft.cache_dir),
     )
 
 
-def input_spec(cfg: Mapping[str, Any], data_spec: DatasetSpec | None = None) -> DatasetSpec:
+def input_spec(cfg: Settings, data_spec: DatasetSpec | None = None) -> DatasetSpec:
     """What the run's models take in: the data's own spec (``data_spec``, else the run's:
     :func:`core.run_data.run_spec`), or with ``inputs=features`` the extractor's feature
     vectors (the server builds models from this without the data)."""
@@ -273,6 +273,6 @@ def input_spec(cfg: Mapping[str, Any], data_spec: DatasetSpec | None = None) -> 
 
         data_spec = run_spec(cfg)
     spec = data_spec
-    if cfg["inputs"] != "features":
+    if cfg.inputs != "features":
         return spec
-    return DatasetSpec(spec.task, spec.num_classes, (feature_dim(cfg["fedpft-extractor"], spec.input_shape),))
+    return DatasetSpec(spec.task, spec.num_classes, (feature_dim(cfg.fedpft.extractor, spec.input_shape),))

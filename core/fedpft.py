@@ -35,6 +35,7 @@ from core.gmm import (
     sample,
     unpack_symmetric,
 )
+from core.settings import Settings
 
 FLOAT16_TINY = float(np.finfo(np.float16).tiny)  # 2^-14: smallest normal float16; variances are floored here before sending
 WEIGHT_SUM_TOLERANCE = 1e-2  # float16 weights of a class must sum to 1 within this
@@ -104,11 +105,11 @@ def fit_class_mixtures(
     return out, fit.log_likelihood
 
 
-def features(cfg: dict, dataset: str, x: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+def features(cfg: Settings, dataset: str, x: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
     """FedPFT's features of inputs ``x``: the configured extractor's (cached on disk), on
     the unit sphere under DP. Clients and the server compute them the same way."""
     f = configured_features(cfg, dataset, x, device)
-    return normalize(f) if cfg["fedpft-dp"] == "on" else f
+    return normalize(f) if cfg.fedpft.dp == "on" else f
 
 
 # ----- the wire ---------------------------------------------------------------------

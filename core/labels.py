@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from core.settings import Settings
+
 DEFAULT_MAX_LABEL_VALUES = 100
 DEFAULT_MAX_NUMERIC_LABEL_VALUES = 20
 CHOSEN_LABEL_FORMATS = ("csv", "parquet", "huggingface")  # sources whose label column the run config names
@@ -107,11 +109,11 @@ def pinned_problem(wanted: str, node_config: Mapping[str, Any]) -> str | None:
     return None
 
 
-def check_label_column(path: str, cfg: Mapping[str, Any], node_config: Mapping[str, Any]) -> None:
+def check_label_column(path: str, cfg: Settings, node_config: Mapping[str, Any]) -> None:
     """The node's check of the run's ``label-column`` on its own source at ``path`` (read as its
     description and encoding read it) before it describes, registers or answers: the pinned
     column, then :func:`label_problem`. ValueError in one line saying what to change."""
-    wanted = str(cfg.get("label-column", "label")).strip()
+    wanted = cfg.label_column.strip()
     problem = pinned_problem(wanted, node_config)
     if problem is None:
         max_values = node_limit(node_config, "max-label-values", DEFAULT_MAX_LABEL_VALUES)

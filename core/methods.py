@@ -15,14 +15,17 @@ method touches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING
 
 from core.schema import ConfigError, Key, keys_of, non_negative, positive, setting
 
+if TYPE_CHECKING:  # core.settings builds Settings from these declarations: only the type is needed here
+    from core.settings import Settings
 
-def no_rules(cfg: Mapping[str, Any]) -> None:
+
+def no_rules(cfg: Settings) -> None:
     """A method whose keys combine freely."""
 
 
@@ -38,7 +41,8 @@ class Method:
     prefix: str = ""  # what its keys start with, before a '-'; empty: its name
     records: object | None = None  # a frozen dataclass of the wire names only it uses (payload arrays; phases as phase_*)
     # raises ConfigError naming the key when the resolved config combines its values in a way the method cannot run
-    validate: Callable[[Mapping[str, Any]], None] = no_rules
+    # (checked on the typed settings: core.config.resolve_settings builds them before it checks how values combine)
+    validate: Callable[[Settings], None] = no_rules
     holdout_key: str = "server-holdout"  # the key counting the training rows the server keeps from every client
     every_client: bool = False  # a training round asks every client (else a fraction-train sample of them)
     builds_body: bool = True  # clients build the config's body (False: the method brings its own feature map)
@@ -69,9 +73,9 @@ class Method:
             return {}
         return {f.name: getattr(self.records, f.name) for f in fields(self.records)}  # type: ignore[arg-type]
 
-    def holdout(self, cfg: Mapping[str, Any]) -> int:
+    def holdout(self, cfg: Settings) -> int:
         """Training rows the server keeps for itself before partitioning."""
-        return int(cfg[self.holdout_key])
+        return int(cfg.value(self.holdout_key))
 
 
 # ------------------------------------------------------------------ wire names only one method uses
@@ -341,21 +345,20 @@ class FedPFTSettings:
 # ------------------------------------------------------------------ each method's own rules
 
 
-def _fedlog_rules(cfg: Mapping[str, Any]) -> None:
+def _fedlog_rules(cfg: Settings) -> None:
     """fedlog-dp needs fedlog-clip > 0; fedlog-dp=local needs fedlog-uplink=dense; any fedlog-dp needs fedlog-uplink-dtype=float32."""
-    if cfg["fedlog-dp"] != "off" and cfg["fedlog-clip"] <= 0:
+    if cfg.fedlog.dp != "off" and cfg.fedlog.clip <= 0:
         raise ConfigError(
-            "run-config key 'fedlog-clip' must be > 0 when 'fedlog-dp' is "
-            f"{cfg['fedlog-dp']!r}: the noise scale needs a bound on the features"
+            f"run-config key 'fedlog-clip' must be > 0 when 'fedlog-dp' is {cfg.fedlog.dp!r}: the noise scale needs a bound on the features"
         )
-    if cfg["fedlog-dp"] == "local" and cfg["fedlog-uplink"] == "sparse":
+    if cfg.fedlog.dp == "local" and cfg.fedlog.uplink == "sparse":
         raise ConfigError(
             "run-config key 'fedlog-uplink' must be 'dense' with fedlog-dp='local': the noise must cover every row, "
             "and leaving out the rows of absent classes would release which classes a client holds"
         )
-    if cfg["fedlog-dp"] != "off" and cfg["fedlog-uplink-dtype"] == "float16":
+    if cfg.fedlog.dp != "off" and cfg.fedlog.uplink_dtype == "float16":
         raise ConfigError(
-            f"run-config key 'fedlog-uplink-dtype' must be 'float32' with fedlog-dp={cfg['fedlog-dp']!r}: float16 sends "
+            f"run-config key 'fedlog-uplink-dtype' must be 'float32' with fedlog-dp={cfg.fedlog.dp!r}: float16 sends "
             "class means, the server rebuilds sums as count x mean, so rounding grows with the count and one example "
             "can move a sum by more than the clip b the noise is calibrated to (and under local DP the counts are noised)"
         )
@@ -363,72 +366,72 @@ def _fedlog_rules(cfg: Mapping[str, Any]) -> None:
     _fedlog_secure_rules(cfg)
 
 
-def _fedlog_withholding_rule(cfg: Mapping[str, Any]) -> None:
+def _fedlog_withholding_rule(cfg: Settings) -> None:
     """fedlog-dp-withholding applies to distributed DP only and must leave one noising client in a sum of min-replies."""
-    w = cfg["fedlog-dp-withholding"]
-    if w and cfg["fedlog-dp"] != "distributed":
+    w = cfg.fedlog.dp_withholding
+    if w and cfg.fedlog.dp != "distributed":
         raise ConfigError(
-            f"run-config key 'fedlog-dp-withholding' is {w}, but fedlog-dp is {cfg['fedlog-dp']!r}: only distributed DP has clients' noise shares; leave it 0"
+            f"run-config key 'fedlog-dp-withholding' is {w}, but fedlog-dp is {cfg.fedlog.dp!r}: only distributed DP has clients' noise shares; leave it 0"
         )
-    if w >= cfg["min-replies"] and cfg["fedlog-dp"] == "distributed":
+    if w >= cfg.min_replies and cfg.fedlog.dp == "distributed":
         raise ConfigError(
-            f"run-config key 'fedlog-dp-withholding' is {w}, but must be below min-replies={cfg['min-replies']}: at least one client of the smallest accepted sum must add noise"
+            f"run-config key 'fedlog-dp-withholding' is {w}, but must be below min-replies={cfg.min_replies}: at least one client of the smallest accepted sum must add noise"
         )
 
 
-def _fedlog_secure_rules(cfg: Mapping[str, Any]) -> None:
+def _fedlog_secure_rules(cfg: Settings) -> None:
     """Under secure-aggregation the statistics are summed in fixed point: bounded (fedlog-clip > 0), dense float32, not locally noised."""
-    if cfg["secure-aggregation"] == "off":
-        if cfg["fedlog-dp"] == "distributed":
+    if cfg.secure_aggregation == "off":
+        if cfg.fedlog.dp == "distributed":
             raise ConfigError(
                 "run-config key 'fedlog-dp' is 'distributed', which needs secure-aggregation='secagg+': each client's share of the "
                 "noise is too small to protect its statistics alone, so the server must see only their sum"
             )
         return
-    if cfg["fedlog-clip"] <= 0:
+    if cfg.fedlog.clip <= 0:
         raise ConfigError(
             "run-config key 'fedlog-clip' must be > 0 with secure-aggregation: the fixed-point sum needs a bound on every feature to rule out overflow"
         )
-    if cfg["fedlog-uplink"] != "dense" or cfg["fedlog-uplink-dtype"] != "float32":
+    if cfg.fedlog.uplink != "dense" or cfg.fedlog.uplink_dtype != "float32":
         raise ConfigError(
             "run-config keys 'fedlog-uplink' and 'fedlog-uplink-dtype' must be 'dense' and 'float32' with secure-aggregation: "
             "every client adds the same classes x m sums"
         )
-    if cfg["fedlog-dp"] == "local":
+    if cfg.fedlog.dp == "local":
         raise ConfigError(
             "run-config key 'fedlog-dp' cannot be 'local' with secure-aggregation: the server already sees only the sum; "
             "use 'central' (the server noises the sum) or 'distributed' (the clients do)"
         )
     from core.secagg import SecAggError, fraction_bits  # local import: the cryptography libraries only when asked for
 
-    most = cfg["num-clients"] * (cfg["max-client-examples"] or 1_000_000)  # every client at the reply cap (the round checks its real bound)
+    most = cfg.num_clients * (cfg.max_client_examples or 1_000_000)  # every client at the reply cap (the round checks its real bound)
     try:
-        fraction_bits(most * max(cfg["fedlog-clip"], 1.0))
+        fraction_bits(most * max(cfg.fedlog.clip, 1.0))
     except SecAggError as exc:
-        raise ConfigError(f"run-config key 'fedlog-clip' is {cfg['fedlog-clip']:g} with secure-aggregation: {exc}") from None
+        raise ConfigError(f"run-config key 'fedlog-clip' is {cfg.fedlog.clip:g} with secure-aggregation: {exc}") from None
 
 
-def _lg_fedavg_rules(cfg: Mapping[str, Any]) -> None:
+def _lg_fedavg_rules(cfg: Settings) -> None:
     """Under secure-aggregation no client may send its whole model: lg-new-test must be off."""
-    if cfg["secure-aggregation"] != "off" and cfg["lg-new-test"]:
+    if cfg.secure_aggregation != "off" and cfg.lg_fedavg.new_test:
         raise ConfigError(
             "run-config key 'lg-new-test' must be false with secure-aggregation: the new test has every client upload its "
             "whole model, which the server would then hold one by one"
         )
 
 
-def _fedprof_rules(cfg: Mapping[str, Any]) -> None:
+def _fedprof_rules(cfg: Settings) -> None:
     """dataset=local needs server-data: the server's training rows are the validation set D^V."""
-    if cfg["dataset"] == "local" and not cfg["server-data"]:
+    if cfg.dataset == "local" and not cfg.server_data:
         raise ConfigError(
             "run-config key 'server-data' is empty, but fedprof with dataset='local' needs a validation set D^V on the server: "
             "set server-data to a source the server holds (its training rows become D^V)"
         )
 
 
-def _fedpft_rules(cfg: Mapping[str, Any]) -> None:
+def _fedpft_rules(cfg: Settings) -> None:
     """inputs must stay raw: FedPFT always works on its extractor's features."""
-    if cfg["inputs"] == "features":
+    if cfg.inputs == "features":
         raise ConfigError("run-config key 'inputs' is 'features', but fedpft always works on its extractor's features: leave inputs 'raw'")
 
 

@@ -16,6 +16,7 @@ from core import seeds
 from core.data import Dataset
 from core.methods import METHODS
 from core.sampling import sample_size
+from core.settings import Settings
 
 # a partitioner's answer: each client's training row indices, then its test row indices
 Split = tuple[list[np.ndarray], list[np.ndarray]]
@@ -209,29 +210,29 @@ def natural(src_train: np.ndarray, src_test: np.ndarray, num_clients: int) -> Sp
     return [np.flatnonzero(src_train == s) for s in sources], [np.flatnonzero(src_test == s) for s in sources]
 
 
-def server_holdout(cfg: dict) -> int:
+def server_holdout(cfg: Settings) -> int:
     """Training rows the server keeps for itself before partitioning, as the run's method
     declares (core/methods.py): FedProf's validation set D^V (``fedprof-val-size``), the others
     ``server-holdout`` (0 by default), which lets a method run on exactly the client data a
     FedProf run of the same seed has."""
-    return METHODS[cfg["algorithm"]].holdout(cfg)
+    return METHODS[cfg.algorithm].holdout(cfg)
 
 
-def make_partition(ds: Dataset, cfg: dict) -> Partition:
+def make_partition(ds: Dataset, cfg: Settings) -> Partition:
     """The partition a run config asks for (cached: every client of a process shares it)."""
     return _make_partition(
         ds,
-        cfg["partition"],
-        cfg["num-clients"],
-        cfg["classes-per-client"],
-        cfg["dirichlet-alpha"],
-        cfg["train-fraction"],
-        cfg["seed"],
-        cfg["natural-column"],
+        cfg.partition,
+        cfg.num_clients,
+        cfg.classes_per_client,
+        cfg.dirichlet_alpha,
+        cfg.train_fraction,
+        cfg.seed,
+        cfg.natural_column,
         server_holdout(cfg),
-        cfg["dominant-class-fraction"],
-        cfg["client-size-mean"],
-        cfg["client-size-std"],
+        cfg.dominant_class_fraction,
+        cfg.client_size_mean,
+        cfg.client_size_std,
     )
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+
+from core.settings import Settings
 
 # what one release is, per FedLog DP mode ("distributed": noise shares added by the clients
 # before secure aggregation, with the total σ of central DP, so it is accounted as central)
@@ -39,27 +40,27 @@ def fedlog_sigma(epsilon: float, delta: float, m: int, clip: float, rounds: int)
     return math.sqrt(8.0 * rounds * (1.0 + (m - 1) * clip**2) * math.log(math.e + epsilon / delta)) / epsilon
 
 
-def fedlog_releases(cfg: dict) -> int:
+def fedlog_releases(cfg: Settings) -> int:
     """k, the number of times a client's statistics are released in a run: every round,
     plus the statistics round that starts the head when fedlog-init=stats."""
-    return cfg["num-server-rounds"] + (1 if cfg["fedlog-init"] == "stats" else 0)
+    return cfg.num_server_rounds + (1 if cfg.fedlog.init == "stats" else 0)
 
 
-def fedlog_noise_sigma(cfg: dict, m: int) -> float:
+def fedlog_noise_sigma(cfg: Settings, m: int) -> float:
     """σ of the Gaussian noise for the run's DP mode (0 when fedlog-dp=off): on each client's
     statistics (local), or on their sum (central; distributed, where it is the clients' shares together)."""
-    if cfg["fedlog-dp"] == "off":
+    if cfg.fedlog.dp == "off":
         return 0.0
-    return fedlog_sigma(cfg["fedlog-epsilon"], cfg["fedlog-delta"], m, cfg["fedlog-clip"], fedlog_releases(cfg))
+    return fedlog_sigma(cfg.fedlog.epsilon, cfg.fedlog.delta, m, cfg.fedlog.clip, fedlog_releases(cfg))
 
 
-def fedlog_share_sigma(cfg: dict, m: int) -> float:
+def fedlog_share_sigma(cfg: Settings, m: int) -> float:
     """fedlog-dp=distributed: the σ each client adds, σ/√(min-replies − w) with w = fedlog-dp-withholding,
     so that any sum the server accepts (at least min-replies clients' statistics, or the round fails)
     carries at least the central σ of Theorem 7 even when w of its clients add no noise. 0 in the other modes."""
-    if cfg["fedlog-dp"] != "distributed":
+    if cfg.fedlog.dp != "distributed":
         return 0.0
-    return fedlog_noise_sigma(cfg, m) / math.sqrt(cfg["min-replies"] - cfg["fedlog-dp-withholding"])
+    return fedlog_noise_sigma(cfg, m) / math.sqrt(cfg.min_replies - cfg.fedlog.dp_withholding)
 
 
 def fedpft_sigma(n: int, epsilon: float, delta: float) -> float:
@@ -99,22 +100,22 @@ def fedlog_sensitivity(m: int, clip: float) -> float:
     return math.sqrt(1.0 + (m - 1) * clip**2)
 
 
-def fedlog_release(cfg: dict[str, Any], m: int) -> GaussianRelease | None:
+def fedlog_release(cfg: Settings, m: int) -> GaussianRelease | None:
     """The Gaussian release of DP-FedLog under the run config (None when fedlog-dp=off):
     σ of Theorem 7 for k = every release of the run, m statistics per class (the constant 1
     included). central, local and distributed share σ, Δ₂ and k; they differ in who adds
     the noise and what one release is (:data:`FEDLOG_RELEASED`)."""
-    mode = cfg["fedlog-dp"]
+    mode = cfg.fedlog.dp
     if mode == "off":
         return None
     if mode not in FEDLOG_RELEASED:
         raise ValueError(f"fedlog-dp={mode!r} has no privacy accounting here (known: off, {', '.join(FEDLOG_RELEASED)})")
     return GaussianRelease(
         sigma=fedlog_noise_sigma(cfg, m),
-        sensitivity=fedlog_sensitivity(m, cfg["fedlog-clip"]),
+        sensitivity=fedlog_sensitivity(m, cfg.fedlog.clip),
         releases=fedlog_releases(cfg),
-        epsilon=cfg["fedlog-epsilon"],
-        delta=cfg["fedlog-delta"],
+        epsilon=cfg.fedlog.epsilon,
+        delta=cfg.fedlog.delta,
     )
 
 
@@ -138,17 +139,17 @@ def fedpft_release(epsilon: float, delta: float, n: int) -> GaussianRelease:
     )
 
 
-def withheld_release(cfg: dict[str, Any], m: int, withholding: int) -> GaussianRelease:
+def withheld_release(cfg: Settings, m: int, withholding: int) -> GaussianRelease:
     """fedlog-dp=distributed: the release when ``withholding`` clients of the smallest accepted sum
     (min-replies clients) add no noise share: σ_share·√(min-replies − withholding), which is the
     calibrated σ for ``withholding`` = fedlog-dp-withholding and less for more (a weaker guarantee)."""
-    noising = cfg["min-replies"] - withholding
-    if cfg["fedlog-dp"] != "distributed" or not 0 < noising <= cfg["min-replies"]:
+    noising = cfg.min_replies - withholding
+    if cfg.fedlog.dp != "distributed" or not 0 < noising <= cfg.min_replies:
         raise ValueError(f"withholding must be in 0..min-replies-1 under fedlog-dp=distributed, got {withholding}")
     return GaussianRelease(
         sigma=fedlog_share_sigma(cfg, m) * math.sqrt(noising),
-        sensitivity=fedlog_sensitivity(m, cfg["fedlog-clip"]),
+        sensitivity=fedlog_sensitivity(m, cfg.fedlog.clip),
         releases=fedlog_releases(cfg),
-        epsilon=cfg["fedlog-epsilon"],
-        delta=cfg["fedlog-delta"],
+        epsilon=cfg.fedlog.epsilon,
+        delta=cfg.fedlog.delta,
     )

@@ -7,23 +7,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.config import LOCAL, ConfigError, dataset_kind
 from core.data import SPECS, Dataset, DatasetSpec, load_dataset, spec_of
+from core.settings import Settings
 
 if TYPE_CHECKING:  # core.sources is imported when a user source is read
     from core.sources import RawSource, SourceOptions
 
 
-def source_options(cfg: Mapping[str, Any]) -> SourceOptions:
+def source_options(cfg: Settings) -> SourceOptions:
     """How the run reads a user source (its label column, image size, classes, ...)."""
     from core.sources import options_from_config
 
-    return options_from_config(cfg)
+    return options_from_config(cfg.to_config())  # the options' own checks, as for a partial config (headway split)
 
 
 def source_name(path: str | Path) -> str:
@@ -33,9 +33,9 @@ def source_name(path: str | Path) -> str:
     return f"{full.stem or 'data'}-{hashlib.sha1(str(full).encode()).hexdigest()[:8]}"
 
 
-def dataset_label(cfg: Mapping[str, Any]) -> str:
+def dataset_label(cfg: Settings) -> str:
     """The data set's name in logs and results folder names: a built-in's name, 'local', or a user source's :func:`source_name`."""
-    return source_name(cfg["dataset"]) if dataset_kind(cfg["dataset"]) == "path" else str(cfg["dataset"])
+    return source_name(cfg.dataset) if dataset_kind(cfg.dataset) == "path" else str(cfg.dataset)
 
 
 @lru_cache(maxsize=8)
@@ -55,14 +55,14 @@ def _whole_source(path: str, opts: Any) -> tuple[Dataset, Any]:
     return encode(raw, schema, opts, source_name(path)), schema
 
 
-def load_run_dataset(cfg: Mapping[str, Any]) -> Dataset:
+def load_run_dataset(cfg: Settings) -> Dataset:
     """The whole data set of a run that one machine holds: a built-in, or the user's source
     at the path ``dataset`` (read, its class names and scaling fixed from all of it, encoded)."""
-    kind = dataset_kind(cfg["dataset"])
+    kind = dataset_kind(cfg.dataset)
     if kind == "builtin":
-        return load_dataset(cfg["dataset"], cfg["data-dir"], cfg["seed"])
+        return load_dataset(cfg.dataset, cfg.data_dir, cfg.seed)
     if kind == "path":
-        return _whole_source(str(Path(cfg["dataset"]).expanduser()), source_options(cfg))[0]
+        return _whole_source(str(Path(cfg.dataset).expanduser()), source_options(cfg))[0]
     raise ConfigError(
         "run-config key 'dataset' is 'local': every SuperNode reads its own data (--node-config data=PATH), "
         "so there is no one data set to load or partition; in simulation give the path of a source instead"
@@ -74,12 +74,12 @@ def local_spec(schema: Any) -> DatasetSpec:
     return DatasetSpec("classification", len(schema.classes), tuple(schema.input_shape))
 
 
-def run_spec(cfg: Mapping[str, Any], schema: Any = None) -> DatasetSpec:
+def run_spec(cfg: Settings, schema: Any = None) -> DatasetSpec:
     """What models of the run take in and put out: a built-in's spec, a user source's (read
     once), or with ``dataset=local`` the nodes' agreed ``schema``."""
-    kind = dataset_kind(cfg["dataset"])
+    kind = dataset_kind(cfg.dataset)
     if kind == "builtin":
-        return SPECS[cfg["dataset"]]
+        return SPECS[cfg.dataset]
     if kind == "path":
         return spec_of(load_run_dataset(cfg))
     if schema is None:
@@ -103,7 +103,7 @@ def read_profile(text: Any) -> dict[str, Any]:
     return profile
 
 
-def node_profile(path: str, cfg: Mapping[str, Any], limits: Any = None) -> dict[str, Any]:
+def node_profile(path: str, cfg: Settings, limits: Any = None) -> dict[str, Any]:
     """What a node declares about its own source (classes and counts, columns and their
     summed moments; no rows), for the server to fix the run's schema; ``limits``: the node's ReaderLimits."""
     from core.sources import profile
@@ -119,16 +119,16 @@ def _node_data(path: str, schema_json: str, opts: Any, limits: Any = None) -> Da
     return encode(_read(path, opts, limits), DataSchema.from_json(schema_json), opts, source_name(path))
 
 
-def load_node_data(path: str, cfg: Mapping[str, Any], schema_json: str, limits: Any = None) -> Dataset:
+def load_node_data(path: str, cfg: Settings, schema_json: str, limits: Any = None) -> Dataset:
     """A node's own source, encoded with the run's agreed schema (its JSON); ``limits``: the node's ReaderLimits."""
     return _node_data(str(Path(path).expanduser()), schema_json, source_options(cfg), limits)
 
 
-def load_server_data(cfg: Mapping[str, Any], schema: Any) -> Dataset | None:
+def load_server_data(cfg: Settings, schema: Any) -> Dataset | None:
     """``server-data`` of a ``dataset=local`` run, encoded with the nodes' schema; None when unset."""
-    if not cfg["server-data"]:
+    if not cfg.server_data:
         return None
-    return load_node_data(cfg["server-data"], cfg, schema.to_json())
+    return load_node_data(cfg.server_data, cfg, schema.to_json())
 
 
 __all__ = [

@@ -39,13 +39,14 @@ import math
 import os
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from core import secagg_primitives as C
+from core.settings import Settings
 
 MOD_BITS = 64  # arithmetic mod 2^64, numpy's uint64 wrap-around
 HEADROOM_BITS = 62  # the largest |sum| a config may reach is below 2^62: one bit of margin for rounding
@@ -144,19 +145,24 @@ class Floor:
     fraction: float  # the threshold must be more than this fraction of the announced share holders
 
 
-def client_floor(cfg: Mapping[str, object]) -> Floor:
+def client_floor(min_replies: int, secagg_shares: int, secagg_threshold: float) -> Floor:
     """What the run config (``min-replies``, ``secagg-shares``, ``secagg-threshold``) implies for the smallest
     round an honest server unmasks, max(3, min-replies) clients: its neighbourhood size and threshold."""
-    fraction = float(cfg["secagg-threshold"])  # type: ignore[arg-type]
-    smallest = max(MIN_CLIENTS, int(cfg["min-replies"]))  # type: ignore[call-overload]
-    k = share_count(smallest, int(cfg["secagg-shares"]))  # type: ignore[call-overload]
+    fraction = float(secagg_threshold)
+    smallest = max(MIN_CLIENTS, int(min_replies))
+    k = share_count(smallest, int(secagg_shares))
     return Floor(k, threshold_for(k - 1, fraction), fraction)
+
+
+def settings_floor(cfg: Settings) -> Floor:
+    """:func:`client_floor` of a run's settings."""
+    return client_floor(cfg.min_replies, cfg.secagg_shares, cfg.secagg_threshold)
 
 
 NODE_PINS = ("secure-aggregation", "min-replies", "secagg-shares", "secagg-threshold")  # node-config keys a node may pin
 
 
-def pinned_floor(cfg: Mapping[str, Any], node_config: Mapping[str, Any]) -> dict[str, Any]:
+def pinned_floor(cfg: Settings, node_config: Mapping[str, Any]) -> Settings:
     """``cfg`` with this node's own pins (its node config, which whoever submits the run cannot change)
     applied: the stricter of the run's and the node's ``min-replies``, ``secagg-shares`` and
     ``secagg-threshold``. SecAggError when the node pins ``secure-aggregation=secagg+`` and the run is
@@ -164,23 +170,30 @@ def pinned_floor(cfg: Mapping[str, Any], node_config: Mapping[str, Any]) -> dict
     pinned = str(node_config.get("secure-aggregation", "") or "").strip()
     if pinned not in ("", "off", "secagg+"):
         raise SecAggError(f"node config 'secure-aggregation' must be 'secagg+' (or left out), got {pinned!r}")
-    if pinned == "secagg+" and cfg["secure-aggregation"] != "secagg+":
+    if pinned == "secagg+" and cfg.secure_aggregation != "secagg+":
         raise SecAggError(
-            f"this node pins secure-aggregation='secagg+' in its node config and the run has {cfg['secure-aggregation']!r}: "
+            f"this node pins secure-aggregation='secagg+' in its node config and the run has {cfg.secure_aggregation!r}: "
             "it sends nothing in the clear; submit the run with secure-aggregation='secagg+'"
         )
-    out = dict(cfg)
-    for key, kind in (("min-replies", int), ("secagg-shares", int), ("secagg-threshold", float)):
-        if key not in node_config:
-            continue
-        try:
-            value = kind(node_config[key])
-        except (TypeError, ValueError):
-            raise SecAggError(f"node config '{key}' must be a number, got {node_config[key]!r}") from None
-        if not (math.isfinite(value) and value >= 0):
-            raise SecAggError(f"node config '{key}' must be a finite number >= 0, got {node_config[key]!r}")
-        out[key] = max(out[key], value)
-    return out
+    return replace(
+        cfg,
+        min_replies=int(_stricter(node_config, "min-replies", int, cfg.min_replies)),
+        secagg_shares=int(_stricter(node_config, "secagg-shares", int, cfg.secagg_shares)),
+        secagg_threshold=float(_stricter(node_config, "secagg-threshold", float, cfg.secagg_threshold)),
+    )
+
+
+def _stricter(node_config: Mapping[str, Any], key: str, kind: type[int] | type[float], run_value: float) -> float:
+    """The larger of the run's value of ``key`` and the node's pin of it (none: the run's); SecAggError when the pin is not a number."""
+    if key not in node_config:
+        return run_value
+    try:
+        value = kind(node_config[key])
+    except (TypeError, ValueError):
+        raise SecAggError(f"node config '{key}' must be a number, got {node_config[key]!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise SecAggError(f"node config '{key}' must be a finite number >= 0, got {node_config[key]!r}")
+    return max(run_value, value)
 
 
 def check_threshold(floor: Floor, threshold: int) -> None:

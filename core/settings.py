@@ -400,6 +400,14 @@ class Settings(CommonSettings):
         }
         return cls(**common, **own)
 
+    def value(self, key: str) -> Any:
+        """The value of run-config ``key`` (:func:`attribute_path`), for a key held as data (a method's
+        ``holdout_key``); code that names the key reads the attribute. KeyError when no schema key."""
+        value: Any = self
+        for name in attribute_path(key).split("."):
+            value = getattr(value, name)
+        return value
+
     def to_config(self) -> dict[str, Any]:
         """Run-config key -> value, in schema order: what :meth:`from_config` was built from."""
         out = {key_name("", f.name): getattr(self, f.name) for f in fields(CommonSettings)}

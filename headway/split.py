@@ -14,16 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from core.config import SCHEMA, resolve
+from core.config import resolve_settings
 from core.data import Dataset, load_dataset
 from core.partition import Partition, counts_line, empty_note, make_partition
+from core.run_data import source_options
+from core.settings import Settings
 from core.sources import (
     RawSource,
     RawSplit,
     encode,
     is_path_source,
     merge,
-    options_from_config,
     profile,
     read_source,
     write_csv,
@@ -32,27 +33,23 @@ from core.sources import (
 )
 
 FORMATS = ("npz", "images", "csv")
-# keys that only say how a user source is read; passed to resolve() once the run-config schema knows them
-SOURCE_KEYS = ("label-column", "image-size", "channels", "test-fraction", "classes")
 
 
-def run_config(source: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The resolved run config of a split: `settings` (run-config keys, as --set gives them) with
-    dataset=source for a built-in; source-reading keys the schema does not know yet ride along."""
-    items = dict(settings)
-    items["dataset"] = source  # a user path too: train-fraction's default (0) then means all of its rows, not a built-in's 5 %
-    known = {k: v for k, v in items.items() if k in SCHEMA or k not in SOURCE_KEYS}
-    return {**items, **resolve(known)}
+def run_config(source: str, settings: Mapping[str, Any]) -> Settings:
+    """The settings of a split: `settings` (run-config keys, as --set gives them) with dataset=source,
+    resolved (the keys that say how a user source is read are run-config keys like the others)."""
+    # a user path too: train-fraction's default (0) then means all of its rows, not a built-in's 5 %
+    return resolve_settings({**dict(settings), "dataset": source})
 
 
-def _load(source: str, cfg: Mapping[str, Any]) -> tuple[Dataset, list[str], RawSource | None]:
+def _load(source: str, cfg: Settings) -> tuple[Dataset, list[str], RawSource | None]:
     """The data set to split, its class names in index order, and the raw source of a user path."""
     if is_path_source(source):
-        opts = options_from_config(cfg)
+        opts = source_options(cfg)
         raw = read_source(source, opts)
         schema = merge([profile(raw, opts)], opts)
         return encode(raw, schema, opts, Path(source).name), list(schema.classes), raw
-    ds = load_dataset(source, cfg["data-dir"], cfg["seed"])
+    ds = load_dataset(source, cfg.data_dir, cfg.seed)
     if ds.task != "classification":
         raise ValueError(f"split writes class labels, and data set '{source}' is a {ds.task} task: split a classification data set")
     return ds, [str(c) for c in range(ds.num_classes)], None
@@ -104,7 +101,7 @@ def _raw_columns(split: RawSplit, ds: Dataset) -> dict[str, Any]:
     return columns
 
 
-def split(source: str, cfg: Mapping[str, Any], out: str | Path, fmt: str = "npz", overwrite: bool = False) -> list[Path]:
+def split(source: str, cfg: Settings, out: str | Path, fmt: str = "npz", overwrite: bool = False) -> list[Path]:
     """Write out/node-k/ for every client k of `cfg`'s partition of `source` (a built-in name or a
     user path): its training rows part.train[k] and test rows part.test[k], labels as class names
     (built-ins: str(index)). The node folders, in partition order."""
@@ -112,16 +109,16 @@ def split(source: str, cfg: Mapping[str, Any], out: str | Path, fmt: str = "npz"
 
 
 def split_nodes(
-    source: str, cfg: Mapping[str, Any], out: str | Path, fmt: str = "npz", overwrite: bool = False
+    source: str, cfg: Settings, out: str | Path, fmt: str = "npz", overwrite: bool = False
 ) -> tuple[list[Path], Partition, int]:
     """:func:`split`, also returning the partition written and the source's training rows (for the command's report)."""
     ds, classes, raw = _load(source, cfg)
     _check_format(ds, fmt, source)
-    part = make_partition(ds, dict(cfg))
+    part = make_partition(ds, cfg)
     out = Path(out)
     _check_free(out, part.num_clients, overwrite)
     names = np.array(classes, dtype=str)
-    label_column = options_from_config(cfg).label_column if raw is not None else "label"
+    label_column = cfg.label_column.strip() if raw is not None else "label"
     folders = []
     for k, (train, test) in enumerate(zip(part.train, part.test)):
         folder = out / f"node-{k}"
@@ -130,13 +127,13 @@ def split_nodes(
     return folders, part, len(ds.y_train)
 
 
-def report(part: Partition, cfg: Mapping[str, Any], available: int | None = None) -> str:
+def report(part: Partition, cfg: Settings, available: int | None = None) -> str:
     """What `headway split` says each node got: training rows per node (every one, or min / median / max),
     test rows, and the train-fraction used."""
     used = sum(len(t) for t in part.train)
     of = f" of {available}" if available is not None else ""
     return (
-        f"{counts_line([len(t) for t in part.train], who='node')}; train-fraction={cfg['train-fraction']:g} ({used}{of} training rows); "
+        f"{counts_line([len(t) for t in part.train], who='node')}; train-fraction={cfg.train_fraction:g} ({used}{of} training rows); "
         f"{counts_line([len(t) for t in part.test], 'test rows', 'node')}"
         + (f"\nwarning: {empty}" if (empty := empty_note([len(t) for t in part.train], "node")) else "")  # core.partition
     )

@@ -13,12 +13,13 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from core.config import LOCAL, ConfigError, check_against_spec, check_bodies, fit_body, resolve
+from core.config import LOCAL, ConfigError, check_against_spec, check_bodies, fit_body, resolve_settings
 from core.console import plural, score, show_headway_log
 from core.extractors import input_spec
 from core.methods import METHODS
 from core.rounds import short_rounds_note
 from core.run_data import dataset_label, run_spec
+from core.settings import Settings
 from server.results import Recorder
 from server.tracking import check_trackers
 from strategies.base import HeadwayStrategy
@@ -31,13 +32,13 @@ from strategies.services import Services
 log = logging.getLogger("headway")
 
 
-def default_out_dir(cfg: Mapping[str, Any]) -> Path:
+def default_out_dir(cfg: Settings) -> Path:
     """A fresh results folder named by method, data set and start time, so runs never overwrite each other."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path(cfg["results-dir"]) / f"{cfg['algorithm']}-{dataset_label(cfg)}-{stamp}"
+    return Path(cfg.results_dir) / f"{cfg.algorithm}-{dataset_label(cfg)}-{stamp}"
 
 
-def build_strategy(cfg: dict[str, Any], schema: Any = None, described: dict[int, dict[str, Any]] | None = None) -> HeadwayStrategy:
+def build_strategy(cfg: Settings, schema: Any = None, described: dict[int, dict[str, Any]] | None = None) -> HeadwayStrategy:
     """The method's strategy for a resolved config; raises ConfigError when they cannot work
     together, before any client is asked: the config against the data set's spec, what the
     method itself checks (its ``check_config``), and (where the server holds the data) the partition.
@@ -46,17 +47,17 @@ def build_strategy(cfg: dict[str, Any], schema: Any = None, described: dict[int,
     data_spec = run_spec(cfg, schema)
     check_against_spec(cfg, data_spec)
     spec = input_spec(cfg, data_spec)
-    fit_body(cfg, spec.input_shape)  # body=auto: the body that fits these inputs, written into cfg (config.json records it)
+    cfg = fit_body(cfg, spec.input_shape)  # body=auto: the body that fits these inputs (the strategy's settings: config.json records it)
     check_bodies(cfg, spec.input_shape)
-    method = STRATEGIES[cfg["algorithm"]]
+    method = STRATEGIES[cfg.algorithm]
     method.check_config(cfg, spec)
     strategy = method(cfg, spec, Services(cfg, schema, dict(described or {})))
-    if cfg["dataset"] != LOCAL:
+    if cfg.dataset != LOCAL:
         check_partition(cfg, strategy.services.data.dataset)
     return strategy
 
 
-def check_partition(cfg: Mapping[str, Any], dataset: Any) -> None:
+def check_partition(cfg: Settings, dataset: Any) -> None:
     """ConfigError when the data set (None: the server holds no copy; nothing to check)
     cannot be partitioned as configured: a server holdout (FedProf's ``fedprof-val-size``,
     ``server-holdout``) must leave, after ``train-fraction``, at least as many training rows
@@ -68,25 +69,25 @@ def check_partition(cfg: Mapping[str, Any], dataset: Any) -> None:
 
     from core.partition import make_partition, server_holdout
 
-    key = METHODS[cfg["algorithm"]].holdout_key
-    rows, holdout, clients, fraction = len(dataset.y_train), server_holdout(dict(cfg)), cfg["num-clients"], cfg["train-fraction"]
+    key = METHODS[cfg.algorithm].holdout_key
+    rows, holdout, clients, fraction = len(dataset.y_train), server_holdout(cfg), cfg.num_clients, cfg.train_fraction
     most = rows - math.ceil(clients / fraction)  # the largest holdout that leaves train-fraction x the rest >= one row per client
     refusal = (
-        f"run-config key '{key}' is {holdout}, but data set '{cfg['dataset']}' has {rows} training rows, and "
+        f"run-config key '{key}' is {holdout}, but data set '{cfg.dataset}' has {rows} training rows, and "
         f"train-fraction={fraction:g} of what the holdout leaves must be at least one row per client ({clients}): "
         + (f"set {key} <= {most}" if most >= 0 else "no holdout fits: lower num-clients or raise train-fraction")
     )
     if holdout >= rows or (holdout > 0 and (rows - holdout) * fraction < clients):  # the holdout's fault: name its key
         raise ConfigError(refusal)
     try:
-        part = make_partition(dataset, dict(cfg))
+        part = make_partition(dataset, cfg)
     except ValueError as exc:
         raise ConfigError(f"run-config: the data cannot be partitioned as configured: {exc}") from None
     if holdout > 0 and sum(len(t) for t in part.train) < clients:
         raise ConfigError(refusal)
 
 
-def check_strategy(cfg: dict[str, Any]) -> None:
+def check_strategy(cfg: Settings) -> None:
     """Every check that needs no client: what the method's strategy implements (secure sum, robust rule),
     the config against the data set's spec and the method (bodies, feature widths, shared layers), and the
     trackers it names (mlflow installed).
@@ -103,25 +104,25 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     "interrupted" and the reason, beside the rounds it completed.
     """
     show_headway_log()  # headway's lines at INFO; not basicConfig(INFO): it turned on every library's INFO (httpx: a line per request)
-    cfg = resolve(run_config)
+    cfg = resolve_settings(run_config)  # the run's settings, built once; what the strategy fixes (body=auto) it holds
     check_capabilities(cfg)  # what the method's strategy cannot do (a secure sum, a robust rule): before any node is asked
     check_trackers(cfg)  # before discovery: a missing mlflow is said at once, not after the nodes are asked
     out = Path(out_dir) if out_dir else default_out_dir(cfg)
     try:
-        found = discover(grid, cfg) if cfg["dataset"] == LOCAL else None  # nodes that own their data agree on a schema first
+        found = discover(grid, cfg) if cfg.dataset == LOCAL else None  # nodes that own their data agree on a schema first
     except DiscoveryFailed as exc:  # no node's description could be used: summary.json says why, node by node
         Recorder(out, cfg, overwrite=overwrite).finish(exc.summary(), status="failed", reason=str(exc))
         log.error("run failed before round 1: %s", exc)
         raise
     strategy = build_strategy(cfg, None, None) if found is None else build_strategy(cfg, found.schema, found.described)
-    recorder = Recorder(out, cfg, overwrite=overwrite)
+    recorder = Recorder(out, strategy.settings, overwrite=overwrite)  # config.json: the body body=auto became
     log.info("%s", header(cfg, out, None if found is None else found.nodes))
     engine = strategy.connect(grid)  # kept here: who took part goes into summary.json even when the run raises
     if found is not None:
         engine.waited = True  # discovery waited sample-timeout for the nodes already: no second wait, no second warning
     loop = RoundLoop(strategy, engine, on_round=recorder.round)  # its state: what summary.json reports, also after a raise
     try:
-        loop.run(strategy.initial_state(), cfg["num-server-rounds"])
+        loop.run(strategy.initial_state(), cfg.num_server_rounds)
     except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, a stop signal (Flower exits 0), or Flower exiting on an error
         status, why = "interrupted", "interrupted (Ctrl-C, or a stop signal: e.g. the SuperLink shutting down)"
         if isinstance(exc, SystemExit) and exc.code not in (0, None):
@@ -150,7 +151,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
         **({} if found is None else found.summary()),
         **server_data_note(strategy),
     }
-    never = never_aggregated(recorder.rounds, cfg)
+    never = never_aggregated(recorder.rounds, cfg.min_replies)
     if never:  # the rounds ran, but the model (or head) never moved from where it started: not a complete run
         summary = recorder.finish(extra, status="failed", reason=never)
         log.error("run failed after %s: %s", plural(summary["rounds"], "round"), never)
@@ -167,15 +168,15 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
     return summary
 
 
-def header(cfg: Mapping[str, Any], out: Path, joined: int | None = None) -> str:
+def header(cfg: Settings, out: Path, joined: int | None = None) -> str:
     """The run's first line: method, data, clients, rounds and results folder. With
     dataset=local (``joined``: how many nodes discovery kept) the data is each node's own and
     the clients are those that joined, of the num-clients asked for."""
-    rounds = plural(int(cfg["num-server-rounds"]), "round")
-    if cfg["dataset"] != LOCAL:
-        return f"{cfg['algorithm']} on {cfg['dataset']}, {plural(int(cfg['num-clients']), 'client')}, {rounds} -> {out}"
-    clients = f"{joined} of num-clients={cfg['num-clients']} joined" if joined is not None else f"num-clients={cfg['num-clients']}"
-    return f"{cfg['algorithm']} on node-local data, clients: {clients}, {rounds} -> {out}"
+    rounds = plural(int(cfg.num_server_rounds), "round")
+    if cfg.dataset != LOCAL:
+        return f"{cfg.algorithm} on {cfg.dataset}, {plural(int(cfg.num_clients), 'client')}, {rounds} -> {out}"
+    clients = f"{joined} of num-clients={cfg.num_clients} joined" if joined is not None else f"num-clients={cfg.num_clients}"
+    return f"{cfg.algorithm} on node-local data, clients: {clients}, {rounds} -> {out}"
 
 
 def server_data_note(strategy: HeadwayStrategy) -> dict[str, Any]:
@@ -185,22 +186,22 @@ def server_data_note(strategy: HeadwayStrategy) -> dict[str, Any]:
     return {"server_data": "none: no global score (global_* figures), no LG-FedAvg new test; accuracy is the clients' own test splits"}
 
 
-def never_aggregated(rounds: list[dict[str, Any]], cfg: Mapping[str, Any]) -> str | None:
+def never_aggregated(rounds: list[dict[str, Any]], min_replies: int) -> str | None:
     """Why a run whose rounds all ran is not complete: no round aggregated anything (each
-    had fewer valid replies than ``min-replies``, so every round kept the starting model);
+    had fewer valid replies than ``min_replies``, so every round kept the starting model);
     None when some round did, or when rounds do not say (no ``aggregated`` flag)."""
     flags = [r["aggregated"] for r in rounds if "aggregated" in r]
     if not flags or any(flags):
         return None
     most = max((int(r.get("clients") or 0) for r in rounds), default=0)
-    if most >= cfg["min-replies"]:  # replies enough, and still every round kept the model: say why, from the rounds' own reasons
+    if most >= min_replies:  # replies enough, and still every round kept the model: say why, from the rounds' own reasons
         first = next((r["failure_reasons"][0] for r in rounds if r.get("failure_reasons")), "no reason recorded")
         return (
             f"no round aggregated: each of the {len(rounds)} rounds kept the model it started from (first reason: {first}); "
             "see failure_reasons in rounds.jsonl"
         )
     return (
-        f"no round aggregated: in each of the {len(rounds)} rounds fewer than min-replies={cfg['min-replies']} valid replies arrived "
+        f"no round aggregated: in each of the {len(rounds)} rounds fewer than min-replies={min_replies} valid replies arrived "
         f"(at most {most}), so the model never changed from its initialization; see failure_reasons in rounds.jsonl"
     )
 

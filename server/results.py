@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from core.rounds import clients_note, eval_note, short_rounds
+from core.settings import Settings
 from server.tracking import EVENT_FILE_GLOB, Trackers
 
 log = logging.getLogger("headway")
@@ -72,7 +73,7 @@ class Recorder:
     (:mod:`server.tracking`: TensorBoard event files here, MLflow where configured).
     """
 
-    def __init__(self, out_dir: str | Path, cfg: dict[str, Any], overwrite: bool = False):
+    def __init__(self, out_dir: str | Path, cfg: Settings, overwrite: bool = False):
         self.out = Path(out_dir)
         check_out_dir(self.out, overwrite)
         if overwrite:
@@ -84,12 +85,12 @@ class Recorder:
         self.bytes_to_target: int | None = None
         self.round_to_target: int | None = None
         self.started = time.monotonic()
-        (self.out / "config.json").write_text(json.dumps(_clean(cfg), indent=2, sort_keys=True))
+        (self.out / "config.json").write_text(json.dumps(_clean(cfg.to_config()), indent=2, sort_keys=True))
         (self.out / "rounds.jsonl").write_text("")
         self.trackers = Trackers.for_run(self.out, cfg)
 
     @classmethod
-    def reopen(cls, out_dir: str | Path, cfg: dict[str, Any], started: float | None = None) -> Recorder:
+    def reopen(cls, out_dir: str | Path, cfg: Settings, started: float | None = None) -> Recorder:
         """A Recorder over a folder a run already wrote into (its rounds.jsonl is read back,
         a torn last line skipped), so that :meth:`finish` can write the summary of a run
         whose own Recorder never did. Writes config.json and rounds.jsonl only where they
@@ -103,12 +104,12 @@ class Recorder:
         self.started = time.monotonic() if started is None else started
         self.trackers = Trackers([])  # the run's own Recorder fed its trackers the rounds; a second run there would only confuse them
         if not (self.out / "config.json").exists():
-            (self.out / "config.json").write_text(json.dumps(_clean(cfg), indent=2, sort_keys=True))
+            (self.out / "config.json").write_text(json.dumps(_clean(cfg.to_config()), indent=2, sort_keys=True))
         path = self.out / "rounds.jsonl"
         lines = path.read_text().splitlines() if path.exists() else []
         if not path.exists():
             path.write_text("")
-        target = cfg.get("target-accuracy") or 0.0
+        target = cfg.target_accuracy
         for line in lines:
             try:
                 record = json.loads(line)
@@ -126,7 +127,7 @@ class Recorder:
         self.cumulative += record["bytes_down"] + record["bytes_up"]
         record["cumulative_bytes"] = self.cumulative
         acc = record.get("accuracy")
-        target = self.cfg.get("target-accuracy") or 0.0
+        target = self.cfg.target_accuracy
         if target > 0 and self.bytes_to_target is None and acc is not None and acc >= target:
             self.bytes_to_target, self.round_to_target = self.cumulative, record["round"]
         self.rounds.append(record)
@@ -137,7 +138,7 @@ class Recorder:
         log.info(
             "round %d/%d  accuracy %s%s  %s  bytes %d (cumulative %d)  failures %d  %.1f s  %s",
             record["round"],
-            self.cfg.get("num-server-rounds", record["round"]),
+            self.cfg.num_server_rounds,
             acc_s,
             eval_note(record),  # core.rounds: accuracy over fewer clients' test splits than registered
             clients_note(record),  # core.rounds: clients used of wanted, and who is missing
@@ -145,7 +146,7 @@ class Recorder:
             self.cumulative,
             record["failures"],
             record["seconds"],
-            progress(self.rounds, int(self.cfg.get("num-server-rounds", record["round"])), time.monotonic() - self.started),
+            progress(self.rounds, self.cfg.num_server_rounds, time.monotonic() - self.started),
         )
 
     def finish(
@@ -167,9 +168,9 @@ class Recorder:
             reason = "unknown"
         accs = [r["accuracy"] for r in self.rounds if r.get("accuracy") is not None]
         summary = {
-            "algorithm": self.cfg["algorithm"],
-            "dataset": self.cfg["dataset"],
-            "num_clients": self.cfg["num-clients"],
+            "algorithm": self.cfg.algorithm,
+            "dataset": self.cfg.dataset,
+            "num_clients": self.cfg.num_clients,
             "rounds": len(self.rounds),
             "final_accuracy": accs[-1] if accs else None,
             "best_accuracy": max(accs) if accs else None,
@@ -177,7 +178,7 @@ class Recorder:
             "total_bytes_down": sum(r.get("bytes_down", 0) for r in self.rounds),
             "total_bytes_up": sum(r.get("bytes_up", 0) for r in self.rounds),
             "total_eval_bytes": sum(r.get("eval_bytes_down", 0) + r.get("eval_bytes_up", 0) for r in self.rounds),
-            "target_accuracy": self.cfg.get("target-accuracy") or None,
+            "target_accuracy": self.cfg.target_accuracy or None,
             "bytes_to_target": self.bytes_to_target,
             "round_to_target": self.round_to_target,
             "failures": sum(r.get("failures", 0) for r in self.rounds) + unfinished_failures,
@@ -185,8 +186,8 @@ class Recorder:
         }
         summary.update(values_totals(self.rounds, self.round_to_target))
         summary.update(short_rounds(self.rounds))  # core.rounds: rounds that ran without some client
-        summary.update(global_progress(self.rounds, self.cfg.get("target-accuracy") or 0.0))
-        if self.cfg.get("client-noise"):
+        summary.update(global_progress(self.rounds, self.cfg.target_accuracy))
+        if self.cfg.client_noise:
             summary["participation_by_noise"] = participation_by_noise(self.rounds, self.cfg)
         if accs:
             best_round = max((r for r in self.rounds if r.get("accuracy") is not None), key=lambda r: r["accuracy"])
@@ -198,7 +199,10 @@ class Recorder:
         if self.rounds:
             try:
                 plot_curves(
-                    {self.cfg["algorithm"]: self.rounds}, self.out, plot_title(self.cfg), target=self.cfg.get("target-accuracy") or None
+                    {self.cfg.algorithm: self.rounds},
+                    self.out,
+                    plot_title(self.cfg.algorithm, self.cfg.dataset),
+                    target=self.cfg.target_accuracy or None,
                 )
             except Exception as exc:  # a plot must never lose a run's numbers
                 log.warning("plotting failed: %s", exc)
@@ -262,15 +266,15 @@ def global_progress(rounds: list[dict[str, Any]], target: float) -> dict[str, An
     }
 
 
-def participation_by_noise(rounds: list[dict[str, Any]], cfg: dict[str, Any]) -> dict[str, float]:
+def participation_by_noise(rounds: list[dict[str, Any]], cfg: Settings) -> dict[str, float]:
     """Per client-noise kind (and ``clean``): the mean number of rounds its clients trained in."""
     from core.noise import noise_assignment
 
-    kinds = noise_assignment(cfg["client-noise"], cfg["num-clients"], cfg["seed"])
+    kinds = noise_assignment(cfg.client_noise, cfg.num_clients, cfg.seed)
     members: dict[str, list[int]] = {}
-    for pid in range(cfg["num-clients"]):
+    for pid in range(cfg.num_clients):
         members.setdefault(kinds.get(pid, "clean"), []).append(pid)
-    taken = {pid: 0 for pid in range(cfg["num-clients"])}
+    taken = {pid: 0 for pid in range(cfg.num_clients)}
     for record in rounds:
         for pid in record.get("selected", []):
             if pid in taken:
@@ -281,15 +285,15 @@ def participation_by_noise(rounds: list[dict[str, Any]], cfg: dict[str, Any]) ->
 ACCURACY_LABEL = "test accuracy (sample-weighted over clients' test splits)"
 
 
-def plot_title(cfg: dict[str, Any]) -> str:
+def plot_title(algorithm: str, dataset: str) -> str:
     """What the user ran: the method on a built-in data set's name, their data's folder or file
     name, or "node-local data" where every node read its own (dataset=local)."""
     from core.config import dataset_kind
 
-    name = str(cfg["dataset"])
+    name = str(dataset)
     kind = dataset_kind(name)
     data = {"local": "node-local data", "path": Path(name.rstrip("/\\")).name or name}.get(kind or "", name)
-    return f"{cfg['algorithm']} on {data}"
+    return f"{algorithm} on {data}"
 
 
 def troubled_rounds(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:

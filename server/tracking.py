@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from core.config import ConfigError
+from core.settings import Settings
 
 log = logging.getLogger("headway")
 
@@ -215,9 +216,9 @@ def require_mlflow() -> Any:
     return mlflow
 
 
-def check_trackers(cfg: Mapping[str, Any]) -> None:
+def check_trackers(cfg: Settings) -> None:
     """ConfigError when the run config names a tracker this install cannot write to (mlflow missing)."""
-    if cfg.get("mlflow-tracking-uri"):
+    if cfg.mlflow_tracking_uri:
         require_mlflow()
 
 
@@ -229,17 +230,18 @@ class Trackers:
         self.sinks = list(sinks)
 
     @classmethod
-    def for_run(cls, out: Path, cfg: Mapping[str, Any]) -> Trackers:
+    def for_run(cls, out: Path, cfg: Settings) -> Trackers:
         """The sinks the run config asks for. A missing mlflow is a ConfigError (the user
         asked for it); a tracker that cannot start is a warning, and the run goes on."""
         sinks: list[Sink] = []
-        uri = str(cfg.get("mlflow-tracking-uri") or "")
+        uri = cfg.mlflow_tracking_uri
         check_trackers(cfg)
+        params = cfg.to_config()  # key = value, as config.json lists them
         starts: list[tuple[str, Any]] = []
-        if cfg.get("tensorboard", True):
-            starts.append(("tensorboard", lambda: TensorBoardSink(out, cfg)))
+        if cfg.tensorboard:
+            starts.append(("tensorboard", lambda: TensorBoardSink(out, params)))
         if uri:
-            starts.append(("mlflow", lambda: MLflowSink(uri, out, cfg)))
+            starts.append(("mlflow", lambda: MLflowSink(uri, out, params)))
         for name, start in starts:
             try:
                 sinks.append(start())

@@ -17,16 +17,18 @@ import tomllib
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import psutil
 
-from core.config import LOCAL, ConfigError, check_against_spec, dataset_kind, resolve
+from core.config import LOCAL, ConfigError, check_against_spec, dataset_kind, resolve_settings
 from core.console import plural, show_headway_log, significant
 from core.data import DatasetMissingError
 from core.run_data import load_run_dataset, run_spec
+from core.settings import Settings
 from core.sources import SourceError
 from server.results import Recorder, ResultsFolderError, check_out_dir, clear_results
 
@@ -77,8 +79,8 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def load_config(path: str | None, sets: list[str]) -> dict[str, Any]:
-    """Keys from CONFIG.toml overlaid with ``key=value`` overrides, validated."""
+def load_config(path: str | None, sets: list[str]) -> Settings:
+    """The settings of the keys from CONFIG.toml overlaid with ``key=value`` overrides, validated."""
     cfg: dict[str, Any] = {}
     if path:
         try:
@@ -96,18 +98,18 @@ def load_config(path: str | None, sets: list[str]) -> dict[str, Any]:
             raise ConfigError(f"--set takes key=value, got {item!r}")
         key, value = item.split("=", 1)
         cfg[key.strip()] = parse_value(value.strip())
-    cfg = resolve(cfg)
-    if dataset_kind(cfg["dataset"]) == "path":  # Ray's workers run elsewhere than the cwd: every process reads the same absolute path
-        cfg["dataset"] = str(Path(cfg["dataset"]).expanduser().absolute())
-    return cfg
+    settings = resolve_settings(cfg)
+    if dataset_kind(settings.dataset) == "path":  # Ray's workers run elsewhere than the cwd: every process reads the same absolute path
+        settings = replace(settings, dataset=str(Path(settings.dataset).expanduser().absolute()))
+    return settings
 
 
-def preflight(cfg: dict[str, Any], out_dir: str | Path, overwrite: bool = False) -> None:
+def preflight(cfg: Settings, out_dir: str | Path, overwrite: bool = False) -> None:
     """Every check that can stop a run before the simulation engine starts; changes nothing
     on disk. Raises ConfigError (the config against the data set's spec, and whatever the
     method's strategy refuses: ``server.app.check_strategy``), ResultsFolderError (``out_dir``
     holds files and ``overwrite`` is not set) or DatasetMissingError."""
-    if cfg["dataset"] == LOCAL:
+    if cfg.dataset == LOCAL:
         raise ConfigError(
             "run-config key 'dataset' is 'local', which is for a deployment where every SuperNode reads its own data; "
             "in simulation give the path of your source as dataset, and it is split over the clients like a built-in"
@@ -115,7 +117,7 @@ def preflight(cfg: dict[str, Any], out_dir: str | Path, overwrite: bool = False)
     check_out_dir(out_dir, overwrite)
     load_run_dataset(cfg)  # a missing data set or an unreadable source fails here, once
     check_against_spec(cfg, run_spec(cfg))
-    if cfg.get("ray-address") == "auto":
+    if cfg.ray_address == "auto":
         ray_address("auto")  # no cluster to join: stop here, not in ray.init
     from server.app import check_strategy
 
@@ -148,7 +150,7 @@ def _reason(exc: BaseException) -> str:
     return f"{type(root).__name__}: {text}" if text else type(root).__name__
 
 
-def _ensure_summary(cfg: dict[str, Any], out_dir: Path, started: float, status: str, reason: str) -> dict[str, Any]:
+def _ensure_summary(cfg: Settings, out_dir: Path, started: float, status: str, reason: str) -> dict[str, Any]:
     """summary.json as it is, or, when the run left none, one with ``status`` and ``reason``
     beside the rounds it completed (the last resort: the ServerApp writes its own)."""
     path = out_dir / "summary.json"
@@ -226,9 +228,7 @@ def quiet_ray(verbose: bool) -> None:
         os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 
-def simulate(
-    cfg: dict[str, Any], out_dir: str | Path, verbose: bool = False, overwrite: bool = False, *, check: bool = True
-) -> dict[str, Any]:
+def simulate(cfg: Settings, out_dir: str | Path, verbose: bool = False, overwrite: bool = False, *, check: bool = True) -> dict[str, Any]:
     """Run ``cfg`` with ``num-clients`` virtual SuperNodes; returns summary.json's content.
 
     ``check`` runs :func:`preflight` first (its errors are raised before Ray starts);
@@ -252,15 +252,16 @@ def simulate(
     from server.app import build_server_app
     from simulation.flower_fixes import faster_simulation_engine
 
-    address = ray_address(cfg["ray-address"])
-    if cfg["ray-address"]:  # config.json names the cluster the run ran on ("auto" resolved)
-        cfg = {**cfg, "ray-address": address}
-    backend = {  # Flower sizes its actor pool from the resources of every node of the cluster
-        "client_resources": {"num_cpus": cfg["client-num-cpus"], "num_gpus": cfg["client-num-gpus"]},
+    address = ray_address(cfg.ray_address)
+    if cfg.ray_address:  # config.json names the cluster the run ran on ("auto" resolved)
+        cfg = replace(cfg, ray_address=address)
+    backend: dict[str, Any] = {  # Flower sizes its actor pool from the resources of every node of the cluster
+        "client_resources": {"num_cpus": cfg.client_num_cpus, "num_gpus": cfg.client_num_gpus},
         # log_to_driver: the clients' own output (their tracebacks, Flower's actor lines) only with --verbose; the server
         # reports every client failure with its reason itself
         "init_args": {"address": address, "include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": verbose},
     }
+    config = cfg.to_config()  # the apps' run config: run_simulation takes no run config, so it is their overrides
     errors = _ErrorLog()
     flwr_log = logging.getLogger("flwr")
     flwr_log.addHandler(errors)
@@ -272,9 +273,9 @@ def simulate(
         # faster: Flower 1.39's extractor pass and poll waits (docs/flower-extractor.md); quiet: two banners, unless --verbose
         with faster_simulation_engine(), quiet_engine(verbose):
             run_simulation(
-                server_app=build_server_app(cfg, out, overwrite=overwrite),
-                client_app=build_client_app(cfg),
-                num_supernodes=cfg["num-clients"],
+                server_app=build_server_app(config, out, overwrite=overwrite),
+                client_app=build_client_app(config),
+                num_supernodes=cfg.num_clients,
                 backend_config=backend,
                 verbose_logging=verbose,
             )
@@ -351,7 +352,7 @@ def stop_processes(pids: list[int], grace: float = STOP_GRACE) -> subprocess.Pop
         return None
 
 
-def _stop_on_signal(cfg: dict[str, Any], out: Path, started: float) -> Callable[[int, FrameType | None], None]:
+def _stop_on_signal(cfg: Settings, out: Path, started: float) -> Callable[[int, FrameType | None], None]:
     """A SIGINT/SIGTERM handler for the command line: write the interrupted summary (and
     plots) with the rounds done, at once, stop Ray's processes and end the process with
     128 + the signal (130 for Ctrl-C, 143 for SIGTERM: what `timeout`, `docker stop` and

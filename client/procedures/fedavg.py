@@ -26,7 +26,7 @@ class FedProxClient(FedAvgClient):
 
     def fit(self, env: ClientEnv, model: Net, shared: list[str], server_round: int) -> float:
         """Train every layer with FedAvg's loss plus the proximal pull towards the layers the server sent."""
-        mu = env.cfg["fedprox-mu"]
+        mu = env.cfg.fedprox.mu
         params = list(model.parameters())
         anchor = [p.detach().clone() for p in params]
         base = task_loss(env.data.task)

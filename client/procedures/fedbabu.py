@@ -30,7 +30,7 @@ FINETUNE_SALT = seeds.salt("fedbabu-finetune")  # the fine-tuning's own stream, 
 def fixed_head_model(env: ClientEnv) -> Net:
     """The run's initial model built from the run seed: its head is FedBABU's fixed head, the same on every client."""
     cfg = env.cfg
-    model = build_model(env.body, env.data.input_shape, cfg["feature-dim"], env.outputs, int(cfg["seed"]), cfg["body-dropout"])
+    model = build_model(env.body, env.data.input_shape, cfg.feature_dim, env.outputs, int(cfg.seed), cfg.body_dropout)
     return model.to(env.device)
 
 
@@ -68,8 +68,8 @@ class FedBABUClient(SharedLayersClient):
 
     def fine_tune(self, env: ClientEnv, model: Net, server_round: int) -> None:
         """Train ``fedbabu-finetune-part`` of ``model`` for ``fedbabu-finetune-epochs`` on the local training rows."""
-        epochs = env.cfg["fedbabu-finetune-epochs"]
-        with trainable_only(model, part_names(model, env.cfg["fedbabu-finetune-part"])) as params:
+        epochs = env.cfg.fedbabu.finetune_epochs
+        with trainable_only(model, part_names(model, env.cfg.fedbabu.finetune_part)) as params:
             self.train_all(env, model, params, server_round, epochs=epochs, salt=FINETUNE_SALT)
 
     def evaluate(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:

@@ -63,10 +63,10 @@ def fedlog_c_loss(phi: torch.Tensor, y: torch.Tensor, means: torch.Tensor, known
 
 def feature_map(env: ClientEnv, body_state: Mapping[str, torch.Tensor] | None) -> FeatureMap:
     """This client's seeded body, loaded with the state it kept (if any), as φ."""
-    body = build_body(env.body, env.data.input_shape, env.cfg["feature-dim"], env.init_seed, env.cfg["body-dropout"])
+    body = build_body(env.body, env.data.input_shape, env.cfg.feature_dim, env.init_seed, env.cfg.body_dropout)
     if body_state is not None:
         body.load_state_dict(body_state)
-    return FeatureMap(body, env.cfg["fedlog-clip"]).to(env.device)
+    return FeatureMap(body, env.cfg.fedlog.clip).to(env.device)
 
 
 def train_body(env: ClientEnv, fmap: FeatureMap, eta: np.ndarray, phi_sum: np.ndarray | None, server_round: int) -> float:
@@ -75,7 +75,7 @@ def train_body(env: ClientEnv, fmap: FeatureMap, eta: np.ndarray, phi_sum: np.nd
     (``fedlog-alpha`` > 0). Returns the training loss."""
     cfg = env.cfg
     head = torch.as_tensor(eta, dtype=torch.float32, device=env.device)
-    alpha = cfg["fedlog-alpha"]
+    alpha = cfg.fedlog.alpha
     means = known = None
     if alpha > 0 and phi_sum is not None:
         means = torch.as_tensor(class_means(phi_sum), dtype=torch.float32, device=env.device)
@@ -94,10 +94,10 @@ def train_body(env: ClientEnv, fmap: FeatureMap, eta: np.ndarray, phi_sum: np.nd
         list(fmap.parameters()),
         env.x_train,
         env.y_train,
-        epochs=cfg["local-epochs"],
-        batch_size=cfg["batch-size"],
+        epochs=cfg.local_epochs,
+        batch_size=cfg.batch_size,
         lr=env.lr(server_round),
-        optimizer=cfg["optimizer"],
+        optimizer=cfg.optimizer,
         loss_fn=objective,
         augment=env.data.augment,
         seed=env.seed_for(server_round),
@@ -112,9 +112,9 @@ def local_statistics(env: ClientEnv, fmap: FeatureMap) -> np.ndarray:
     fmap.eval()
     phi = predict(fmap, env.x_train, device=env.device).double().numpy()
     stats = sufficient_statistics(phi, env.y_train.numpy(), env.outputs)
-    if env.cfg["fedlog-dp"] == "local":
+    if env.cfg.fedlog.dp == "local":
         stats = add_noise(stats, noise_sigma(env.cfg, stats.shape[1]), np.random.default_rng())  # OS entropy
-    elif env.cfg["fedlog-dp"] == "distributed":  # this client's share of the sum's noise; sent only masked (secure-aggregation)
+    elif env.cfg.fedlog.dp == "distributed":  # this client's share of the sum's noise; sent only masked (secure-aggregation)
         stats = add_noise(stats, share_sigma(env.cfg, stats.shape[1]), np.random.default_rng())
     return stats
 
@@ -140,10 +140,10 @@ class FedLogClient:
             loss = train_body(env, fmap, arrays[P.ETA].numpy(), phi_sum, rnd)
             state[BODY_STATE] = ArrayRecord({k: v.detach().cpu() for k, v in fmap.body.state_dict().items()})
         stats = local_statistics(env, fmap)
-        sparse = cfg["fedlog-uplink"] == "sparse"  # only the rows of the classes held (never under local DP)
-        sent = uplink_array(stats, sparse, cfg["fedlog-uplink-dtype"])
+        sparse = cfg.fedlog.uplink == "sparse"  # only the rows of the classes held (never under local DP)
+        sent = uplink_array(stats, sparse, cfg.fedlog.uplink_dtype)
         reply = ArrayRecord({P.STATS_ROWS if sparse else P.STATS: Array(sent)})
-        if cfg["fedlog-dp"] == "local":  # release nothing private beside the noised statistic
+        if cfg.fedlog.dp == "local":  # release nothing private beside the noised statistic
             return RecordDict({P.ARRAYS: reply, P.METRICS: MetricRecord({P.PARTITION_ID: env.partition_id})})
         return RecordDict({P.ARRAYS: reply, P.METRICS: train_metrics(env, loss)})
 

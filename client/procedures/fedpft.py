@@ -53,23 +53,23 @@ class FedPFTClient:
 
     def _mixtures(self, env: ClientEnv, f: torch.Tensor, y: np.ndarray) -> list[ClassMixture]:
         cfg = env.cfg
-        if cfg["fedpft-dp"] == "on":
+        if cfg.fedpft.dp == "on":
             rng = np.random.default_rng()  # OS entropy: the noise must not follow from the run config
             return [
-                privatize(f[torch.as_tensor(y == c)], int(c), cfg["fedpft-covariance"], cfg["fedpft-epsilon"], cfg["fedpft-delta"], rng)[0]
+                privatize(f[torch.as_tensor(y == c)], int(c), cfg.fedpft.covariance, cfg.fedpft.epsilon, cfg.fedpft.delta, rng)[0]
                 for c in np.unique(y)
-                if int(np.sum(y == c)) >= cfg["fedpft-min-class-examples"]
+                if int(np.sum(y == c)) >= cfg.fedpft.min_class_examples
             ]
         mixtures, _ = fit_class_mixtures(
             f,
             y,
-            cfg["fedpft-components"],
-            cfg["fedpft-covariance"],
-            cfg["fedpft-min-class-examples"],
-            cfg["fedpft-reg-covar"],
-            cfg["fedpft-em-tol"],
-            cfg["fedpft-em-max-iter"],
-            cfg["fedpft-em-init"],
+            cfg.fedpft.components,
+            cfg.fedpft.covariance,
+            cfg.fedpft.min_class_examples,
+            cfg.fedpft.reg_covar,
+            cfg.fedpft.em_tol,
+            cfg.fedpft.em_max_iter,
+            cfg.fedpft.em_init,
             env.seed_for(0, seeds.FEDPFT_MIXTURES),
             env.device,
         )
@@ -81,10 +81,10 @@ class FedPFTClient:
             x,
             y,
             env.outputs,
-            cfg["fedpft-head-optimizer"],
-            cfg["fedpft-head-lr"],
-            cfg["fedpft-head-epochs"],
-            cfg["fedpft-head-batch-size"],
+            cfg.fedpft.head_optimizer,
+            cfg.fedpft.head_lr,
+            cfg.fedpft.head_epochs,
+            cfg.fedpft.head_batch_size,
             env.seed_for(0, salt),
             env.device,
         )
@@ -99,9 +99,9 @@ class FedPFTClient:
             received = self._received(env, content, dim)
             local = self._head(env, f, env.y_train, seeds.FEDPFT_LOCAL_HEAD)
             if received:
-                counts = capped_counts(received, cfg["fedpft-max-synthetic"])
+                counts = capped_counts(received, cfg.fedpft.max_synthetic)
                 xs, ys = synthesize(received, torch.Generator().manual_seed(env.seed_for(0, seeds.FEDPFT_SYNTHESIS)), counts)
-                if cfg["fedpft-dp"] == "on":
+                if cfg.fedpft.dp == "on":
                     xs = normalize(xs)  # the union must stay in the unit ball for Theorem 4.1
                 f, y = torch.cat([f, xs.to(f.dtype)]), np.concatenate([y, ys.numpy()])
             head = self._head(env, f, torch.as_tensor(y), seeds.FEDPFT_CHAIN_HEAD)
@@ -109,7 +109,7 @@ class FedPFTClient:
             state[LOCAL_HEAD_STATE] = ArrayRecord({P.HEAD_WEIGHT: Array(local[0]), P.HEAD_BIAS: Array(local[1])})
         elif phase != P.PHASE_TRAIN:
             raise ValueError(f"fedpft client: unknown phase {phase!r}")
-        payload = encode(self._mixtures(env, f, y), dim, cfg["fedpft-covariance"])
+        payload = encode(self._mixtures(env, f, y), dim, cfg.fedpft.covariance)
         return RecordDict({P.ARRAYS: ArrayRecord({k: Array(v) for k, v in payload.items()}), P.METRICS: train_metrics(env, float("nan"))})
 
     def _received(self, env: ClientEnv, content: RecordDict, dim: int) -> list[ClassMixture]:
@@ -119,7 +119,7 @@ class FedPFTClient:
             return []
         cfg = env.cfg
         check = PayloadCheck(
-            env.outputs, dim, cfg["fedpft-components"], cfg["fedpft-covariance"], cfg["max-feature-value"], cfg["fedpft-min-class-examples"]
+            env.outputs, dim, cfg.fedpft.components, cfg.fedpft.covariance, cfg.max_feature_value, cfg.fedpft.min_class_examples
         )
         decoded = {k: arrays[k].numpy() for k in arrays}
         mixtures, problem = check.decode(decoded, None)
@@ -142,7 +142,7 @@ class FedPFTClient:
         else:
             raise ValueError("fedpft client: no head to evaluate (none sent, none trained here)")
         weight, bias = head[P.HEAD_WEIGHT].numpy(), head[P.HEAD_BIAS].numpy()
-        if weight.shape != (env.outputs, feature_dim(env.cfg["fedpft-extractor"], env.data.input_shape)) or bias.shape != (env.outputs,):
+        if weight.shape != (env.outputs, feature_dim(env.cfg.fedpft.extractor, env.data.input_shape)) or bias.shape != (env.outputs,):
             raise ValueError(
                 f"fedpft client: head of shape {weight.shape}/{bias.shape} does not fit {env.outputs} classes × {f.shape[1]} features"
             )

@@ -26,7 +26,7 @@ class FedProfClient(FedAvgClient):
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
         """Send the received model's profile (alone in the profile phase), then FedAvg's trained layers with it."""
         model, shared = self.model(env, content, state)
-        profile = model_profile(model, env.cfg["fedprof-layer"], env.x_train, device=env.device).astype(np.float32)
+        profile = model_profile(model, env.cfg.fedprof.layer, env.x_train, device=env.device).astype(np.float32)
         phase = str(content[P.CONFIG].get(P.PHASE, P.PHASE_TRAIN))
         if phase == P.PHASE_PROFILE:
             return RecordDict({P.ARRAYS: ArrayRecord({P.PROFILE: Array(profile)}), P.METRICS: train_metrics(env, float("nan"))})

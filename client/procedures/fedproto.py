@@ -47,7 +47,7 @@ class FedProtoClient:
         cfg, rnd = env.cfg, round_of(content)
         model = local_model(env, state)
         glob = global_prototypes(content, env.device)
-        lam = cfg["fedproto-lambda"]
+        lam = cfg.fedproto.lambda_
 
         def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             dropped, kept = feature_pair(model.body, x)  # prototypes are of the features before dropout
@@ -65,10 +65,10 @@ class FedProtoClient:
             list(model.parameters()),
             env.x_train,
             env.y_train,
-            epochs=cfg["local-epochs"],
-            batch_size=cfg["batch-size"],
+            epochs=cfg.local_epochs,
+            batch_size=cfg.batch_size,
             lr=env.lr(rnd),
-            optimizer=cfg["optimizer"],
+            optimizer=cfg.optimizer,
             loss_fn=objective,
             augment=env.data.augment,
             seed=env.seed_for(rnd),
@@ -94,6 +94,6 @@ class FedProtoClient:
             proto_correct = int((pred == env.y_test.numpy()).sum())
         metrics[f"{P.CORRECT}-head"] = head_correct
         metrics[f"{P.CORRECT}-prototype"] = proto_correct
-        if env.cfg["fedproto-predict"] == "prototype":
+        if env.cfg.fedproto.predict == "prototype":
             metrics[P.CORRECT] = proto_correct
         return RecordDict({P.METRICS: metrics})

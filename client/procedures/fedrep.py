@@ -21,6 +21,6 @@ class FedRepClient(SharedLayersClient):
         body = [n for n in names if n in shared]
         head = [n for n in names if n not in shared]
         with trainable_only(model, head) as params:
-            self.train_all(env, model, params, server_round, epochs=env.cfg["fedrep-head-epochs"], salt=seeds.FEDREP_HEAD)
+            self.train_all(env, model, params, server_round, epochs=env.cfg.fedrep.head_epochs, salt=seeds.FEDREP_HEAD)
         with trainable_only(model, body) as params:
             return self.train_all(env, model, params, server_round)
