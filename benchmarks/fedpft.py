@@ -39,6 +39,7 @@ from core.fedpft import (
     train_head,
 )
 from core.gmm import SPARSE_PASSES
+from core.settings import Settings
 from simulation.runner import load_config
 
 CONFIG = "benchmarks/configs/fedpft-cifar10.toml"
@@ -69,31 +70,31 @@ FEDAVG_HEAD_ROUNDS = 50  # one local epoch a round: as many passes over the data
 FEDAVG_HEAD_EPOCHS = 1
 
 
-def config(seed: int, sets: list[str]) -> dict[str, Any]:
-    """The benchmark's run config for ``seed``, with ``--set`` overrides."""
+def config(seed: int, sets: list[str]) -> Settings:
+    """The benchmark's settings for ``seed``, with ``--set`` overrides."""
     return load_config(str(ROOT / CONFIG), [*sets, f"seed={seed}"])
 
 
-def head_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+def head_settings(cfg: Settings) -> dict[str, Any]:
     return {
-        "optimizer": cfg["fedpft-head-optimizer"],
-        "lr": cfg["fedpft-head-lr"],
-        "epochs": cfg["fedpft-head-epochs"],
-        "batch_size": cfg["fedpft-head-batch-size"],
+        "optimizer": cfg.fedpft.head_optimizer,
+        "lr": cfg.fedpft.head_lr,
+        "epochs": cfg.fedpft.head_epochs,
+        "batch_size": cfg.fedpft.head_batch_size,
     }
 
 
-def client_features(cfg: dict[str, Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def client_features(cfg: Settings) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every client's (features, labels): the same rows and the same cache entries as the clients of a run."""
     out = []
-    for pid in range(cfg["num-clients"]):
-        env = client_env(cfg, {"partition-id": pid})
+    for pid in range(cfg.num_clients):
+        env = client_env(cfg.to_config(), {"partition-id": pid})
         out.append((features(cfg, env.data.name, env.x_train), env.y_train))
     return out
 
 
-def test_features(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    ds = load_dataset(cfg["dataset"], cfg["data-dir"], cfg["seed"])
+def test_features(cfg: Settings) -> tuple[torch.Tensor, torch.Tensor]:
+    ds = load_dataset(cfg.dataset, cfg.data_dir, cfg.seed)
     x, y = to_tensors(ds, ds.x_test, ds.y_test)
     return features(cfg, ds.name, x), y
 
@@ -106,7 +107,7 @@ def head_bytes(classes: int, dim: int) -> int:
     return 4 * classes * (dim + 1)
 
 
-def baselines(cfg: dict[str, Any], seed: int) -> dict[str, dict[str, float]]:
+def baselines(cfg: Settings, seed: int) -> dict[str, dict[str, float]]:
     """Centralized (raw features), Ensemble and AVG of local heads, FedAvg of the head."""
     clients = client_features(cfg)
     ftest, ytest = test_features(cfg)
@@ -211,7 +212,7 @@ def run_labelshift(args: argparse.Namespace) -> None:
         if path.is_file():
             continue
         cfg = config(seed, [*args.set, "num-clients=1", "partition=iid"])
-        env = client_env(cfg, {"partition-id": 0})
+        env = client_env(cfg.to_config(), {"partition-id": 0})
         f, y = features(cfg, env.data.name, env.x_train), env.y_train
         src, dst = y < 5, y >= 5
         ftest, ytest = test_features(cfg)
@@ -239,10 +240,10 @@ def run_labelshift(args: argparse.Namespace) -> None:
                 k,
                 cov,
                 2,
-                cfg["fedpft-reg-covar"],
-                cfg["fedpft-em-tol"],
-                cfg["fedpft-em-max-iter"],
-                cfg["fedpft-em-init"],
+                cfg.fedpft.reg_covar,
+                cfg.fedpft.em_tol,
+                cfg.fedpft.em_max_iter,
+                cfg.fedpft.em_init,
                 seed,
             )
             payload = encode(mix, f.shape[1], cov)
@@ -459,7 +460,7 @@ def run_em_speed(args: argparse.Namespace) -> None:
     root = results_root("fedpft-em-speed", args.tag)
     root.mkdir(parents=True, exist_ok=True)
     cfg = config(0, [*args.set, "num-clients=10", "partition=iid"])
-    env = client_env(cfg, {"partition-id": 0})
+    env = client_env(cfg.to_config(), {"partition-id": 0})
     f = features(cfg, env.data.name, env.x_train)[:5000].float().numpy()
     labels = env.y_train[:5000].numpy()
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -20,6 +20,7 @@ from benchmarks.fedprof import GROUP
 from benchmarks.runner import finished, load_run
 from core.config import defaults
 from core.costmodel import TABLE2, client_costs, draw_devices, round_cost
+from core.settings import Settings
 
 # The paper's Tables 3-5 (mean over runs): best accuracy and rounds to the target.
 PAPER = {
@@ -48,35 +49,35 @@ PAPER = {
 LABELS = {"fedprof": "FedProf", "fedavg": "FedAvg (uniform selection)", "fedprox": "FedProx (draws by data ratio)"}
 
 
-def client_sizes(cfg: dict[str, Any]) -> np.ndarray:
+def client_sizes(cfg: Settings) -> np.ndarray:
     """Every client's training-set size, as the run's partition made it (the server's own view)."""
     from strategies.services import ServerData
 
     sizes = ServerData(cfg).partition_sizes
     if sizes is None:
         raise SystemExit(
-            f"the report needs the {cfg['dataset']} data to rebuild the clients' partition for the cost model: "
+            f"the report needs the {cfg.dataset} data to rebuild the clients' partition for the cost model: "
             "set HEADWAY_DATA_DIR (or the run's data-dir) to the folder holding it"
         )
     return np.array([train for train, _ in sizes])
 
 
-def profile_width(cfg: dict[str, Any]) -> int:
+def profile_width(cfg: Settings) -> int:
     """q, the width of the profiled feature layer (the body's output)."""
     from core.config import fitted_body
     from core.extractors import input_spec
     from core.models import common_width
 
     shape = input_spec(cfg).input_shape
-    return common_width([fitted_body(cfg, shape)], shape, cfg["feature-dim"])
+    return common_width([fitted_body(cfg, shape)], shape, cfg.feature_dim)
 
 
-def simulated_costs(task: str, cfg: dict[str, Any], rounds: list[dict[str, Any]], sizes: np.ndarray) -> tuple[list[float], list[float]]:
+def simulated_costs(task: str, cfg: Settings, rounds: list[dict[str, Any]], sizes: np.ndarray) -> tuple[list[float], list[float]]:
     """Simulated seconds and joules of every round (Eqs. 9-16): the selected clients train;
     with FedProf (alpha > 0) they also profile, and every client profiles before round 1."""
     spec = TABLE2[task]
-    dev = draw_devices(spec, cfg["num-clients"], cfg["seed"])
-    fedprof = cfg["algorithm"] == "fedprof" and cfg["fedprof-alpha"] > 0
+    dev = draw_devices(spec, cfg.num_clients, cfg.seed)
+    fedprof = cfg.algorithm == "fedprof" and cfg.fedprof.alpha > 0
     per_message = [r["bytes_down"] / len(r["selected"]) for r in rounds[1:] if r.get("selected")]
     model_bytes = float(np.median(per_message)) if per_message else 0.0
     profile_bytes = 8.0 * profile_width(cfg)
@@ -114,7 +115,9 @@ def to_threshold(rounds: list[dict[str, Any]], metric: str, threshold: float, se
 def run_figures(task: str, folder: Path, thresholds: tuple[float, ...]) -> dict[str, Any]:
     """One run's figures, with its progress to each of ``thresholds``."""
     summary, rounds = load_run(folder)
-    cfg = {**defaults(), **json.loads((folder / "config.json").read_text())}  # runs saved before a key existed get its default
+    cfg = Settings.from_config(
+        {**defaults(), **json.loads((folder / "config.json").read_text())}
+    )  # runs saved before a key existed get its default
     sizes = client_sizes(cfg)
     secs, joules = simulated_costs(task, cfg, rounds, sizes)
     metric = summary.get("global_metric", "global_accuracy")
@@ -128,15 +131,15 @@ def run_figures(task: str, folder: Path, thresholds: tuple[float, ...]) -> dict[
         "wall_seconds": summary.get("wall_seconds"),
         "participation_by_noise": summary.get("participation_by_noise", {}),
         "curve": [r.get(metric) for r in rounds],
-        "scores": [r.get("fedprof_scores") for r in rounds] if cfg["algorithm"] == "fedprof" and cfg["fedprof-alpha"] > 0 else None,
+        "scores": [r.get("fedprof_scores") for r in rounds] if cfg.algorithm == "fedprof" and cfg.fedprof.alpha > 0 else None,
         "noise": {str(k): v for k, v in _noise(cfg).items()},
     }
 
 
-def _noise(cfg: dict[str, Any]) -> dict[int, str]:
+def _noise(cfg: Settings) -> dict[int, str]:
     from core.noise import noise_assignment
 
-    return noise_assignment(cfg["client-noise"], cfg["num-clients"], cfg["seed"])
+    return noise_assignment(cfg.client_noise, cfg.num_clients, cfg.seed)
 
 
 def _stat(values: list[float | None], fmt: str) -> str:

@@ -32,10 +32,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psutil
+
+if TYPE_CHECKING:  # imported lazily where used: a spawned worker imports only what it runs
+    from core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "benchmarks" / "configs" / "mnist-table1.toml"
@@ -60,11 +63,11 @@ def repeated_mnist(copies: int, data_dir: str = "") -> Path:
     path = cache_dir() / f"mnist-x{copies}.npz"
     if path.exists():
         return path
-    from core.config import resolve
+    from core.config import resolve_settings
     from core.data import load_dataset
 
-    cfg = resolve({"dataset": "mnist", "data-dir": data_dir})
-    ds = load_dataset("mnist", cfg["data-dir"], 0)
+    cfg = resolve_settings({"dataset": "mnist", "data-dir": data_dir})
+    ds = load_dataset("mnist", cfg.data_dir, 0)
 
     def repeat(x: np.ndarray) -> np.ndarray:
         return np.concatenate([np.roll(x[:, 0], SHIFTS[k], axis=(1, 2)) for k in range(copies)])
@@ -96,14 +99,14 @@ def setup_sets(clients: int, rounds: int, data_dir: str = "") -> tuple[list[str]
     )
 
 
-def load_cfg(config: str | Path, sets: list[str]) -> dict[str, Any]:
-    """The resolved run config, read as ``headway run`` reads it."""
+def load_cfg(config: str | Path, sets: list[str]) -> Settings:
+    """The settings of the run config, read as ``headway run`` reads it."""
     from simulation.runner import load_config
 
     cfg = load_config(str(config), sets)
-    if cfg["algorithm"] != "fedlog":
-        raise SystemExit(f"the floor runs FedLog only; the config says algorithm={cfg['algorithm']!r}")
-    if cfg["fedlog-dp"] != "off" or cfg["fraction-train"] != 1.0 or cfg["client-noise"] or cfg["fault-clients"]:
+    if cfg.algorithm != "fedlog":
+        raise SystemExit(f"the floor runs FedLog only; the config says algorithm={cfg.algorithm!r}")
+    if cfg.fedlog.dp != "off" or cfg.fraction_train != 1.0 or cfg.client_noise or cfg.fault_clients:
         raise SystemExit("the floor reproduces FedLog without DP, with every client every round, no client-noise and no faults")
     return cfg
 
@@ -111,22 +114,21 @@ def load_cfg(config: str | Path, sets: list[str]) -> dict[str, Any]:
 # ----- one client's work (client/procedures/fedlog.py, without the records) -----------------
 
 
-def torch_threads(cfg: dict[str, Any]) -> int:
+def torch_threads(cfg: Settings) -> int:
     """The torch threads of a Ray actor with ``client-num-cpus`` CPUs: Ray sets OMP_NUM_THREADS
     to max(1, floor(num_cpus)) in its workers (ray._private.utils.set_omp_num_threads_if_unset)."""
-    return max(1, math.floor(cfg["client-num-cpus"]))
+    return max(1, math.floor(cfg.client_num_cpus))
 
 
-_CFG: dict[str, Any] = {}
+_WORKER: dict[str, Settings] = {}  # this process's run settings, set once by _init_worker
 
 
-def _init_worker(cfg: dict[str, Any]) -> None:
+def _init_worker(cfg: Settings) -> None:
     """A worker process: the run config, and torch's threads as a Ray actor has them."""
     import torch
 
     torch.set_num_threads(torch_threads(cfg))
-    _CFG.clear()
-    _CFG.update(cfg)
+    _WORKER["settings"] = cfg
 
 
 @dataclass
@@ -160,8 +162,8 @@ def client_work(task: Task) -> Answer:
     from core.fedlog import uplink_array
     from core.training import predict, task_metrics
 
-    cfg = _CFG
-    env = client_env(cfg, {"partition-id": task.partition_id})
+    cfg = _WORKER["settings"]
+    env = client_env(cfg.to_config(), {"partition-id": task.partition_id})
     kept = {k: torch.from_numpy(v) for k, v in task.state.items()} if task.state is not None else None
     fmap = feature_map(env, kept)  # seeded: this also seeds torch's generator, which the body's dropout draws from
     if task.phase == "evaluate":
@@ -175,7 +177,7 @@ def client_work(task: Task) -> Answer:
         loss = train_body(env, fmap, task.eta, task.phi, task.server_round)
         state = {k: v.detach().cpu().numpy().copy() for k, v in fmap.body.state_dict().items()}
     stats = local_statistics(env, fmap)
-    sent = uplink_array(stats, cfg["fedlog-uplink"] == "sparse", cfg["fedlog-uplink-dtype"])
+    sent = uplink_array(stats, cfg.fedlog.uplink == "sparse", cfg.fedlog.uplink_dtype)
     return Answer(task.partition_id, len(env.y_train), sent=sent, loss=loss, state=state)
 
 
@@ -185,19 +187,19 @@ def client_work(task: Task) -> Answer:
 class Server:
     """FedLog's server: the head η, the summed statistics, and the wire dtype of what it sends."""
 
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, cfg: Settings):
         from core.config import body_names
         from core.models import common_width
         from core.run_data import run_spec
 
         spec = run_spec(cfg)
         self.cfg, self.classes = cfg, spec.num_classes
-        self.m = common_width(body_names(cfg), spec.input_shape, cfg["feature-dim"]) + 1
-        self.eta = np.random.default_rng(cfg["seed"]).normal(0.0, 1.0 / np.sqrt(self.m), size=(self.classes, self.m))
+        self.m = common_width(body_names(cfg), spec.input_shape, cfg.feature_dim) + 1
+        self.eta = np.random.default_rng(cfg.seed).normal(0.0, 1.0 / np.sqrt(self.m), size=(self.classes, self.m))
         self.phi_sum: np.ndarray | None = None
 
     def wire(self, values: np.ndarray) -> np.ndarray:
-        if self.cfg["fedlog-wire-dtype"] == "float16":
+        if self.cfg.fedlog.wire_dtype == "float16":
             half = values.astype(np.float16)
             if np.all(np.isfinite(half)):
                 return half
@@ -205,11 +207,11 @@ class Server:
 
     def sent_phi(self) -> np.ndarray | None:
         """FedLog-C's Φ as sent with a training message (None for plain FedLog or before any)."""
-        if self.cfg["fedlog-alpha"] <= 0 or self.phi_sum is None:
+        if self.cfg.fedlog.alpha <= 0 or self.phi_sum is None:
             return None
         from core.fedlog import class_means
 
-        return self.wire(class_means(self.phi_sum) if self.cfg["fedlog-wire-dtype"] == "float16" else self.phi_sum)
+        return self.wire(class_means(self.phi_sum) if self.cfg.fedlog.wire_dtype == "float16" else self.phi_sum)
 
     def aggregate(self, answers: list[Answer]) -> None:
         """Eq. 11 and 12 on the replies in partition-id order, as the strategy decodes them."""
@@ -218,15 +220,15 @@ class Server:
         payloads = []
         for a in sorted(answers, key=lambda a: a.partition_id):
             assert a.sent is not None
-            if self.cfg["fedlog-uplink"] == "sparse":
+            if self.cfg.fedlog.uplink == "sparse":
                 stats, problem = dense_statistics(a.sent.astype(np.float64), self.classes)
                 assert stats is not None, problem
             else:
                 stats = a.sent.astype(np.float64)
-            payloads.append(sum_rows(stats) if self.cfg["fedlog-uplink-dtype"] == "float16" else stats)
+            payloads.append(sum_rows(stats) if self.cfg.fedlog.uplink_dtype == "float16" else stats)
         phi = np.sum(payloads, axis=0)
         n = float(sum(a.count for a in answers))
-        self.eta = solve_head(phi, n, chi=self.cfg["fedlog-prior-chi"], nu=self.cfg["fedlog-prior-nu"])
+        self.eta = solve_head(phi, n, chi=self.cfg.fedlog.prior_chi, nu=self.cfg.fedlog.prior_nu)
         self.phi_sum = phi
 
 
@@ -240,9 +242,9 @@ def accuracy(answers: list[Answer]) -> float | None:
 # ----- the run ---------------------------------------------------------------------------------
 
 
-def run_floor(cfg: dict[str, Any], processes: int, on_round: Any = None) -> list[dict[str, Any]]:
+def run_floor(cfg: Settings, processes: int, on_round: Any = None) -> list[dict[str, Any]]:
     """Run ``cfg`` as the floor: one record per round (round, seconds, accuracy)."""
-    clients = list(range(cfg["num-clients"]))
+    clients = list(range(cfg.num_clients))
     states: dict[int, dict[str, np.ndarray] | None] = dict.fromkeys(clients)
     server = Server(cfg)
     pool = mp.get_context("spawn").Pool(processes, _init_worker, (cfg,)) if processes > 1 else None
@@ -257,18 +259,18 @@ def run_floor(cfg: dict[str, Any], processes: int, on_round: Any = None) -> list
     records: list[dict[str, Any]] = []
     started = time.monotonic()
     try:
-        for rnd in range(1, cfg["num-server-rounds"] + 1):
+        for rnd in range(1, cfg.num_server_rounds + 1):
             t0 = time.monotonic()
-            if rnd == 1 and cfg["fedlog-init"] == "stats":
+            if rnd == 1 and cfg.fedlog.init == "stats":
                 server.aggregate(exchange([Task(p, "stats", 0, states[p], server.wire(server.eta), server.sent_phi()) for p in clients]))
             eta, phi = server.wire(server.eta), server.sent_phi()
             answers = exchange([Task(p, "train", rnd, states[p], eta, phi) for p in clients])
             for a in answers:
                 states[a.partition_id] = a.state
             server.aggregate(answers)
-            every = cfg["eval-every"]
+            every = cfg.eval_every
             acc = None
-            if rnd == cfg["num-server-rounds"] or (every and rnd % every == 0):
+            if rnd == cfg.num_server_rounds or (every and rnd % every == 0):
                 acc = accuracy(exchange([Task(p, "evaluate", rnd, states[p], server.wire(server.eta)) for p in clients]))
             record = {"round": rnd, "seconds": time.monotonic() - t0, "elapsed_seconds": time.monotonic() - started, "accuracy": acc}
             records.append(record)

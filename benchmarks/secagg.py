@@ -97,7 +97,7 @@ def stage_costs(n: int, shares_wanted: int = 0, size: int = 510) -> dict[str, An
 
     shares = S.share_count(n, shares_wanted)
     t = S.threshold_for(shares - 1, 0.5)  # of the shares - 1 other neighbours, as the server does
-    floor = S.client_floor({"min-replies": 1, "secagg-shares": shares_wanted, "secagg-threshold": 0.5})
+    floor = S.client_floor(min_replies=1, secagg_shares=shares_wanted, secagg_threshold=0.5)
     nodes = list(range(1, n + 1))
     graph = S.neighbour_graph(nodes, shares, random.Random(0))
     client = dict.fromkeys(STAGES, 0.0)

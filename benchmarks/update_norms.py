@@ -59,18 +59,18 @@ def local_sizes(size: int, rounds: int, data_dir: str = "") -> list[dict]:
     import torch
 
     from core.aggregate import relative_update_norm, weighted_average
-    from core.config import resolve
+    from core.config import resolve_settings
     from core.data import load_dataset, to_tensors
     from core.models import build_model
     from core.training import task_loss, train_epochs
 
-    cfg = resolve({"body": "mnist-cnn"})
+    cfg = resolve_settings({"body": "mnist-cnn"})
     ds = load_dataset("mnist", data_dir, 0)
     order = np.random.default_rng(0).permutation(len(ds.y_train))
     clients = [to_tensors(ds, ds.x_train[order[i * size : (i + 1) * size]], ds.y_train[order[i * size : (i + 1) * size]]) for i in range(3)]
 
     def model() -> torch.nn.Module:
-        return build_model(cfg["body"], (1, 28, 28), cfg["feature-dim"], 10, cfg["seed"], cfg["body-dropout"])
+        return build_model(cfg.body, (1, 28, 28), cfg.feature_dim, 10, cfg.seed, cfg.body_dropout)
 
     glob = {k: v.detach().numpy().copy() for k, v in model().state_dict().items()}
     out = []
@@ -84,10 +84,10 @@ def local_sizes(size: int, rounds: int, data_dir: str = "") -> list[dict]:
                 list(m.parameters()),
                 x,
                 y,
-                epochs=cfg["local-epochs"],
-                batch_size=cfg["batch-size"],
-                lr=cfg["lr"],
-                optimizer=cfg["optimizer"],
+                epochs=cfg.local_epochs,
+                batch_size=cfg.batch_size,
+                lr=cfg.lr,
+                optimizer=cfg.optimizer,
                 loss_fn=task_loss("classification"),
                 seed=rnd,
                 modules=[m],
