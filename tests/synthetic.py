@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from client.env import ClientEnv
 from client.procedures.fedlog import FedLogClient
 from core import protocol as P
-from core.config import resolve
+from core.config import resolve_settings
 from core.data import make_circle, to_tensors
 from core.fedlog import solve_head
 
@@ -20,7 +20,7 @@ def circle_round(seed: int, iterations: int = 30, lr: float = 0.01):
     (client 0) and a two-layer (client 1) body; a local iteration is one epoch
     (4 batches of 10). Returns (train accuracy under the new
     global head, per-client accuracies, features per client, labels per client, η)."""
-    cfg = resolve(
+    cfg = resolve_settings(
         {
             "dataset": "circle",
             "num-clients": 2,

@@ -9,7 +9,7 @@ import tomllib
 
 import pytest
 
-from core.config import SCHEMA, ConfigError, body_for, check_bodies, defaults, max_replies, resolve
+from core.config import SCHEMA, ConfigError, body_for, check_bodies, defaults, max_replies, resolve, resolve_settings
 from core.methods import METHODS, method_keys, no_rules
 from core.partition import server_holdout
 from headway import generate
@@ -79,10 +79,10 @@ def test_numbers_are_coerced_to_the_keys_type():
 
 
 def test_bodies_cycle_over_partition_ids_and_node_config_overrides():
-    cfg = resolve({"bodies": "cifar-cnn, cifar-cnn-small", "body": "cifar-cnn"})
+    cfg = resolve_settings({"bodies": "cifar-cnn, cifar-cnn-small", "body": "cifar-cnn"})
     assert [body_for(cfg, i) for i in range(4)] == ["cifar-cnn", "cifar-cnn-small"] * 2
     assert body_for(cfg, 0, override="mlp") == "mlp"
-    assert body_for(resolve({}), 7) == "auto"  # until the inputs' shape is known: core.config.fit_body
+    assert body_for(resolve_settings({}), 7) == "auto"  # until the inputs' shape is known: core.config.fit_body
 
 
 # --- the methods' own rules (core/methods.py): each applies when its method runs ---
@@ -136,17 +136,17 @@ def test_only_the_methods_declaring_it_honour_client_sampling():
 
 
 def test_the_server_holdout_is_the_key_the_method_declares():
-    assert server_holdout(resolve({"algorithm": "fedprof", "fedprof-val-size": 300, "server-holdout": 7})) == 300
-    assert server_holdout(resolve({"algorithm": "fedavg", "fedprof-val-size": 300, "server-holdout": 7})) == 7
-    assert server_holdout(resolve({"algorithm": "fedlog"})) == 0
+    assert server_holdout(resolve_settings({"algorithm": "fedprof", "fedprof-val-size": 300, "server-holdout": 7})) == 300
+    assert server_holdout(resolve_settings({"algorithm": "fedavg", "fedprof-val-size": 300, "server-holdout": 7})) == 7
+    assert server_holdout(resolve_settings({"algorithm": "fedlog"})) == 0
     for method in METHODS.values():  # each method's own key, whichever it declares
-        cfg = resolve({"algorithm": method.name, "fedprof-val-size": 300, "server-holdout": 7})
-        assert server_holdout(cfg) == cfg[method.holdout_key] == {"fedprof-val-size": 300, "server-holdout": 7}[method.holdout_key]
+        cfg = resolve_settings({"algorithm": method.name, "fedprof-val-size": 300, "server-holdout": 7})
+        assert server_holdout(cfg) == cfg.value(method.holdout_key) == {"fedprof-val-size": 300, "server-holdout": 7}[method.holdout_key]
 
 
 def test_a_round_of_fedpft_asks_every_client():
-    assert max_replies(resolve({"algorithm": "fedpft", "num-clients": 20, "fraction-train": 0.1})) == 20
-    assert max_replies(resolve({"algorithm": "fedavg", "num-clients": 20, "fraction-train": 0.1})) == 2
+    assert max_replies(resolve_settings({"algorithm": "fedpft", "num-clients": 20, "fraction-train": 0.1})) == 20
+    assert max_replies(resolve_settings({"algorithm": "fedavg", "num-clients": 20, "fraction-train": 0.1})) == 2
     with pytest.raises(ConfigError, match="asks every client = 20"):
         resolve({"algorithm": "fedpft", "num-clients": 20, "min-replies": 21})
     with pytest.raises(ConfigError, match=r"asks K = .* = 2 client"):
@@ -156,8 +156,8 @@ def test_a_round_of_fedpft_asks_every_client():
 def test_only_a_method_that_builds_the_body_checks_it():
     shape = (1, 2, 2)  # far too small for mnist-cnn's convolutions and pooling
     with pytest.raises(ConfigError, match="run-config key 'body'"):
-        check_bodies(resolve({"algorithm": "fedlog"}), shape)
-    check_bodies(resolve({"algorithm": "fedpft"}), shape)  # FedPFT builds its extractor, never `body`
+        check_bodies(resolve_settings({"algorithm": "fedlog"}), shape)
+    check_bodies(resolve_settings({"algorithm": "fedpft"}), shape)  # FedPFT builds its extractor, never `body`
 
 
 # --- the files generated from the schema and the declarations (headway generate) ---

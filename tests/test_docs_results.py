@@ -34,11 +34,11 @@ def test_the_section_prints_the_commands_this_file_runs():
 
 
 def test_tensorboard_logdir_results_shows_a_recorded_run(tmp_path):
-    from core.config import resolve
+    from core.config import resolve_settings
     from server.results import Recorder
     from tests.test_watching import CFG, real_rounds
 
-    rec = Recorder(tmp_path / "results" / "fedavg-mnist-demo", resolve(CFG))
+    rec = Recorder(tmp_path / "results" / "fedavg-mnist-demo", resolve_settings(CFG))
     for record in real_rounds():
         rec.round(record)
     rec.finish()

@@ -9,14 +9,14 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from client.env import client_env
 from client.registry import PROCEDURES
-from core.config import resolve
+from core.config import resolve_settings
 from core.data import load_dataset
 from core.partition import make_partition
 from core.protocol import as_int
 
 
 def empty_client(algorithm: str, data_dir: str):
-    cfg = resolve(
+    cfg = resolve_settings(
         {
             "algorithm": algorithm,
             "partition": "dirichlet",
@@ -26,10 +26,10 @@ def empty_client(algorithm: str, data_dir: str):
             "local-epochs": 1,
         }
     )
-    part = make_partition(load_dataset("mnist", data_dir, cfg["seed"]), cfg)
+    part = make_partition(load_dataset("mnist", data_dir, cfg.seed), cfg)
     empty = [k for k, rows in enumerate(part.train) if len(rows) == 0]
     assert empty, "this split is expected to leave some clients without training data"
-    return client_env(dict(cfg), {"partition-id": empty[0], "num-partitions": 100})
+    return client_env(cfg.to_config(), {"partition-id": empty[0], "num-partitions": 100})
 
 
 @pytest.mark.parametrize("algorithm", ["fedlog", "fedproto"])

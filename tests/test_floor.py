@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks.floor import CONFIG, load_cfg, repeated_mnist, run_floor, setup_sets
+from core.settings import Settings
 from simulation import simulate
 
 VARIANTS = {
@@ -24,7 +25,7 @@ VARIANTS = {
 }
 
 
-def config(data_dir: str, extra: list[str]) -> dict:
+def config(data_dir: str, extra: list[str]) -> Settings:
     sets, _ = setup_sets(4, 2, data_dir)
     return load_cfg(CONFIG, [*sets, "local-epochs=1", f"data-dir={data_dir}", "sample-timeout=60", *extra])
 

@@ -416,7 +416,7 @@ def test_other_state_class_gets_flowers_extractor(monkeypatch):
 def test_headway_run_uses_the_fixed_extractor(tmp_path, data_dir, monkeypatch):
     """simulate() runs a real simulation through our pass (Flower's per-node query is never
     called) and gets the same rounds; Flower's functions are back afterwards."""
-    from core.config import resolve
+    from core.config import resolve_settings
     from simulation import simulate
 
     passes = []
@@ -443,7 +443,7 @@ def test_headway_run_uses_the_fixed_extractor(tmp_path, data_dir, monkeypatch):
 
     monkeypatch.setattr(flower_fixes, "queue_ahead", queued)
     monkeypatch.setattr(InMemoryLinkState, "get_message_ins", watched)
-    cfg = resolve(
+    cfg = resolve_settings(
         {"dataset": "mnist", "num-clients": 2, "num-server-rounds": 1, "partition": "pathological", "train-fraction": 0.02}
         | {"local-epochs": 1, "batch-size": 10, "seed": 0, "data-dir": data_dir}
     )

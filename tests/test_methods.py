@@ -15,7 +15,7 @@ import typing
 import pytest
 
 import core.protocol as P
-from core.config import ConfigError, resolve
+from core.config import ConfigError, resolve, resolve_settings
 from core.methods import METHODS, Method, class_path
 from core.schema import KEY, key_name
 from core.settings import SCHEMA, CommonSettings, Settings, attribute_path
@@ -176,7 +176,7 @@ def test_the_old_protocol_names_alias_the_declarations():
 
 @pytest.mark.parametrize("method", DECLARED, ids=ids(DECLARED))
 def test_secure_aggregation_is_refused_exactly_where_the_strategy_cannot_sum(method):
-    cfg = resolve({"algorithm": method.name, "secure-aggregation": "secagg+", "fedlog-clip": 2.0, "lg-new-test": False})
+    cfg = resolve_settings({"algorithm": method.name, "secure-aggregation": "secagg+", "fedlog-clip": 2.0, "lg-new-test": False})
     if SECURE_SUM in CAPABILITIES[method.name]:
         check_capabilities(cfg)
         return
@@ -191,7 +191,7 @@ def test_secure_aggregation_is_refused_exactly_where_the_strategy_cannot_sum(met
 
 @pytest.mark.parametrize("method", DECLARED, ids=ids(DECLARED))
 def test_a_robust_rule_is_refused_exactly_where_the_strategy_does_not_average_updates(method):
-    cfg = resolve({"algorithm": method.name, "aggregation": "median"})
+    cfg = resolve_settings({"algorithm": method.name, "aggregation": "median"})
     if ROBUST_AGGREGATION in CAPABILITIES[method.name]:
         assert not method.server_combines
         check_capabilities(cfg)

@@ -450,10 +450,10 @@ def test_reader_limits_come_from_the_nodes_config():
 def test_a_nodes_description_reads_within_its_node_config(tmp_path):
     """The plumbing a SuperNode uses: its --node-config limits reach the reader that builds its description."""
     from client.app import description
-    from core.config import resolve
+    from core.config import resolve_settings
 
     root = _cifar_folder(tmp_path / "data")
-    cfg = resolve({"dataset": "local"})
+    cfg = resolve_settings({"dataset": "local"})
     assert description(cfg, str(root), "mnist-cnn", {})
     with pytest.raises(SourceError, match=r"32x32 = 1024 pixels, more than this node's limit of 1000"):
         description(cfg, str(root), "mnist-cnn", {"max-image-pixels": 1000})

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from core.config import resolve
+from core.config import resolve_settings
 from core.data import load_dataset
 from core.partition import _make_partition, make_partition
 from tests.conftest import needs_data
@@ -10,7 +10,7 @@ from tests.conftest import needs_data
 def _cfg(**kw):
     base = {"num-clients": 50, "partition": "pathological", "classes-per-client": 2, "train-fraction": 0.05, "seed": 0}
     base.update(kw)
-    return resolve(base)
+    return resolve_settings(base)
 
 
 def fresh_partition(ds, cfg):

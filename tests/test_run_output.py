@@ -11,6 +11,7 @@ import logging
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from flwr.app import Context, RecordDict
 from flwr.common.logger import log as flower_log
 
 from core.console import plural, score
+from core.settings import Settings
 from server.app import build_server_app, header
 from strategies.discovery import DiscoveryFailed
 from strategies.engine import RoundFailed
@@ -123,10 +125,10 @@ def test_a_node_local_run_waits_for_clients_once_and_says_how_many_joined(tmp_pa
 
 
 def test_header_and_figures():
-    cfg = {"algorithm": "fedavg", "dataset": "mnist", "num-clients": 1, "num-server-rounds": 2}
+    cfg = Settings(algorithm="fedavg", dataset="mnist", num_clients=1, num_server_rounds=2)
     assert header(cfg, Path("r")) == "fedavg on mnist, 1 client, 2 rounds -> r"
     assert (
-        header({**cfg, "dataset": "local", "num-clients": 5}, Path("r"))
+        header(replace(cfg, dataset="local", num_clients=5), Path("r"))
         == "fedavg on node-local data, clients: num-clients=5, 2 rounds -> r"
     )
     assert score(1.0) == "1.0000" and score(0.675) == "0.6750" and score(None) == "none"

@@ -164,9 +164,9 @@ def test_share_counts_and_thresholds():
     assert S.share_count(50, 6) == 7
     assert S.threshold_for(16, 0.5) == 9 and S.threshold_for(2, 0.5) == 2 and S.threshold_for(3, 0.5) == 2  # of the k - 1 holders
     assert S.threshold_for(1, 0.5) == 2  # above the one holder: a neighbourhood of 2 can never rebuild
-    assert S.client_floor({"min-replies": 1, "secagg-shares": 0, "secagg-threshold": 0.5}) == S.Floor(3, 2, 0.5)
-    assert S.client_floor({"min-replies": 10, "secagg-shares": 0, "secagg-threshold": 0.5}) == S.Floor(9, 5, 0.5)  # 2*4+1
-    assert S.client_floor({"min-replies": 40, "secagg-shares": 7, "secagg-threshold": 0.7}) == S.Floor(7, 5, 0.7)
+    assert S.client_floor(min_replies=1, secagg_shares=0, secagg_threshold=0.5) == S.Floor(3, 2, 0.5)
+    assert S.client_floor(min_replies=10, secagg_shares=0, secagg_threshold=0.5) == S.Floor(9, 5, 0.5)  # 2*4+1
+    assert S.client_floor(min_replies=40, secagg_shares=7, secagg_threshold=0.7) == S.Floor(7, 5, 0.7)
     graph = S.neighbour_graph(list(range(20)), 5, random.Random(3))
     assert all(len(g) == 5 and v in g for v, g in graph.items())
     assert all((u in graph[v]) == (v in graph[u]) for u in graph for v in graph)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from core.config import resolve
+from core.config import resolve_settings
 from simulation import simulate
 
 pytestmark = [pytest.mark.integration, pytest.mark.system]
@@ -31,7 +31,7 @@ STAGES = ("secagg_setup", "secagg_share", "secagg_unmask")  # the training stage
 
 def run(tmp_path, data_dir, name, **keys):
     out = tmp_path / name
-    summary = simulate(resolve({**BASE, "data-dir": data_dir, **keys}), out)
+    summary = simulate(resolve_settings({**BASE, "data-dir": data_dir, **keys}), out)
     return summary, [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
 
 

@@ -19,7 +19,7 @@ from client.app import build_client_app as honest_client_app
 from client.app import partition_of
 from core import protocol as P
 from core import secagg as S
-from core.config import resolve
+from core.config import resolve_settings
 from tests.conftest import needs_data
 
 pytestmark = [pytest.mark.integration, pytest.mark.system]
@@ -74,7 +74,7 @@ def test_one_client_of_three_lying_inside_its_masked_vector_has_its_round_refuse
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the liar's ClientApp crosses to Ray's actors by value
     monkeypatch.setattr(client.app, "build_client_app", lying_client_app)
-    cfg = resolve(
+    cfg = resolve_settings(
         {
             "algorithm": "fedavg",
             "dataset": "uci-adult",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from core.config import resolve
+from core.config import resolve_settings
 from core.data import load_dataset
 from core.models import build_model
 from core.partition import make_partition
@@ -33,14 +33,14 @@ BASE = {
 
 
 def run(tmp_path, data_dir, **overrides):
-    cfg = resolve({**BASE, "data-dir": data_dir, **overrides})
+    cfg = resolve_settings({**BASE, "data-dir": data_dir, **overrides})
     summary = simulate(cfg, tmp_path)
     rounds = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     return cfg, summary, rounds
 
 
 def train_sizes(cfg):
-    part = make_partition(load_dataset(cfg["dataset"], cfg["data-dir"], cfg["seed"]), cfg)
+    part = make_partition(load_dataset(cfg.dataset, cfg.data_dir, cfg.seed), cfg)
     return [len(t) for t in part.train]
 
 

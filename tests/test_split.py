@@ -35,7 +35,7 @@ def _read_nodes(folders: list[Path]):
 def test_split_npz_reads_back_to_the_in_memory_partition(tmp_path, mnist_cfg):
     folders = split("mnist", mnist_cfg, tmp_path / "nodes", "npz")
     assert [f.name for f in folders] == ["node-0", "node-1", "node-2"]
-    ds = load_dataset("mnist", mnist_cfg["data-dir"], mnist_cfg["seed"])
+    ds = load_dataset("mnist", mnist_cfg.data_dir, mnist_cfg.seed)
     part = make_partition(ds, mnist_cfg)
     nodes, schema = _read_nodes(folders)
     assert schema.input_shape == (1, 28, 28)
@@ -50,7 +50,7 @@ def test_split_npz_reads_back_to_the_in_memory_partition(tmp_path, mnist_cfg):
 @pytest.mark.slow
 def test_split_images_writes_png_class_folders_with_the_same_rows(tmp_path, mnist_cfg):
     folders = split("mnist", mnist_cfg, tmp_path / "nodes", "images")
-    ds = load_dataset("mnist", mnist_cfg["data-dir"], mnist_cfg["seed"])
+    ds = load_dataset("mnist", mnist_cfg.data_dir, mnist_cfg.seed)
     part = make_partition(ds, mnist_cfg)
     nodes, schema = _read_nodes(folders)
     assert (folders[0] / "train").is_dir() and any((folders[0] / "test").glob("*/*.png"))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from core.config import ConfigError, resolve
+from core.config import ConfigError, resolve_settings
 from server.results import ACCURACY_LABEL, Recorder, clear_results, plot_curves, plot_title, progress, troubled_rounds
 from server.tracking import Trackers, round_scalars
 
@@ -30,7 +30,7 @@ def real_rounds() -> list[dict]:
 
 
 def recorded(tmp_path: Path, **overrides) -> Recorder:
-    rec = Recorder(tmp_path, resolve({**CFG, **overrides}))
+    rec = Recorder(tmp_path, resolve_settings({**CFG, **overrides}))
     for record in real_rounds():
         rec.round(record)
     return rec
@@ -66,7 +66,7 @@ def series(xs: list[float]) -> list[dict]:
 
 def test_plots_of_a_real_run_have_whole_rounds_target_line_marked_failures_and_labels(tmp_path):
     rec = recorded(tmp_path)
-    figs = plot_curves({"fedavg": rec.rounds}, tmp_path, plot_title(rec.cfg), target=0.8)
+    figs = plot_curves({"fedavg": rec.rounds}, tmp_path, plot_title(rec.cfg.algorithm, rec.cfg.dataset), target=0.8)
     failed = [r["round"] for r in rec.rounds if r["failures"] or r["absent"]]
     assert failed == [4, 5, 6, 8]  # partition 1's NaN replies, in the rounds it was sampled
     for name, fig in figs.items():
@@ -129,7 +129,7 @@ def test_byte_axis_labels_never_run_together(tmp_path, xs):
     [("mnist", "fedlog on mnist"), ("local", "fedlog on node-local data"), ("some/where/my-photos", "fedlog on my-photos")],
 )
 def test_title_says_what_the_user_ran(dataset, title):
-    assert plot_title({"algorithm": "fedlog", "dataset": dataset}) == title
+    assert plot_title("fedlog", dataset) == title
 
 
 def test_troubled_rounds_count_missing_clients_too():
@@ -192,7 +192,7 @@ def test_tensorboard_event_files_hold_every_rounds_figures(tmp_path):
 
 
 def test_fedprof_scores_become_a_histogram(tmp_path):
-    rec = Recorder(tmp_path, resolve({**CFG, "algorithm": "fedprof"}))
+    rec = Recorder(tmp_path, resolve_settings({**CFG, "algorithm": "fedprof"}))
     record = {**real_rounds()[0], "fedprof_scores": {"0": 0.9, "1": 0.1, "2": 0.85, "3": 0.8}}
     rec.round(record)
     rec.finish()
@@ -228,7 +228,7 @@ class Broken:
 
 
 def test_a_failing_tracker_warns_once_and_the_run_goes_on(tmp_path, caplog):
-    rec = Recorder(tmp_path, resolve({**CFG, "tensorboard": False}))
+    rec = Recorder(tmp_path, resolve_settings({**CFG, "tensorboard": False}))
     broken = Broken()
     rec.trackers = Trackers([broken])
     with caplog.at_level(logging.WARNING, logger="headway"):
@@ -243,7 +243,7 @@ def test_a_failing_tracker_warns_once_and_the_run_goes_on(tmp_path, caplog):
 def test_mlflow_uri_without_mlflow_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow raises ImportError, as where it is not installed
     with pytest.raises(ConfigError, match=r"mlflow-tracking-uri.*pip install -e '\.\[mlflow\]' in headway's checkout"):
-        Recorder(tmp_path, resolve({**CFG, "mlflow-tracking-uri": "http://127.0.0.1:5000"}))
+        Recorder(tmp_path, resolve_settings({**CFG, "mlflow-tracking-uri": "http://127.0.0.1:5000"}))
 
 
 def test_headway_run_refuses_an_mlflow_uri_without_mlflow_before_the_engine(tmp_path, capsys, monkeypatch, data_dir):
@@ -307,7 +307,7 @@ def test_a_real_fedprof_run_writes_event_files_tensorboard_reads_back(tmp_path, 
     failures the plots mark."""
     from simulation import simulate
 
-    cfg = resolve(
+    cfg = resolve_settings(
         {
             "algorithm": "fedprof",
             "dataset": "mnist",
