@@ -12,6 +12,14 @@ def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in record.items()}
 
 
+def same_arrays(a: ArrayRecord, b: ArrayRecord) -> bool:
+    """Whether two records hold the same names, each with the same dtype, shape and values."""
+    if list(a) != list(b):
+        return False
+    x, y = to_numpy(a), to_numpy(b)
+    return all(x[k].dtype == y[k].dtype and np.array_equal(x[k], y[k]) for k in x)
+
+
 def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     """Numpy arrays as a record, each C-contiguous as Flower's Array needs."""
     return ArrayRecord(

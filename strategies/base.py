@@ -49,6 +49,7 @@ from core.models import BODIES, build_model, common_width, is_custom_body
 from core.settings import Settings
 from core.training import predict, task_metrics
 from strategies.aggregation import Aggregation, aggregation_for
+from strategies.arrays import same_arrays
 from strategies.engine import Engine
 from strategies.evaluation import evaluation_figures
 from strategies.participants import participants, train_counts
@@ -128,6 +129,7 @@ class HeadwayStrategy(Generic[M]):
     name = "base"
     has_global_model = False  # one model for everyone: the server also scores it on the test set
     eval_metrics: tuple[str, ...] = ()  # extra "correct-<how>" counts an evaluation reply may carry
+    arrays_from_method = False  # the arrays are what the method state makes (FedLog's η, FedProto's prototypes): no other may be given
 
     def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
         self.settings = fit_body(settings, spec.input_shape)  # body=auto: the body that fits these inputs (server.app.build_strategy did it already)
@@ -150,8 +152,15 @@ class HeadwayStrategy(Generic[M]):
         raise NotImplementedError
 
     def initial_state(self, arrays: ArrayRecord | None = None) -> ServerState[M]:
-        """The server's state before round 1: ``arrays`` (default :meth:`initial_arrays`) and the method's initial state."""
-        return ServerState(self.initial_arrays() if arrays is None else arrays, self.initial_method_state())
+        """The server's state before round 1: ``arrays`` (default :meth:`initial_arrays`) and the method's initial state.
+        ValueError when the method makes its arrays from its state (:attr:`arrays_from_method`) and ``arrays`` are not those:
+        the arrays and the state would then disagree on what the server holds."""
+        own = self.initial_arrays()
+        if arrays is not None and self.arrays_from_method and not same_arrays(arrays, own):
+            raise ValueError(
+                f"{self.name} sends what its method state makes ({', '.join(own) or 'nothing'} before round 1): no other initial arrays may be given"
+            )
+        return ServerState(own if arrays is None else arrays, self.initial_method_state())
 
     def body_problem(self, body: str) -> str | None:
         """Why a node that registers with ``body`` cannot take part in this run, or None.

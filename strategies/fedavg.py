@@ -33,7 +33,8 @@ from strategies.secure_aggregation import SecureSum, SumSpec
 from strategies.services import Services
 from strategies.state import M, ServerState
 
-__all__ = ["FedAvg", "FedAvgState", "ModelAveraging", "to_numpy", "to_record"]  # to_numpy/to_record: where the layer-sharing methods import them
+# to_numpy/to_record: where the layer-sharing methods import them
+__all__ = ["FedAvg", "FedAvgState", "ModelAveraging", "to_numpy", "to_record"]
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ class FedLog(HeadwayStrategy[FedLogState]):
     """Bodies stay on the clients; the server turns summed statistics into the head η."""
 
     name = "fedlog"
+    arrays_from_method = True  # η and FedLog-C's Φ as sent: head_record of the method state
 
     def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
         super().__init__(settings, spec, services)
@@ -122,7 +123,9 @@ class FedLog(HeadwayStrategy[FedLogState]):
         log.info("fedlog: first head from %d clients' statistics", step.clients)
         return state.advance(step), Step(step.arrays, step.clients, {"clients": float(step.clients)})
 
-    def configure_train(self, server_round: int, state: ServerState[FedLogState], engine: Engine) -> tuple[TrainRound[FedLogState], dict[int, RecordDict]]:
+    def configure_train(
+        self, server_round: int, state: ServerState[FedLogState], engine: Engine
+    ) -> tuple[TrainRound[FedLogState], dict[int, RecordDict]]:
         """The state's arrays (η, and FedLog-C's Φ: :meth:`head_record` of its method state) to ``fraction-train`` of the clients."""
         content = self.content(server_round, state.arrays, **{P.PHASE: P.PHASE_TRAIN})
         return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.settings.fraction_train)}
@@ -193,7 +196,9 @@ class FedLog(HeadwayStrategy[FedLogState]):
             return Step(None, 0)
         return self.head_step(ctx, phi, n, len(total), {f"secagg_server_cpu_{stage}": sec for stage, sec in total.cpu.items()})
 
-    def head_step(self, ctx: TrainRound[FedLogState], phi: np.ndarray, n: float, clients: int, metrics: dict[str, float]) -> Step[FedLogState]:
+    def head_step(
+        self, ctx: TrainRound[FedLogState], phi: np.ndarray, n: float, clients: int, metrics: dict[str, float]
+    ) -> Step[FedLogState]:
         """Eq. 12's head from the summed statistics ``phi`` of ``n`` examples, as released by the
         run's :attr:`release` (under central DP: noised once, n read from the noised count row)."""
         phi, n = self.release(phi, n)
@@ -204,8 +209,8 @@ class FedLog(HeadwayStrategy[FedLogState]):
         return Step(self.head_record(method), clients, {"solve_seconds": dt, **metrics}, method=method)
 
     def evaluate_arrays(self, state: ServerState[FedLogState]) -> ArrayRecord:
-        """η alone: what a client scores itself with."""
-        return ArrayRecord({P.ETA: Array(self._wire(state.method.eta))})
+        """η alone (as the state's arrays hold it): what a client scores itself with."""
+        return ArrayRecord({P.ETA: state.arrays[P.ETA]})
 
     def summary_extra(self, engine: Engine, state: ServerState[FedLogState] | None) -> dict[str, Any]:
         """The variant, m, the prior, init, clip, the mean solve time and the DP report."""

@@ -66,6 +66,7 @@ class FedPFT(HeadwayStrategy[FedPFTState]):
     """One-shot transfer of per-class Gaussian mixtures (see the module docstring)."""
 
     name = "fedpft"
+    arrays_from_method = True  # the head as sent: head_record of the method state (chain: none)
 
     def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
         super().__init__(settings, spec, services)
@@ -134,7 +135,9 @@ class FedPFT(HeadwayStrategy[FedPFTState]):
         return self.checker.decode(arrays, bound)
 
     # ----- the round --------------------------------------------------------------------
-    def configure_train(self, server_round: int, state: ServerState[FedPFTState], engine: Engine) -> tuple[TrainRound[FedPFTState], dict[int, RecordDict]]:
+    def configure_train(
+        self, server_round: int, state: ServerState[FedPFTState], engine: Engine
+    ) -> tuple[TrainRound[FedPFTState], dict[int, RecordDict]]:
         """One shot: every available client is asked for its mixtures."""
         content = self.content(server_round, ArrayRecord(), **{P.PHASE: P.PHASE_TRAIN})
         return TrainRound(server_round, engine, state), {n: content for n in engine.nodes()}
@@ -200,10 +203,6 @@ class FedPFT(HeadwayStrategy[FedPFTState]):
         if method.head is None:
             return ArrayRecord()
         return ArrayRecord({P.HEAD_WEIGHT: Array(method.head[0].astype(np.float32)), P.HEAD_BIAS: Array(method.head[1].astype(np.float32))})
-
-    def evaluate_arrays(self, state: ServerState[FedPFTState]) -> ArrayRecord:
-        """The server's head (chain: empty, clients score their own heads)."""
-        return self.head_record(state.method)
 
     def global_evaluation(self, state: ServerState[FedPFTState]) -> dict[str, float]:
         """The server's head on the whole test set, where the server holds the data."""

@@ -317,9 +317,7 @@ class FedProf(ModelAveraging[FedProfState]):
         ctx = ProfileRound(server_round, engine, ServerState(state.arrays, method), sent, version=method.version, scores=by_partition)
         return ctx, {node: content for node in chosen}
 
-    def received(
-        self, ctx: TrainRound[FedProfState], contents: Mapping[int, RecordDict], replies: list[Reply]
-    ) -> TrainRound[FedProfState]:
+    def received(self, ctx: TrainRound[FedProfState], contents: Mapping[int, RecordDict], replies: list[Reply]) -> TrainRound[FedProfState]:
         """Alg. 1 line 15, quorum or not: the selected clients' fresh profiles, of the version they were
         sent; a selected node whose reply was missing or refused has no valid profile of it and loses its score."""
         method = ctx.state.method

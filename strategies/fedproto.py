@@ -40,6 +40,7 @@ class FedProto(HeadwayStrategy[FedProtoState]):
     """FedProto's server: count-weighted averages of the clients' class prototypes."""
 
     name = "fedproto"
+    arrays_from_method = True  # the global prototypes and counts as sent: global_record of the method state
     eval_metrics = (f"{P.CORRECT}-head", f"{P.CORRECT}-prototype")
 
     def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
@@ -66,7 +67,9 @@ class FedProto(HeadwayStrategy[FedProtoState]):
             return ArrayRecord()
         return ArrayRecord({P.PROTOTYPES: Array(method.protos.astype(np.float32)), P.CLASS_COUNTS: Array(method.counts.astype(np.float32))})
 
-    def configure_train(self, server_round: int, state: ServerState[FedProtoState], engine: Engine) -> tuple[TrainRound[FedProtoState], dict[int, RecordDict]]:
+    def configure_train(
+        self, server_round: int, state: ServerState[FedProtoState], engine: Engine
+    ) -> tuple[TrainRound[FedProtoState], dict[int, RecordDict]]:
         """The state's arrays (its global prototypes: :meth:`global_record`) to ``fraction-train`` of the clients."""
         content = self.content(server_round, state.arrays)
         return TrainRound(server_round, engine, state), {node: content for node in engine.sample(self.settings.fraction_train)}
@@ -112,10 +115,6 @@ class FedProto(HeadwayStrategy[FedProtoState]):
         method = FedProtoState(protos, counts)
         cpu = {f"secagg_server_cpu_{stage}": sec for stage, sec in total.cpu.items()}
         return Step(self.global_record(method), len(total), cpu, method=method)
-
-    def evaluate_arrays(self, state: ServerState[FedProtoState]) -> ArrayRecord:
-        """The state's global prototypes (clients predict by the nearest one, or with their head)."""
-        return self.global_record(state.method)
 
     def summary_extra(self, engine: Engine, state: ServerState[FedProtoState] | None) -> dict[str, Any]:
         """m, λ and the prediction rule."""

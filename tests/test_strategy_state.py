@@ -8,7 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord
+from flwr.app import Array, ArrayRecord
 
 from core import protocol as P
 from core.config import ConfigError
@@ -97,7 +97,7 @@ def test_central_noise_noises_the_sum_once_and_reads_n_from_the_noised_count_row
     expected = phi + np.random.default_rng(0).normal(0.0, 2.0, size=phi.shape)
     np.testing.assert_array_equal(noised, expected)
     assert n == pytest.approx(max(float(np.sum(expected[:, 0])), 0.0)) and n != 30.0
-    assert release_for({"fedlog-dp": "off"}, 2.0, np.random.default_rng()) is exact_release
+    assert release_for("off", 2.0, np.random.default_rng()) is exact_release
 
 
 def test_fedlog_sends_the_head_of_the_state_it_is_given_and_returns_the_next(task_identity):
@@ -135,3 +135,22 @@ def test_a_step_without_new_arrays_or_method_state_keeps_both():
     assert state.advance(Step(None, 0)) == state
     moved = state.advance(Step(None, 0, method=FedAvgState({1: 6})))
     assert moved.method == FedAvgState({1: 6}) and moved.arrays is state.arrays
+
+
+@pytest.mark.parametrize(("algorithm", "cfg"), [("fedlog", {}), ("fedproto", {}), ("fedpft", {"num-server-rounds": 1})])
+def test_a_method_whose_state_makes_its_arrays_refuses_other_initial_arrays(algorithm, cfg):
+    """FedLog, FedProto and FedPFT send what their method state makes: arrays given beside it would be a second truth."""
+    s = make_strategy(algorithm, **cfg)
+    assert s.initial_state(s.initial_arrays()).arrays.keys() == s.initial_arrays().keys()
+    with pytest.raises(ValueError, match=f"{algorithm} sends what its method state makes"):
+        s.initial_state(ArrayRecord({"other": Array(np.zeros(3, np.float32))}))
+    fedavg = make_strategy("fedavg")
+    assert list(fedavg.initial_state(ArrayRecord()).arrays) == []  # a model-averaging server's arrays are its own truth
+
+
+def test_fedlog_scores_with_the_head_its_state_holds(task_identity):
+    s = make_strategy("fedlog")
+    state = s.initial_state()
+    state = ServerState(ArrayRecord({P.ETA: Array(np.full((10, 51), 0.5, np.float32))}), state.method)
+    contents = s.configure_evaluate(1, state, engine_for(s, FakeGrid(3)))
+    np.testing.assert_array_equal(next(iter(contents.values()))[P.ARRAYS][P.ETA].numpy(), np.full((10, 51), 0.5, np.float32))
