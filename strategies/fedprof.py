@@ -114,9 +114,10 @@ class FedProfClientState:
 
 @dataclass(frozen=True)
 class Validation:
-    """D^V: the inputs of a private half of the rows the server holds out, where the draw came from, and the rows held out."""
+    """D^V: the inputs of a private half of the rows the server holds out (numpy, as every state field is a plain value),
+    where the draw came from, and the rows held out."""
 
-    inputs: torch.Tensor
+    inputs: np.ndarray
     source: str
     held_out: int
 
@@ -186,7 +187,7 @@ class FedProf(ModelAveraging[FedProfState]):
             )
         rng, source = validation_stream(self.settings.seed, os.environ.get(SECRET_ENV))
         rows = private_validation_rows(len(held[0]), rng)
-        return Validation(held[0][rows], source, len(held[0]))
+        return Validation(held[0][rows].detach().cpu().numpy(), source, len(held[0]))
 
     def baseline(self, validation: Validation, arrays: ArrayRecord) -> np.ndarray:
         """RP^B of the global model ``arrays`` on the server's validation set."""
@@ -199,7 +200,7 @@ class FedProf(ModelAveraging[FedProfState]):
             self.settings.body_dropout,
         )
         model.load_state_dict(arrays.to_torch_state_dict())
-        return model_profile(model, self.settings.fedprof.layer, validation.inputs)
+        return model_profile(model, self.settings.fedprof.layer, torch.from_numpy(validation.inputs))
 
     def new_version(self, method: FedProfState, version: int, arrays: ArrayRecord, engine: Engine) -> FedProfState:
         """``method`` at global version ``version`` with its baseline (on D^V, drawn the first time it is

@@ -8,6 +8,8 @@ arrays it received; the server averages them with weights n_k/n.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from flwr.app import ArrayRecord
 
 from core.config import ConfigError, body_names
@@ -21,6 +23,16 @@ from strategies.fedavg import FedAvg
 from strategies.services import Services
 
 
+@lru_cache(maxsize=64)
+def _admission(strategy: LayerSharing, body: str) -> str | None:
+    """Why known ``body`` cannot take part in ``strategy``'s run (None: it can), worked out once per body and
+    strategy (registration asks it for every node) without the strategy keeping it: a strategy holds only its config."""
+    try:
+        return strategy._mismatch(body)
+    except Exception as exc:  # a known body that cannot be built for this data set
+        return f"registration names body {body!r}, which cannot be built for this data set: {exc}"
+
+
 class LayerSharing(FedAvg):
     """Average the layers :meth:`shared_layers` names; the rest stay local."""
 
@@ -29,7 +41,6 @@ class LayerSharing(FedAvg):
 
     def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
         super().__init__(settings, spec, services)
-        self._admitted: dict[str, str | None] = {}  # body name -> why it cannot take part (None: it can)
         self.template = self._model(self.settings.body)
         try:
             self.reference = self._shared_shapes(self.template)
@@ -56,12 +67,7 @@ class LayerSharing(FedAvg):
             return super().body_problem(body)  # FedAvg's: the run's one body
         if problem := unknown_body(body, self.settings):
             return problem
-        if body not in self._admitted:
-            try:
-                self._admitted[body] = self._mismatch(body)
-            except Exception as exc:  # a known body that cannot be built for this data set
-                self._admitted[body] = f"registration names body {body!r}, which cannot be built for this data set: {exc}"
-        return self._admitted[body]
+        return _admission(self, body)
 
     def shared_layers(self, model: Net, server_round: int) -> list[str] | None:
         """Layers averaged in ``server_round``; None means every layer."""

@@ -43,6 +43,7 @@ class Pending:
     seconds: float
     elapsed: float
     aggregated: bool
+    counts: dict[int, int]  # partition id -> training rows in this round (train_counts), what its record's row sums use
     expected: list[int] = field(default_factory=list)  # partitions the evaluation exchange would have asked
 
 
@@ -54,26 +55,28 @@ class RoundLoop(Generic[M]):
         self.engine = engine
         self.on_round = on_round
         self.state: ServerState[M] | None = None  # the server's state after the last hook that returned one
-        self.counts: dict[int, int] = {}  # partition id -> training rows, refreshed each round (train_counts)
 
-    def run(self, state: ServerState[M], num_rounds: int) -> ServerState[M]:
-        """Run ``num_rounds`` rounds from ``state``; returns the server's last state. Raises
+    def run(self, state: ServerState[M], num_rounds: int, first: int = 1) -> ServerState[M]:
+        """Run rounds ``first`` to ``num_rounds`` from ``state`` (``first`` > 1: a state saved after round ``first`` - 1,
+        whose sampling stream goes on where it stopped); returns the server's last state. Raises
         :class:`RoundFailed` when round 1 (or the work before it) gets no valid reply."""
         strategy, engine, settings = self.strategy, self.engine, self.strategy.settings
         strategy.summary()
         self.state = state
+        if state.sampling is not None:
+            engine.services.sampling.bit_generator.state = state.sampling
         started = time.monotonic()
         engine.wait_for_clients()
         pending: Pending | None = None  # a round whose clients' scores come with the next round's train replies
         try:
-            for rnd in range(1, num_rounds + 1):
+            for rnd in range(first, num_rounds + 1):
                 t0 = time.monotonic()
                 engine.begin_round(rnd)
                 if not engine.registry.clients:
                     raise RoundFailed(first_reason(engine.meter, "no client registered"))
-                self.counts = strategy.train_counts(engine)  # after registration: dataset=local nodes declare theirs there
-                if rnd == 1:
-                    self.log_counts()
+                counts = strategy.train_counts(engine)  # after registration: dataset=local nodes declare theirs there
+                if rnd == first:
+                    self.log_counts(counts)
                 extra: dict[str, float] = {}
                 prep: Step[M] | None = None
                 if rnd == 1:
@@ -86,7 +89,8 @@ class RoundLoop(Generic[M]):
                 if pending is not None:
                     waiting, pending = pending, None  # emitted once, even if the callback raises
                     self.emit(waiting, self.carried_scores(waiting, step.scores))
-                self.state = self.state.advance(step)
+                # the round's draws are done: the state keeps where the stream stands
+                self.state = replace(self.state.advance(step), sampling=dict(engine.services.sampling.bit_generator.state))
                 if rnd == 1 and step.clients == 0:
                     raise RoundFailed(first_reason(engine.meter, "every client failed in round 1"))
                 every = settings.eval_every
@@ -104,7 +108,14 @@ class RoundLoop(Generic[M]):
                     or (rnd == 1 and prep is not None and prep.arrays is not None)
                 )
                 done = Pending(
-                    rnd, step, {**extra, **evaluation}, engine.end_round(), time.monotonic() - t0, time.monotonic() - started, aggregated
+                    rnd,
+                    step,
+                    {**extra, **evaluation},
+                    engine.end_round(),
+                    time.monotonic() - t0,
+                    time.monotonic() - started,
+                    aggregated,
+                    counts,
                 )
                 if carried:
                     pending = replace(done, expected=sorted(engine.partition_of(n) for n in engine.nodes()))
@@ -116,9 +127,9 @@ class RoundLoop(Generic[M]):
             raise
         return self.state
 
-    def log_counts(self) -> None:
+    def log_counts(self, by_partition: Mapping[int, int]) -> None:
         """Round 1's line on the clients' training rows, and a warning when some hold none."""
-        counts = list(self.counts.values())
+        counts = list(by_partition.values())
         log.info("%s (train-fraction=%g)", counts_line(counts), self.strategy.settings.train_fraction)
         if empty := empty_note(counts):  # most empty is refused before the run (core.partition)
             log.warning("%s", empty)
@@ -134,7 +145,7 @@ class RoundLoop(Generic[M]):
 
     def emit(self, done: Pending, evaluation: Mapping[str, Any]) -> None:
         """Hand round ``done.round``'s record, with ``evaluation`` added, to the callback."""
-        record = round_record(done.round, done.step, {**done.figures, **evaluation}, done.meter, done.seconds, done.elapsed, self.counts)
+        record = round_record(done.round, done.step, {**done.figures, **evaluation}, done.meter, done.seconds, done.elapsed, done.counts)
         record["aggregated"] = done.aggregated
         if self.on_round is not None:
             self.on_round(record)

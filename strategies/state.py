@@ -12,9 +12,11 @@ Dict fields are never changed in place: a hook makes the next state with new dic
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from flwr.app import ArrayRecord
+
+from strategies.arrays import to_numpy, to_record
 
 if TYPE_CHECKING:
     from strategies.base import Step
@@ -29,10 +31,24 @@ class ServerState(Generic[M]):
 
     arrays: ArrayRecord
     method: M
+    # the seeded sampling stream's position (numpy's ``bit_generator.state``, a plain dict) after the last round,
+    # so a restored state draws the clients the unbroken run would have; None before round 1
+    sampling: dict[str, Any] | None = None
 
     def advance(self, step: Step[M]) -> ServerState[M]:
         """The state after ``step``: its new arrays and method state, each kept where the step made none."""
         return ServerState(
             self.arrays if step.arrays is None else step.arrays,
             self.method if step.method is None else step.method,
+            self.sampling,
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled with its arrays as numpy arrays by name: a record that went out in a message holds Flower's
+        transport chunks (memoryviews), which do not pickle; the arrays come back with the same names, dtypes and bytes."""
+        return (_restored, (to_numpy(self.arrays), self.method, self.sampling))
+
+
+def _restored(arrays: dict[str, Any], method: Any, sampling: dict[str, Any] | None) -> ServerState[Any]:
+    """A pickled :class:`ServerState` back (see :meth:`ServerState.__reduce__`)."""
+    return ServerState(to_record(arrays), method, sampling)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from flwr.app import MetricRecord, RecordDict
 
 from core.data import load_dataset, to_tensors
@@ -83,7 +82,7 @@ def test_a_client_cannot_rebuild_the_baseline_from_the_run_config(task_identity,
     assert 0.1 * honest < attacker, (attacker, honest)
     assert strategy.summary_extra(engine, state)["fedprof_validation"] == {"rows": 200, "held_out": 400, "drawn_from": f"${SECRET_ENV}"}
     drawn = state.method.validation.inputs
-    assert len(drawn) == 200 and not torch.equal(drawn, x_held[:200])
+    assert isinstance(drawn, np.ndarray) and len(drawn) == 200 and not np.array_equal(drawn, x_held[:200].numpy())
 
 
 def test_the_private_draw_is_reproducible_only_with_the_servers_secret():

@@ -5,27 +5,32 @@ class implements (strategies/capabilities.py)."""
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, MessageType, MetricRecord, RecordDict
 
 from core import protocol as P
 from core.config import ConfigError
+from core.fedpft import ClassMixture, encode
 from strategies.aggregation import PlainAggregation, SecureAggregation
 from strategies.base import Step
 from strategies.capabilities import ROBUST_AGGREGATION, SECURE_SUM, capabilities_of
+from strategies.engine import Engine
 from strategies.fedavg import FedAvg, FedAvgState
 from strategies.fedlog import FedLog, FedLogState
 from strategies.fedpft import FedPFT
-from strategies.fedprof import FedProf
+from strategies.fedprof import SECRET_ENV, FedProf
 from strategies.fedproto import FedProto
 from strategies.fedprox import FedProx
 from strategies.lg_fedavg import LGFedAvg
 from strategies.privacy import CentralNoise, exact_release, release_for
 from strategies.robust import RobustAverage, WeightedMean
+from strategies.round_loop import RoundLoop
 from strategies.state import ServerState
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
+from tests.fedprof_baseline import Baseline
 
 BOTH = frozenset({SECURE_SUM, ROBUST_AGGREGATION})
 
@@ -154,3 +159,116 @@ def test_fedlog_scores_with_the_head_its_state_holds(task_identity):
     state = ServerState(ArrayRecord({P.ETA: Array(np.full((10, 51), 0.5, np.float32))}), state.method)
     contents = s.configure_evaluate(1, state, engine_for(s, FakeGrid(3)))
     np.testing.assert_array_equal(next(iter(contents.values()))[P.ARRAYS][P.ETA].numpy(), np.full((10, 51), 0.5, np.float32))
+
+
+def test_a_record_that_waits_for_the_next_rounds_scores_sums_its_own_rounds_rows(task_identity, monkeypatch):
+    """client-evaluation=with-next-train: round 1's record goes out during round 2 (its train replies carry no scores here: they
+    are refused, which does not matter), with round 1's training rows."""
+    s = make_strategy("fedavg", **{"client-evaluation": "with-next-train", "eval-every": 1, "num-server-rounds": 2})
+    monkeypatch.setattr(s, "train_counts", lambda engine: {p: 10 * engine.round for p in range(3)})  # rows that change by round
+
+    def answer(pid, msg):
+        if msg.metadata.message_type == MessageType.EVALUATE:
+            return RecordDict({P.METRICS: MetricRecord({P.NUM_EXAMPLES: 10, P.CORRECT: 5, P.PARTITION_ID: pid})})
+        return reply({k: v.numpy() for k, v in msg.content[P.ARRAYS].items()}, 10, pid)
+
+    grid = FakeGrid(3, answer)
+    records: list[dict] = []
+    s.run(Engine(grid, s.settings, s.services, clock=grid.clock, admit=s.body_problem), s.initial_state(), 2, on_round=records.append)
+    assert [r["round"] for r in records] == [1, 2]
+    assert records[0]["train_examples"] == 30  # round 2 counts 20 a partition: its rows are not round 1's
+
+
+def _fedavg_answer(pid, msg):
+    if msg.metadata.message_type == MessageType.EVALUATE:
+        return RecordDict({P.METRICS: MetricRecord({P.NUM_EXAMPLES: 10, P.CORRECT: 5, P.PARTITION_ID: pid})})
+    model = {k: v.numpy() for k, v in msg.content[P.ARRAYS].items()}
+    moved = {k: v + np.float32(0.01 * (pid + 1)) if np.issubdtype(v.dtype, np.floating) else v for k, v in model.items()}
+    return reply(moved, 10 * (pid + 1), pid)
+
+
+def _fedlog_answer(pid, msg):
+    if msg.metadata.message_type == MessageType.EVALUATE:
+        return RecordDict({P.METRICS: MetricRecord({P.NUM_EXAMPLES: 10, P.CORRECT: 5, P.PARTITION_ID: pid})})
+    stats = np.zeros((10, 51), np.float32)
+    stats[:, 0], stats[:, 1 + pid] = pid + 1, 0.5 * (pid + 1)  # each client's own statistics: the head depends on who was drawn
+    return reply({P.STATS: stats}, 10 * (pid + 1), pid)
+
+
+def _fedpft_answer(pid, msg):
+    if msg.metadata.message_type == MessageType.EVALUATE:
+        return RecordDict({P.METRICS: MetricRecord({P.NUM_EXAMPLES: 10, P.CORRECT: 5, P.PARTITION_ID: pid})})
+    means = np.full((1, 784), 0.1 * (pid + 1))
+    return reply(encode([ClassMixture(pid, 20, np.ones(1), means, np.full((1, 784), 0.5), "diag")], 784, "diag"), 20, pid)
+
+
+RESUMED: dict[str, tuple[dict[str, Any], int]] = {
+    "fedavg": ({"fraction-train": 0.5}, 2),
+    "fedlog": ({"fraction-train": 0.5, "fedlog-alpha": 1.0}, 2),  # FedLog-C: Φ is sent too
+    "fedprof": ({"fraction-train": 0.5, "fedprof-val-size": 200}, 2),
+    "fedpft": ({"num-server-rounds": 1, "fedpft-extractor": "identity", "fedpft-covariance": "diag", "fedpft-head-epochs": 2}, 0),
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(RESUMED))
+def test_a_state_pickled_after_round_k_drives_round_k_plus_1_in_a_fresh_strategy_as_the_unbroken_run(
+    task_identity, data_dir, monkeypatch, algorithm
+):
+    """The next issue's resume: the state saved after round k (k = 0: before round 1, FedPFT being one-shot), restored into a
+    fresh strategy and engine, makes round k+1's arrays, method state and draws those of the run that never stopped."""
+    monkeypatch.setenv(SECRET_ENV, "test-secret")  # FedProf's D^V: the same draw in both strategies, and for the fake clients
+    cfg, k = RESUMED[algorithm]
+    cfg = {**cfg, "data-dir": data_dir, "num-clients": 6, "global-eval": False}
+    rounds = cfg.get("num-server-rounds", k + 1)
+
+    def run(state_of, first: int) -> tuple[list[dict], dict[int, bytes], ServerState]:
+        s = make_strategy(algorithm, **{**cfg, "num-server-rounds": rounds})
+        baseline = Baseline(s) if algorithm == "fedprof" else None
+
+        def answer(pid, msg):
+            if baseline is None:
+                return {"fedavg": _fedavg_answer, "fedlog": _fedlog_answer, "fedpft": _fedpft_answer}[algorithm](pid, msg)
+            profile = baseline(msg).astype(np.float32)
+            if msg.content[P.CONFIG].get(P.PHASE) == P.PHASE_PROFILE:
+                return reply({P.PROFILE: profile}, 10 * (pid + 1), pid)
+            out = _fedavg_answer(pid, msg)
+            if msg.metadata.message_type == MessageType.TRAIN:
+                out[P.ARRAYS][P.PROFILE] = Array(profile)
+            return out
+
+        grid = FakeGrid(6, answer)
+        records: list[dict] = []
+        saved = {0: pickle.dumps(s.initial_state())}
+        loop = RoundLoop(s, Engine(grid, s.settings, s.services, clock=grid.clock, admit=s.body_problem))
+
+        def save(record: dict) -> None:
+            records.append(record)
+            saved[record["round"]] = pickle.dumps(loop.state)
+
+        loop.on_round = save
+        last = loop.run(state_of(s), rounds, first)
+        return records, saved, last
+
+    unbroken, saved, whole = run(lambda s: s.initial_state(), 1)
+    resumed, _, again = run(lambda s: pickle.loads(saved[k]), k + 1)
+    assert resumed[-1]["selected"] == unbroken[-1]["selected"] and resumed[-1]["clients"] == unbroken[-1]["clients"] > 0
+    assert list(again.arrays) == list(whole.arrays) and list(whole.arrays) or algorithm == "fedpft"
+    for name in whole.arrays:
+        np.testing.assert_array_equal(again.arrays[name].numpy(), whole.arrays[name].numpy())
+    assert pickle.dumps(again.sampling) == pickle.dumps(whole.sampling)
+
+
+def test_a_layer_sharing_server_admits_a_body_once_without_keeping_it(monkeypatch):
+    """Registration asks for every node: the shared-layer check of a body runs once, and the strategy holds nothing new."""
+    s = make_strategy("lg-fedavg", **{"body": "mnist-cnn"})
+    before = dict(vars(s))
+    calls: list[str] = []
+    check = type(s)._mismatch
+
+    def counted(self, body):
+        calls.append(body)
+        return check(self, body)
+
+    monkeypatch.setattr(type(s), "_mismatch", counted)
+    assert s.body_problem("lenet5") == s.body_problem("lenet5")
+    assert calls == ["lenet5"] and vars(s) == before
