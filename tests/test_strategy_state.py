@@ -123,8 +123,9 @@ def test_fedlog_sends_the_head_of_the_state_it_is_given_and_returns_the_next(tas
     np.testing.assert_array_equal(after.arrays[P.ETA].numpy(), s.head_record(after.method)[P.ETA].numpy())
 
 
-def test_a_state_after_a_round_pickles_and_drives_the_next_round_alike(task_identity):
-    """What the next issue's checkpoint needs: the state survives pickling and a restored state makes the same round."""
+def test_a_state_after_a_round_pickles_whole(task_identity):
+    """What the next issue's checkpoint needs: the state survives pickling (the round a restored state drives:
+    test_a_state_pickled_after_round_k_drives_round_k_plus_1_in_a_fresh_strategy_as_the_unbroken_run)."""
     s = make_strategy("fedavg", **{"client-sampling": "data-ratio", "fraction-train": 1.0})
     s.services.data.__dict__["partition_sizes"] = None  # counts come from the replies: they are in the state
     echo = lambda pid, msg: reply({k: v.numpy() for k, v in msg.content["arrays"].items()}, {0: 40, 1: 10, 2: 20}[pid], pid)  # noqa: E731
