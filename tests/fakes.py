@@ -8,7 +8,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from core.config import body_for, resolve
+from core.config import body_for, resolve_settings
 from core.extractors import input_spec
 from strategies.engine import Engine
 from strategies.registry import STRATEGIES
@@ -100,15 +100,15 @@ def reply(arrays: dict[str, np.ndarray], n: int | None, pid: int, **metrics) -> 
 
 def make_strategy(algorithm: str, **cfg):
     """A strategy on MNIST's spec, 3 clients, no waiting for nodes."""
-    resolved = resolve({"algorithm": algorithm, "num-clients": 3, "sample-timeout": 0.0, "round-timeout": 5.0, **cfg})
-    return STRATEGIES[algorithm](resolved, input_spec(resolved), Services(resolved))
+    settings = resolve_settings({"algorithm": algorithm, "num-clients": 3, "sample-timeout": 0.0, "round-timeout": 5.0, **cfg})
+    return STRATEGIES[algorithm](settings, input_spec(settings), Services(settings))
 
 
 def engine_for(strategy, grid: FakeGrid, server_round: int = 1) -> Engine:
     """An engine on ``grid`` whose nodes have registered, in ``server_round``; nodes
     register with the bodies the run config gives them unless ``grid`` names others."""
     if grid.bodies is None:
-        grid.bodies = [body_for(strategy.cfg, pid) for pid in range(len(grid.nodes))]
-    engine = Engine(grid, strategy.cfg, strategy.services, clock=grid.clock, admit=strategy.body_problem)
+        grid.bodies = [body_for(strategy.settings, pid) for pid in range(len(grid.nodes))]
+    engine = Engine(grid, strategy.settings, strategy.services, clock=grid.clock, admit=strategy.body_problem)
     engine.begin_round(server_round)
     return engine

@@ -206,7 +206,7 @@ def test_server_and_client_pick_the_same_body_from_the_same_inputs():
     if not (data_root() / "uci-adult").is_dir():
         missing_data(f"UCI Adult not found in {data_root()}")
     strategy = build_strategy(cfg)
-    assert cfg["body"] == strategy.cfg["body"] == "mlp"
+    assert cfg["body"] == strategy.settings.body == "mlp"
     from client.env import client_env
 
     env = client_env({"dataset": "uci-adult", "num-clients": 3, "partition": "iid", "algorithm": "fedavg"}, {"partition-id": 0})

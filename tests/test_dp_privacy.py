@@ -73,7 +73,7 @@ def test_local_dp_server_takes_the_count_from_the_noised_count_row(task_identity
         phi += answer(pid, None).array_records["arrays"]["stats"].numpy()
     step = s.train_round(1, s.initial_state(), engine_for(s, FakeGrid(3, answer)))
     assert step.clients == 3 and "loss" not in step.metrics
-    chi, nu = s.cfg["fedlog-prior-chi"], s.cfg["fedlog-prior-nu"]
+    chi, nu = s.settings.fedlog.prior_chi, s.settings.fedlog.prior_nu
     expected = solve_head(phi, 90.0, chi=chi, nu=nu).astype(np.float32)
     assert np.allclose(step.arrays["eta"].numpy(), expected, rtol=1e-6, atol=0)
     assert not np.allclose(solve_head(phi, 0.0, chi=chi, nu=nu), expected, rtol=1e-2)  # the count is what decides it

@@ -24,10 +24,8 @@ def _evaluation(pid: int) -> RecordDict:
 
 def _received(strategy, msg):
     """The global model a client received, as the client rebuilds it."""
-    cfg = strategy.cfg
-    model = build_model(
-        cfg["body"], strategy.spec.input_shape, cfg["feature-dim"], strategy.spec.num_classes, cfg["seed"], cfg["body-dropout"]
-    )
+    s = strategy.settings
+    model = build_model(s.body, strategy.spec.input_shape, s.feature_dim, strategy.spec.num_classes, s.seed, s.body_dropout)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     return model
 
@@ -55,9 +53,9 @@ def test_a_client_cannot_rebuild_the_baseline_from_the_run_config(task_identity,
         },
     )
     ds = load_dataset("mnist", data_dir)
-    held = make_partition(ds, strategy.cfg).validation  # what the attacker computes from the run config
+    held = make_partition(ds, strategy.settings).validation  # what the attacker computes from the run config
     x_held = to_tensors(ds, ds.x_train[held], ds.y_train[held])[0]
-    part = make_partition(ds, strategy.cfg)
+    part = make_partition(ds, strategy.settings)
     divs: dict[int, list[float]] = {0: [], 1: [], 2: []}
     baseline = Baseline(strategy)
 

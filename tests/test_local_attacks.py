@@ -16,7 +16,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 
 from core import protocol as P
-from core.config import resolve
+from core.config import resolve_settings
 from core.extractors import input_spec
 from core.run_data import MAX_PROFILE_CHARS, local_spec, node_profile
 from strategies.base import TrainRound
@@ -102,7 +102,7 @@ class ScriptedGrid(GridStub):
 
 
 def local_cfg(**keys):
-    return resolve(
+    return resolve_settings(
         {"algorithm": "fedlog", "dataset": "local", "num-clients": 3, "sample-timeout": 0.0, "round-timeout": 5.0, "feature-dim": 8, **keys}
     )
 
@@ -127,7 +127,7 @@ def text(profile: dict) -> str:
 
 
 def strategy_on(cfg, schema):
-    return STRATEGIES[cfg["algorithm"]](cfg, input_spec(cfg, local_spec(schema)), Services(cfg, schema))
+    return STRATEGIES[cfg.algorithm](cfg, input_spec(cfg, local_spec(schema)), Services(cfg, schema))
 
 
 def registered(cfg, schema, grid) -> tuple[Any, Engine]:
@@ -365,7 +365,7 @@ def test_a_node_cannot_declare_more_at_registration_than_it_described(task_ident
     cfg = local_cfg(classes="0,1")
     small, large = text(image_profile(["0", "1"])), text(image_profile({"0": [450_000, 0], "1": [450_000, 0]}))
     found = discover(ScriptedGrid([Script(small), Script(small)]), cfg)
-    strategy = STRATEGIES[cfg["algorithm"]](cfg, input_spec(cfg, local_spec(found.schema)), Services(cfg, found.schema, found.described))
+    strategy = STRATEGIES[cfg.algorithm](cfg, input_spec(cfg, local_spec(found.schema)), Services(cfg, found.schema, found.described))
     engine = Engine(ScriptedGrid([Script(small), Script(small, register=large)]), cfg, strategy.services, admit=strategy.body_problem)
     engine.begin_round(1)
     assert list(engine.registry.clients) == [201]
@@ -562,7 +562,7 @@ def test_no_cell_of_a_nodes_table_reaches_the_servers_logs_or_summary(task_ident
         Script(Error(code=P.ERROR_BAD_INPUT, reason="SourceError: /srv/private/x.csv: not UTF-8 text")),
     ]
     caplog.set_level("DEBUG")
-    found = discover(ScriptedGrid(scripts), {**cfg, "num-clients": 5})
+    found = discover(ScriptedGrid(scripts), replace(cfg, num_clients=5))
     tcfg = local_cfg(classes="a,b", algorithm="fedavg", body="mlp", **{"num-clients": 5})
     strategy, engine = registered(tcfg, found.schema, ScriptedGrid(scripts))
     assert sorted(c.partition_id for c in engine.registry.clients.values()) == [0, 1, 2]

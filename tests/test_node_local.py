@@ -350,7 +350,7 @@ def test_a_refused_nodes_client_index_is_offered_to_a_node_still_waiting(task_id
     first, one's data has a class outside the run's list and one never answers; the indices
     then go to the next two, which fit; the fifth finds none left."""
     from core import protocol as P
-    from core.config import resolve
+    from core.config import resolve_settings
     from core.extractors import input_spec
     from core.run_data import local_spec, source_options
     from core.sources import merge
@@ -358,7 +358,7 @@ def test_a_refused_nodes_client_index_is_offered_to_a_node_still_waiting(task_id
     from strategies.registry import STRATEGIES
     from strategies.services import Services
 
-    cfg = resolve(
+    cfg = resolve_settings(
         {
             "algorithm": "fedlog",
             "dataset": "local",

@@ -239,13 +239,14 @@ def test_a_numeric_label_column_is_refused_by_the_node_and_nothing_is_sent(task_
     """The server names a numeric column of Adult as the label: every node answers the
     description with an error naming the column and the rule; no reply carries a profile,
     and discovery fails with that reason."""
+    from core.settings import Settings
     from strategies.discovery import discover
     from strategies.engine import RoundFailed
 
     cfg = adult_cfg(**{"label-column": column})
     grid = NodesGrid(cfg, adult_nodes)
     with pytest.raises(RoundFailed, match=f"this node refuses the run's label column: label column '{column}'"):
-        discover(grid, cfg)
+        discover(grid, Settings.from_config(cfg))
     assert all(r.has_error() for r in grid.replies) and len(grid.replies) == 3
     assert not any(r.has_content() and P.DATA_PROFILE in r.content.config_records.get(P.CONFIG, {}) for r in grid.replies)
     reason = str(grid.replies[0].error.reason)

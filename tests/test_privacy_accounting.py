@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,9 +15,10 @@ from flwr.app import ArrayRecord
 from scipy.optimize import brentq, minimize_scalar
 from scipy.stats import norm
 
-from core.config import resolve
+from core.config import resolve, resolve_settings
 from core.fedlog import sufficient_statistics
 from core.privacy import fedlog_release, fedlog_sensitivity, fedpft_release, fedpft_sensitivity
+from core.settings import Settings
 from simulation import simulate
 from strategies.fedpft import FedPFTState
 from strategies.privacy import fedlog_dp_report, fedpft_dp_report, rdp_epsilon
@@ -46,9 +48,10 @@ def rdp_closed_form(z: float, releases: int, delta: float) -> float:
     return minimize_scalar(eps, bounds=(1.01, 1e5), method="bounded", options={"xatol": 1e-9}).fun
 
 
-def fedlog_cfg(mode: str, epsilon: float = 1.0, delta: float = 0.01, rounds: int = 10, clip: float = 2.0) -> dict:
-    cfg = resolve({"algorithm": "fedlog", "fedlog-dp": "central", "fedlog-clip": clip, "fedlog-epsilon": epsilon, "fedlog-delta": delta})
-    return {**cfg, "num-server-rounds": rounds, "fedlog-dp": mode}  # distributed may not be a choice of the key yet
+def fedlog_cfg(mode: str, epsilon: float = 1.0, delta: float = 0.01, rounds: int = 10, clip: float = 2.0) -> Settings:
+    keys = {"fedlog-dp": "central", "fedlog-clip": clip, "fedlog-epsilon": epsilon, "fedlog-delta": delta}
+    s = resolve_settings({"algorithm": "fedlog", **keys})
+    return replace(s, num_server_rounds=rounds, fedlog=replace(s.fedlog, dp=mode))  # a mode the key refuses too (the report must refuse it)
 
 
 def test_epsilon_falls_with_more_noise_and_grows_with_more_releases():
@@ -96,8 +99,7 @@ def test_fedlog_release_is_theorem_7s_noise_over_its_sensitivity(mode):
     """z = σ/Δ₂ = sqrt(8k·ln(e + ε/δ))/ε: the width m and the clip b cancel, as they must when
     σ is calibrated to the same Δ₂ the accountant divides by; k counts the statistics round."""
     for m, clip in ((11, 0.5), (51, 2.0), (101, 4.0)):
-        cfg = fedlog_cfg(mode, epsilon=2.0, delta=1e-5, rounds=9)
-        cfg["fedlog-clip"] = clip
+        cfg = fedlog_cfg(mode, epsilon=2.0, delta=1e-5, rounds=9, clip=clip)
         release = fedlog_release(cfg, m)
         assert release is not None and release.releases == 10  # fedlog-init=stats adds one release
         assert release.noise_multiplier == pytest.approx(math.sqrt(8 * 10 * math.log(math.e + 2.0 / 1e-5)) / 2.0, rel=1e-12)
@@ -110,7 +112,7 @@ def test_fedlog_release_is_theorem_7s_noise_over_its_sensitivity(mode):
 
 
 def test_fedlog_report_is_none_without_dp_and_refuses_a_mode_it_cannot_account():
-    assert fedlog_dp_report(resolve({"algorithm": "fedlog"}), 51) is None
+    assert fedlog_dp_report(resolve_settings({"algorithm": "fedlog"}), 51) is None
     with pytest.raises(ValueError, match="no privacy accounting"):
         fedlog_dp_report(fedlog_cfg("shuffled"), 51)
 

@@ -27,7 +27,7 @@ from client.app import build_client_app as honest_client_app
 from client.app import partition_of
 from core import protocol as P
 from core.aggregate import relative_update_norm, weighted_average
-from core.config import ConfigError, resolve
+from core.config import ConfigError, resolve, resolve_settings
 from core.methods import METHODS
 from strategies.capabilities import ROBUST_AGGREGATION
 from strategies.fedavg import FedAvg
@@ -201,7 +201,7 @@ def test_poisoned_replies_inside_the_norm_bound_pass_the_checks_and_the_rule_hol
     step = s.train_round(2, s.initial_state(), engine)
     assert engine.meter.failures == [] and step.clients == 11
     bad = max(relative_update_norm(sent, made[p]) for p in ATTACKERS)
-    assert 0.1 < bad < s.cfg["max-update-norm"]  # large, and admitted
+    assert 0.1 < bad < s.settings.max_update_norm  # large, and admitted
     good = [p for p in range(11) if p not in ATTACKERS]
     honest_avg = weighted_average([made[p] for p in good], [sizes[p] for p in good], like=sent)
     mean = weighted_average([made[p] for p in range(11)], sizes[:11], like=sent)
@@ -286,7 +286,8 @@ def test_a_trimmed_mean_round_too_small_to_cut_one_reply_keeps_the_model(task_id
 @pytest.mark.parametrize("algorithm", COMBINING)
 def test_methods_that_do_not_average_model_updates_refuse_a_robust_rule(algorithm):
     with pytest.raises(ConfigError) as refused:
-        check_capabilities(resolve({"algorithm": algorithm, "aggregation": "median"}))  # the strategy's capability, checked by the server
+        # the strategy's capability, checked by the server
+        check_capabilities(resolve_settings({"algorithm": algorithm, "aggregation": "median"}))
     text = str(refused.value)
     assert "\n" not in text and METHODS[algorithm].server_combines in text, text
     assert text.startswith(

@@ -5,6 +5,7 @@ failure_reasons and absent_partitions; whole counts are ints; mostly empty parti
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -42,7 +43,8 @@ def _three_rounds(data_dir):
 
     grid = FakeGrid(3, answer)
     records: list[dict] = []
-    engine = Engine(grid, s.cfg, s.services, clock=grid.clock, admit=s.body_problem)  # the grid's clock: a silent node costs the deadline
+    # the grid's clock: a silent node costs the deadline
+    engine = Engine(grid, s.settings, s.services, clock=grid.clock, admit=s.body_problem)
     s.run(engine, s.initial_state(), 3, on_round=records.append)
     return records, s
 
@@ -103,7 +105,7 @@ def test_the_round_line_says_who_is_missing_and_the_summary_which_rounds(task_id
     from server.results import Recorder
 
     records, s = _three_rounds(data_dir)
-    recorder = Recorder(tmp_path / "out", {**s.cfg, "num-server-rounds": 3})
+    recorder = Recorder(tmp_path / "out", dataclasses.replace(s.settings, num_server_rounds=3))
     with caplog.at_level(logging.INFO, logger="headway"):
         for r in records:
             recorder.round(dict(r))

@@ -5,6 +5,7 @@ it gets, dropouts, hostile clients and refused configs."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,9 +17,10 @@ from client.secure_aggregation import SESSION, answer, is_stage
 from client.state_store import load_state, save_state
 from core import protocol as P
 from core.aggregate import float_norm
-from core.config import ConfigError, resolve
+from core.config import ConfigError, resolve, resolve_settings
 from core.fedlog import noise_sigma, share_sigma, solve_head
 from core.prototypes import average_prototypes
+from core.settings import Settings
 from strategies.capabilities import ROBUST_AGGREGATION, SECURE_SUM
 from strategies.registry import able, check_capabilities
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
@@ -71,7 +73,7 @@ def secure_round(clients: Clients, **cfg):
 
 def plain_head(strategy, pids) -> np.ndarray:
     phi = np.sum([client_stats(p).astype(np.float64) for p in pids], axis=0)
-    return solve_head(phi, float(phi[:, 0].sum()), chi=strategy.cfg["fedlog-prior-chi"], nu=strategy.cfg["fedlog-prior-nu"])
+    return solve_head(phi, float(phi[:, 0].sum()), chi=strategy.settings.fedlog.prior_chi, nu=strategy.settings.fedlog.prior_nu)
 
 
 FALSE_FAILURE = 1e-7  # the chance that assert_uniform_and_unrelated fails a correct masking (below one in a million)
@@ -189,7 +191,7 @@ def test_a_client_refuses_stages_out_of_order_and_keeps_no_secret_on_disk(task_i
         answer(unmask, 101, 0, state, lambda c: c)
     save_state(state, tmp_path / "state")
     assert SESSION not in load_state(tmp_path / "state")
-    assert s.cfg["secure-aggregation"] == "secagg+"
+    assert s.settings.secure_aggregation == "secagg+"
 
 
 @pytest.mark.parametrize(
@@ -209,7 +211,8 @@ def test_a_client_refuses_stages_out_of_order_and_keeps_no_secret_on_disk(task_i
 )
 def test_configs_that_cannot_run_under_secure_aggregation_are_refused(keys, match):
     with pytest.raises(ConfigError, match=match):
-        check_capabilities(resolve({"secure-aggregation": "secagg+", **keys}))  # what the strategy implements: checked by the server
+        # what the strategy implements: checked by the server
+        check_capabilities(resolve_settings({"secure-aggregation": "secagg+", **keys}))
 
 
 def test_a_sum_that_could_overflow_fails_the_round_before_any_client_is_asked(task_identity):
@@ -290,11 +293,11 @@ def test_a_client_refuses_a_plain_training_message_in_a_secure_run(task_identity
 def test_distributed_dp_needs_secure_aggregation():
     with pytest.raises(ConfigError, match="needs secure-aggregation"):
         resolve({"algorithm": "fedlog", "fedlog-dp": "distributed", "fedlog-clip": 2.0})
-    cfg = resolve(
+    cfg = resolve_settings(
         {"algorithm": "fedlog", "fedlog-dp": "distributed", "fedlog-clip": 2.0, "secure-aggregation": "secagg+", "min-replies": 4}
     )
     assert share_sigma(cfg, 51) == pytest.approx(noise_sigma(cfg, 51) / 2.0)
-    assert share_sigma({**cfg, "fedlog-dp": "central"}, 51) == 0.0
+    assert share_sigma(replace(cfg, fedlog=replace(cfg.fedlog, dp="central")), 51) == 0.0
 
 
 def test_distributed_dp_each_client_adds_its_share_from_os_entropy(data_dir):
@@ -307,14 +310,14 @@ def test_distributed_dp_each_client_adds_its_share_from_os_entropy(data_dir):
     clean = local_statistics(client_env({**cfg, "fedlog-dp": "off"}, {"partition-id": 0}), fmap)
     noise = [local_statistics(env, fmap) - clean for _ in range(2)]
     # both draws' 1,020 values: a correct σ misses rel=0.15 with probability 2e-11 (n s²/σ² is χ²(n−1))
-    assert np.std(noise) == pytest.approx(share_sigma(cfg, clean.shape[1]), rel=0.15)
+    assert np.std(noise) == pytest.approx(share_sigma(Settings.from_config(cfg), clean.shape[1]), rel=0.15)
     assert not np.allclose(noise[0], noise[1])  # fresh each time: not derived from the run config
 
 
 def test_distributed_dp_the_sum_carries_the_central_noise_and_the_server_accepts_it(task_identity):
     cfg = {"fedlog-dp": "distributed", "min-replies": 3, "fedlog-epsilon": 50.0}
     strategy = make_strategy("fedlog", **{"num-clients": CLIENTS, **SECURE, **cfg})
-    share = share_sigma(strategy.cfg, 51)
+    share = share_sigma(strategy.settings, 51)
     drawn: dict[int, np.ndarray] = {}
 
     class Noisy(Clients):
@@ -379,7 +382,7 @@ def test_model_averaging_gets_the_weighted_mean_of_the_updates_and_a_huge_update
         np.testing.assert_allclose(step.arrays[k].numpy(), want.astype(v.dtype), rtol=1e-5, atol=1e-7)
     # one client sends a sign-flipped, 1000x update: clipped to the update bound on its own side, its pull is bounded
     step, _ = run({3: -1000.0})
-    bound = strategy.cfg["max-update-norm"] * max(float_norm(sent), 1.0)
+    bound = strategy.settings.max_update_norm * max(float_norm(sent), 1.0)
     moved = float_norm({k: step.arrays[k].numpy().astype(np.float64) - v for k, v in sent.items() if k in deltas[0]})
     assert moved <= bound * counts[3] / total + 0.1 * bound
 

@@ -19,7 +19,7 @@ from client.secure_aggregation import answer
 from core import protocol as P
 from core import secagg as S
 from core.aggregate import float_norm
-from core.config import ConfigError, resolve
+from core.config import ConfigError, resolve, resolve_settings
 from core.fedlog import noise_sigma, releases, share_sigma
 from core.privacy import fedlog_sensitivity
 from core.sum_bounds import largest_mean_move
@@ -215,7 +215,7 @@ def test_withholding_must_leave_a_noising_client_and_needs_distributed_dp():
         resolve({**base, **DP, "fedlog-dp-withholding": 3})
     with pytest.raises(ConfigError, match="only distributed DP"):
         resolve({**base, "fedlog-dp": "central", "fedlog-dp-withholding": 1})
-    cfg = resolve({**base, **DP, "fedlog-dp-withholding": 2})
+    cfg = resolve_settings({**base, **DP, "fedlog-dp-withholding": 2})
     assert share_sigma(cfg, 51) == pytest.approx(noise_sigma(cfg, 51))  # one noising client of three must carry all of σ
 
 
@@ -223,7 +223,7 @@ def test_a_client_that_withholds_its_share_leaves_the_sum_with_at_least_the_cent
     """Two clients noise their statistics with the real share σ/√(3 − 1); the third (the attacker) adds none.
     The sum's noise must still have std >= σ (with fedlog-dp-withholding=0 it had σ·√(2/3) = 0.82σ)."""
     strategy = fedlog(**DP, **{"fedlog-dp-withholding": 1})
-    sigma, share = noise_sigma(strategy.cfg, 51), share_sigma(strategy.cfg, 51)
+    sigma, share = noise_sigma(strategy.settings, 51), share_sigma(strategy.settings, 51)
     drawn: dict[int, np.ndarray] = {}
 
     def noisy(pid: int, content: RecordDict) -> RecordDict:
@@ -243,12 +243,12 @@ def test_a_client_that_withholds_its_share_leaves_the_sum_with_at_least_the_cent
 def test_summary_epsilon_is_the_accountants_for_the_stated_withholding_and_says_what_more_would_cost(withholding):
     """Issue 37 §3's figures (min-replies 3, ε 10, 10 rounds): one skipper unplanned for turned a reported 4.06 into 5.32."""
     keys = {"algorithm": "fedlog", "num-clients": 3, "secure-aggregation": "secagg+", "fedlog-clip": 1.0, "fedlog-epsilon": 10.0}
-    cfg = resolve({**keys, **DP, "fedlog-epsilon": 10.0, "num-server-rounds": 10, "fedlog-dp-withholding": withholding})
+    cfg = resolve_settings({**keys, **DP, "fedlog-epsilon": 10.0, "num-server-rounds": 10, "fedlog-dp-withholding": withholding})
     report = fedlog_dp_report(cfg, 51)
     assert report is not None
     sensitivity = fedlog_sensitivity(51, 1.0)
     noise_left = share_sigma(cfg, 51) * np.sqrt(3 - withholding)  # the smallest accepted sum, the stated skippers out
-    assert report["epsilon_rdp"] == pytest.approx(rdp_epsilon(noise_left / sensitivity, releases(cfg), cfg["fedlog-delta"])[0], rel=1e-12)
+    assert report["epsilon_rdp"] == pytest.approx(rdp_epsilon(noise_left / sensitivity, releases(cfg), cfg.fedlog.delta)[0], rel=1e-12)
     assert report["epsilon_rdp"] == pytest.approx(4.061, abs=1e-3)
     assert report["withholding_clients"] == withholding and f"at most {withholding} of" in report["assumption"]
     beyond = report["epsilon_rdp_if_withholding"]

@@ -13,7 +13,7 @@ from flwr.app import ConfigRecord, Error, Message, MessageType, RecordDict
 
 from client.env import client_env, local_data
 from core import protocol as P
-from core.config import ConfigError, resolve
+from core.config import ConfigError, resolve, resolve_settings
 from core.extractors import input_spec
 from core.run_data import local_spec, node_profile
 from strategies.base import TrainRound
@@ -78,7 +78,7 @@ class LocalGrid(GridStub):
 
 
 def local_cfg(**keys):
-    return resolve(
+    return resolve_settings(
         {"algorithm": "fedlog", "dataset": "local", "num-clients": 3, "sample-timeout": 0.0, "round-timeout": 5.0, "feature-dim": 8, **keys}
     )
 
@@ -107,7 +107,7 @@ def test_discovery_fixes_the_sorted_union_of_class_names_and_leaves_out_an_unrea
 
 def strategy_on(cfg, schema):
     spec = input_spec(cfg, local_spec(schema))
-    return STRATEGIES[cfg["algorithm"]](cfg, spec, Services(cfg, schema))
+    return STRATEGIES[cfg.algorithm](cfg, spec, Services(cfg, schema))
 
 
 def test_registration_gives_indices_refuses_data_that_does_not_fit_and_bounds_counts_by_the_declaration(tmp_path, task_identity):
@@ -170,10 +170,10 @@ def test_a_node_reads_its_own_data_only_in_a_local_run(tmp_path, task_identity):
         local_data(resolve({}), {"data": folder})
     cfg = local_cfg()
     schema = discover(LocalGrid([profile_json(folder, cfg)]), cfg).schema
-    env = client_env(cfg, {"data": folder}, (schema.to_json(), 2))
+    env = client_env(cfg.to_config(), {"data": folder}, (schema.to_json(), 2))
     assert env.partition_id == 2 and len(env.y_train) == 12 and len(env.y_test) == 4
     with pytest.raises(ValueError, match="has not registered"):
-        client_env(cfg, {"data": folder}, None)
+        client_env(cfg.to_config(), {"data": folder}, None)
 
 
 def test_local_runs_are_refused_where_they_cannot_work():

@@ -30,7 +30,7 @@ class ArrivingGrid(FakeGrid):
 
 def _wait(grid: ArrivingGrid, caplog, **cfg) -> tuple[list[int], list[str]]:
     s = make_strategy("fedavg", **{"num-clients": 50, "sample-timeout": 120.0, **cfg})
-    engine = Engine(grid, s.cfg, s.services, clock=grid.clock, sleep=grid.sleep)
+    engine = Engine(grid, s.settings, s.services, clock=grid.clock, sleep=grid.sleep)
     with caplog.at_level(logging.INFO, logger="headway"):
         nodes = engine.wait_for_clients()
     return nodes, [r.getMessage() for r in caplog.records if r.name == "headway"]
