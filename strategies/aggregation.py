@@ -45,7 +45,8 @@ class PlainAggregation:
         from strategies.base import Step  # base builds an Aggregation: a module-level import would be circular
 
         layout = strategy.train_layout(ctx)
-        if phase == P.PHASE_TRAIN and scores_with_train(strategy.settings, ctx.server_round):  # each reply also scores the model it received
+        # each reply also scores the model it received
+        if phase == P.PHASE_TRAIN and scores_with_train(strategy.settings, ctx.server_round):
             layout = replace(layout, scores=strategy.eval_layout())
         replies = ctx.engine.exchange(phase, contents, MessageType.TRAIN, layout)
         ctx = strategy.received(ctx, contents, replies)
@@ -79,7 +80,5 @@ def aggregation_for(secure_aggregation: str, strategy: HeadwayStrategy[Any]) -> 
     if secure_aggregation == "off":
         return PlainAggregation()
     if SECURE_SUM not in capabilities_of(type(strategy)):
-        raise ConfigError(
-            f"secure-aggregation={secure_aggregation}: {type(strategy).__name__} cannot aggregate from a sum of replies"
-        )
+        raise ConfigError(f"secure-aggregation={secure_aggregation}: {type(strategy).__name__} cannot aggregate from a sum of replies")
     return SecureAggregation()

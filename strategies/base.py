@@ -132,7 +132,8 @@ class HeadwayStrategy(Generic[M]):
     arrays_from_method = False  # the arrays are what the method state makes (FedLog's η, FedProto's prototypes): no other may be given
 
     def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
-        self.settings = fit_body(settings, spec.input_shape)  # body=auto: the body that fits these inputs (server.app.build_strategy did it already)
+        # body=auto: the body that fits these inputs (server.app.build_strategy did it already)
+        self.settings = fit_body(settings, spec.input_shape)
         self.spec = spec
         self.services = services
         self.aggregation: Aggregation = aggregation_for(self.settings.secure_aggregation, self)  # plain, or SecAgg+ around aggregate_sum

@@ -72,7 +72,8 @@ class FedLog(HeadwayStrategy[FedLogState]):
             precision=precision,
             nonnegative=self.nonnegative,
         )
-        self.release: Release = release_for(self.opts.dp, self.sigma, services.private)  # the sum as released: exact, or with central DP's noise
+        # the sum as released: exact, or with central DP's noise
+        self.release: Release = release_for(self.opts.dp, self.sigma, services.private)
 
     def body_problem(self, body: str) -> str | None:
         """A node's body must send this run's feature width (and non-negative features where the checks assume them)."""

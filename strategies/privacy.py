@@ -108,7 +108,9 @@ def fedlog_dp_report(settings: Settings, m: int) -> dict[str, Any] | None:
             "assumption": f"at most {w} of the at least min-replies={settings.min_replies} clients in an accepted sum withhold "
             "their noise share (undetectable under secure aggregation); epsilon and epsilon_rdp hold only under it",
             "share_sigma": share_sigma(settings, m),
-            "epsilon_rdp_if_withholding": {str(k): release_epsilon(withheld_release(settings, m, k))[0] for k in range(settings.min_replies)},
+            "epsilon_rdp_if_withholding": {
+                str(k): release_epsilon(withheld_release(settings, m, k))[0] for k in range(settings.min_replies)
+            },
         }
     return {
         "mode": settings.fedlog.dp,
