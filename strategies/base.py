@@ -1,7 +1,7 @@
 """The shape every headway strategy shares: a method's round hooks, driven by the round
 loop (:mod:`strategies.round_loop`) on the round engine (:mod:`strategies.engine`).
 
-A strategy is built with the resolved config, the data set's spec and its
+A strategy is built with the run's :class:`~core.settings.Settings`, the data set's spec and its
 :class:`~strategies.services.Services`, and fails at construction (``ConfigError``) when
 the config cannot work; it keeps only what the config fixes. What the server holds between
 rounds is one frozen :class:`~strategies.state.ServerState` (arrays and the method's own

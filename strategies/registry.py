@@ -68,7 +68,7 @@ def able(capability: str) -> list[str]:
 
 
 def check_capabilities(settings: Settings) -> None:
-    """ConfigError when a resolved config asks a method for what its strategy does not implement: a secure sum
+    """ConfigError when the run's settings ask a method for what its strategy does not implement: a secure sum
     (secure-aggregation) or a robust rule (aggregation). Run before any client is asked (server.app)."""
     name = settings.algorithm
     if settings.secure_aggregation != "off" and SECURE_SUM not in CAPABILITIES[name]:
