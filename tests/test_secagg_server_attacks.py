@@ -17,8 +17,9 @@ import simulation
 from client.secure_aggregation import SESSION, answer
 from core import protocol as P
 from core import secagg as S
-from core.config import ConfigError, resolve
+from core.config import ConfigError, resolve, resolve_settings
 from core.secagg_primitives import agree, combine_shares, encrypt, pack_pair
+from core.settings import Settings
 from tests.conftest import needs_data
 from tests.fakes import reply
 
@@ -27,9 +28,9 @@ FRAC = 20
 A, B, C = 101, 102, 103
 
 
-def cfg(**keys) -> dict:
-    """A client's resolved run config (the floor it holds the server to comes from here)."""
-    return resolve({"algorithm": "fedlog", "num-clients": 3, "secure-aggregation": "secagg+", "fedlog-clip": 2.0, **keys})
+def cfg(**keys) -> Settings:
+    """A client's run settings (the floor it holds the server to comes from here)."""
+    return resolve_settings({"algorithm": "fedlog", "num-clients": 3, "secure-aggregation": "secagg+", "fedlog-clip": 2.0, **keys})
 
 
 def train(_: RecordDict) -> RecordDict:
@@ -51,7 +52,7 @@ def config_of(out: RecordDict) -> Any:
     return out.config_records[P.CONFIG]
 
 
-def steal_alone(state: RecordDict, run_config: dict, threshold: int) -> np.ndarray:
+def steal_alone(state: RecordDict, run_config: Settings, threshold: int) -> np.ndarray:
     """The crafted server of item 2's first bullet: the victim alone in its neighbourhood, the
     given threshold; returns the victim's vector rebuilt from its masked vector and its own seed share."""
     keys = config_of(answer(stage(P.STAGE_SETUP, **{P.SECAGG_THRESHOLD: threshold}), A, 0, state, train, run_config))
@@ -72,7 +73,7 @@ def test_a_server_that_puts_a_client_alone_gets_a_refusal_not_its_vector(thresho
     assert P.SHARES not in str(state)  # nothing was revealed: the attack never reached unmask
 
 
-def honest_until_unmask(run_config: dict) -> tuple[dict[int, RecordDict], dict[int, ConfigRecord]]:
+def honest_until_unmask(run_config: Settings) -> tuple[dict[int, RecordDict], dict[int, ConfigRecord]]:
     """Three real clients through setup, share keys and collect, as an honest server runs them."""
     states = {v: RecordDict() for v in (A, B, C)}
     keys = {v: config_of(answer(stage(P.STAGE_SETUP, **{P.SECAGG_THRESHOLD: 2}), v, 0, states[v], train, run_config)) for v in states}
@@ -104,7 +105,7 @@ def test_a_client_named_dropped_or_alive_in_its_own_request_reveals_no_share_of_
 
 def test_a_neighbourhood_or_threshold_below_what_the_run_config_implies_is_refused():
     run_config = cfg(**{"num-clients": 10, "min-replies": 5})  # the smallest round unmasked: 5 clients, k = 5, t = 3
-    assert S.client_floor(run_config) == S.Floor(5, 3, 0.5)
+    assert S.settings_floor(run_config) == S.Floor(5, 3, 0.5)
     with pytest.raises(S.SecAggError, match="threshold 2, below the 3 this client's run config implies"):
         honest_until_unmask(run_config)  # three clients, threshold 2: a valid-looking SecAgg+ round, but too small for this run
     state = RecordDict()
@@ -188,7 +189,7 @@ def test_fewer_than_three_clients_a_round_under_secagg_is_refused_before_start(t
         assert "Traceback" not in err and not (tmp_path / "out").exists()
     with pytest.raises(ConfigError, match="asks 1 client"):
         cfg(**{"num-clients": 1})
-    assert cfg()["num-clients"] == 3  # three clients a round: accepted
+    assert cfg().num_clients == 3  # three clients a round: accepted
 
 
 def test_two_invented_holders_still_unmask_a_client_as_the_trust_model_says():
@@ -273,7 +274,7 @@ def test_a_node_pinned_floor_outranks_a_lax_run_config(task_identity):
     assert not _ask(app, ctx, stage(P.STAGE_SETUP, **{P.SECAGG_THRESHOLD: 2})).has_error()
     with pytest.raises(S.SecAggError, match="must be a number"):
         S.pinned_floor(cfg(), {"secagg-threshold": "half"})
-    assert S.pinned_floor(cfg(**{"num-clients": 9, "min-replies": 7}), {"min-replies": "5"})["min-replies"] == 7  # the stricter one
+    assert S.pinned_floor(cfg(**{"num-clients": 9, "min-replies": 7}), {"min-replies": "5"}).min_replies == 7  # the stricter one
 
 
 def test_the_launcher_writes_the_nodes_secure_aggregation_pins(capsys):
@@ -287,5 +288,5 @@ def test_the_launcher_writes_the_nodes_secure_aggregation_pins(capsys):
     line = capsys.readouterr().out
     node_config = parse_config_args([line.split("--node-config ", 1)[1].split(" --isolation", 1)[0]])
     with pytest.raises(S.SecAggError, match="pins secure-aggregation"):
-        S.pinned_floor(resolve({"algorithm": "fedavg", "num-clients": 3}), node_config)
-    assert S.client_floor(S.pinned_floor(cfg(), node_config)).threshold == 3
+        S.pinned_floor(resolve_settings({"algorithm": "fedavg", "num-clients": 3}), node_config)
+    assert S.settings_floor(S.pinned_floor(cfg(), node_config)).threshold == 3
