@@ -1,16 +1,19 @@
 """Methods that average some named layers and keep the others on each client
 (the subclasses of :class:`LayerSharing`): FedAvg's aggregation over a chosen part of the model.
 
-The server holds only the shared layers. Each round it sends them, the client merges
-them into its own model (kept in its local state), trains, and returns exactly the
-arrays it received; the server averages them with weights n_k/n.
+The server holds only the shared layers, from the start: each round, kept or not, it sends the
+layers shared in that round (:meth:`LayerSharing.shared`), for training, evaluation and LG-FedAvg's
+upload alike; the client merges them into its own model (kept in its local state), trains, and
+returns exactly the arrays it received; the server averages them with weights n_k/n. (LG-FedAvg
+after warm-up rounds holds the warm-up model until a round aggregates its top layers.)
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, RecordDict
 
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
@@ -19,8 +22,10 @@ from core.models import Net, build_model
 from core.settings import Settings
 from strategies.arrays import to_numpy, to_record
 from strategies.base import unknown_body
-from strategies.fedavg import FedAvg
+from strategies.engine import Engine
+from strategies.fedavg import FedAvg, FedAvgState
 from strategies.services import Services
+from strategies.state import ServerState
 
 
 @lru_cache(maxsize=64)
@@ -86,8 +91,13 @@ class LayerSharing(FedAvg):
         return {k: tuple(v.shape) for k, v in part.items()}
 
     def initial_arrays(self) -> ArrayRecord:
-        """The run body's seeded initial model (all of it: the shared layers are sent from it)."""
-        return ArrayRecord(self.template.state_dict())
+        """The layers of the run body's seeded initial model shared in round 1: a round that keeps the
+        model (too few replies for a robust rule) leaves the server holding them, never the local layers."""
+        return self.shared(1, ArrayRecord(self.template.state_dict()))
+
+    def configure_evaluate(self, server_round: int, state: ServerState[FedAvgState], engine: Engine) -> dict[int, RecordDict]:
+        """As every strategy's, sending only the layers shared in ``server_round``: the local ones are each client's own."""
+        return super().configure_evaluate(server_round, replace(state, arrays=self.shared(server_round, state.arrays)), engine)
 
     def shared(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
         """The layers :meth:`shared_layers` names for ``server_round``."""

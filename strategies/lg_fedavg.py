@@ -68,7 +68,8 @@ class LGFedAvg(LayerSharing):
         test = self.services.data.test_tensors() if self.settings.lg_fedavg.new_test else None
         if test is None:
             return {}
-        content = self.content(self.settings.num_server_rounds, state.arrays, **{P.PHASE: P.PHASE_UPLOAD})
+        last = self.settings.num_server_rounds
+        content = self.content(last, self.shared(last, state.arrays), **{P.PHASE: P.PHASE_UPLOAD})
         replies = engine.exchange(
             P.PHASE_UPLOAD, {n: content for n in engine.nodes()}, MessageType.EVALUATE, lambda node: self.upload_layout(engine, node)
         )
