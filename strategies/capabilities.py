@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 SECURE_SUM = "secure_sum"
 ROBUST_AGGREGATION = "robust_aggregation"
+SECURE_SUM_HOOKS = ("sum_spec", "aggregate_sum")
+ROBUST_HOOKS = ("update_weights",)
 
 
 @runtime_checkable
@@ -44,11 +46,18 @@ class RobustAggregatable(Protocol[M]):
 def capabilities_of(cls: type) -> frozenset[str]:
     """The capability names a strategy class implements (see the module docstring)."""
     found = set()
-    if _implements(cls, ("sum_spec", "aggregate_sum")):
+    if _implements(cls, SECURE_SUM_HOOKS):
         found.add(SECURE_SUM)
-    if _implements(cls, ("update_weights",)):
+    if _implements(cls, ROBUST_HOOKS):
         found.add(ROBUST_AGGREGATION)
     return frozenset(found)
+
+
+def hidden_hooks(cls: type, names: tuple[str, ...]) -> list[str]:
+    """Those of ``names`` that ``cls`` inherits from above the class defining its ``aggregate_train``: hooks
+    it has but that do not count (a class with its own ``aggregate_train`` must restate them to keep them)."""
+    aggregation = _owner(cls, "aggregate_train")
+    return [n for n in names if (owner := _owner(cls, n)) is not None and aggregation is not None and not issubclass(owner, aggregation)]
 
 
 def _owner(cls: type, name: str) -> type | None:

@@ -170,7 +170,8 @@ class FedAvg(ModelAveraging[FedAvgState]):
             return step
         method = ctx.state.method
         heard = {r.partition_id: r.examples for r in replies}
-        return replace(step, method=FedAvgState({**method.counts, **heard}))
+        # replace, not a new FedAvgState: a subclass's state (its own fields beside the counts) keeps them
+        return replace(step, method=replace(method, counts={**method.counts, **heard}))
 
     def sum_spec(self, ctx: TrainRound[FedAvgState], nodes: list[int]) -> SumSpec:
         """Under secure-aggregation: n_k·(w_k − w) of the float arrays, each update L2-clipped to

@@ -17,7 +17,7 @@ from core.methods import METHODS, Method, class_path
 from core.schema import ConfigError
 from core.settings import Settings
 from strategies.base import HeadwayStrategy
-from strategies.capabilities import ROBUST_AGGREGATION, SECURE_SUM, capabilities_of
+from strategies.capabilities import ROBUST_AGGREGATION, ROBUST_HOOKS, SECURE_SUM, SECURE_SUM_HOOKS, capabilities_of, hidden_hooks
 
 
 def load(method: Method) -> type[HeadwayStrategy]:
@@ -44,10 +44,26 @@ def problems(method: Method, cls: type[HeadwayStrategy]) -> list[str]:
             f"its strategy {cls.__qualname__} implements a robust aggregation step, but the declaration says its server {method.server_combines}"
         )
     if not robust and not method.server_combines:
-        found.append(
+        found.append(_no_robust_step(cls))
+    return [f"{method.name!r}: {p}" for p in found]
+
+
+def _no_robust_step(cls: type[HeadwayStrategy]) -> str:
+    """Why ``cls`` takes no robust rule and what to do: restate the hooks its own ``aggregate_train`` hides
+    (strategies/capabilities.py), or declare what its server combines instead of averaging."""
+    hidden = hidden_hooks(cls, ROBUST_HOOKS)
+    if not hidden:
+        return (
             f"its strategy {cls.__qualname__} implements no robust aggregation step: declare server_combines (what its server does instead)"
         )
-    return [f"{method.name!r}: {p}" for p in found]
+    hooks = ", ".join(hidden)
+    return (
+        f"its strategy {cls.__qualname__} defines its own aggregate_train, which hides the {hooks} it inherits "
+        f"(a hook counts only where the class defining aggregate_train, or a subclass, defines it): if its aggregate_train still "
+        f"averages the round's model updates, restate {hooks} in {cls.__qualname__} (def {hidden[0]}(self, ...): return "
+        f"super().{hidden[0]}(...)) to keep robust aggregation (and sum_spec, aggregate_sum for secure-aggregation); "
+        "otherwise declare server_combines (what its server does instead)"
+    )
 
 
 def _load_all() -> dict[str, type[HeadwayStrategy]]:
@@ -72,9 +88,16 @@ def check_capabilities(settings: Settings) -> None:
     (secure-aggregation) or a robust rule (aggregation). Run before any client is asked (server.app)."""
     name = settings.algorithm
     if settings.secure_aggregation != "off" and SECURE_SUM not in CAPABILITIES[name]:
+        cls = STRATEGIES[name]
+        hidden = hidden_hooks(cls, SECURE_SUM_HOOKS)
+        why = (
+            f"its strategy {cls.__qualname__} defines its own aggregate_train, which hides the {', '.join(hidden)} it inherits: "
+            "restate them in it if its aggregation is still the sum's (strategies/capabilities.py)"
+            if hidden
+            else f"{name}'s server needs what each client sends, not only their sum"
+        )
         raise ConfigError(
-            f"run-config key 'secure-aggregation' is {settings.secure_aggregation!r}, which only {', '.join(able(SECURE_SUM))} implement: "
-            f"{name}'s server needs what each client sends, not only their sum"
+            f"run-config key 'secure-aggregation' is {settings.secure_aggregation!r}, which only {', '.join(able(SECURE_SUM))} implement: {why}"
         )
     if settings.aggregation != "mean" and ROBUST_AGGREGATION not in CAPABILITIES[name]:
         raise ConfigError(
