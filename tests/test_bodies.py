@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import simulation
-from core.config import ConfigError, check_bodies, resolve
+from core.config import ConfigError, check_bodies, resolve, resolve_settings
 from core.models import BODIES, BodyError, TorchvisionBody, body_factory, build_body, build_model
 from tests.fakes import FakeGrid, engine_for, make_strategy
 
@@ -134,7 +134,7 @@ def test_a_weights_file_that_is_missing_or_does_not_fit_is_refused_naming_it(tmp
     assert "'body'" in str(err.value)
     other = tmp_path / "mobilenet.pth"
     torch.save(get_model("mobilenet_v3_small", weights=None).state_dict(), other)
-    cfg = resolve({"body": f"torchvision:resnet18@{other}"})
+    cfg = resolve_settings({"body": f"torchvision:resnet18@{other}"})
     with pytest.raises(ConfigError) as err:
         check_bodies(cfg, (3, 32, 32))
     assert "'body'" in str(err.value) and f"weights file '{other}' does not fit torchvision resnet18" in str(err.value)
@@ -173,7 +173,7 @@ def test_a_body_that_does_not_resolve_is_refused_by_resolve(user_modules, cfg, k
 
 @pytest.mark.parametrize("cfg, key, reason", BUILD_REFUSALS)
 def test_a_body_that_does_not_build_is_refused_by_check_bodies(user_modules, cfg, key, reason):
-    resolved = resolve(cfg)
+    resolved = resolve_settings(cfg)
     with pytest.raises(ConfigError) as err:
         check_bodies(resolved, (1, 28, 28))
     text = str(err.value)
@@ -202,7 +202,7 @@ def test_the_simulation_runner_refuses_them_before_ray_starts(tmp_path, capsys, 
 
 
 def test_bodies_that_resolve_and_build_pass_preflight(example_on_path, user_modules):
-    cfg = resolve({"bodies": f"{EXAMPLE_BODY},torchvision:resnet18,bad_bodies:no_out_dim,mlp", "feature-dim": 12})
+    cfg = resolve_settings({"bodies": f"{EXAMPLE_BODY},torchvision:resnet18,bad_bodies:no_out_dim,mlp", "feature-dim": 12})
     check_bodies(cfg, (1, 28, 28))  # no error
     assert resolve({"body": "mnist-cnn"})["body"] in BODIES
 

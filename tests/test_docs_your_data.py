@@ -179,34 +179,35 @@ def test_the_split_command_writes_node_folders(page_commands, workdir):
 def test_a_run_without_a_body_fits_the_data_and_a_named_misfit_names_those_that_fit():
     """The default body follows the inputs' shape (MNIST keeps the papers' mnist-cnn); a named
     body that does not fit is refused naming the bodies that do."""
-    from core.config import ConfigError, check_bodies, fitted_body, resolve
+    from core.config import ConfigError, check_bodies, fitted_body, resolve_settings
 
-    cfg = resolve({})
-    assert cfg["body"] == "auto"
+    cfg = resolve_settings({})
+    assert cfg.body == "auto"
     assert fitted_body(cfg, (1, 28, 28)) == "mnist-cnn"  # MNIST: the paper setting
     assert fitted_body(cfg, (3, 32, 32)) == "cifar-cnn"
     assert fitted_body(cfg, (3, 64, 48)) == "image-cnn"
     assert fitted_body(cfg, (108,)) == "mlp"
-    assert fitted_body(resolve({"body": "mnist-cnn"}), (3, 32, 32)) == "mnist-cnn"  # a named body is kept as named
+    assert fitted_body(resolve_settings({"body": "mnist-cnn"}), (3, 32, 32)) == "mnist-cnn"  # a named body is kept as named
     with pytest.raises(ConfigError) as err:
-        check_bodies(resolve({"body": "mnist-cnn"}), (3, 32, 32))
+        check_bodies(resolve_settings({"body": "mnist-cnn"}), (3, 32, 32))
     assert "bodies that fit inputs of shape (3, 32, 32): cifar-cnn" in str(err.value) and "image-cnn" in str(err.value)
     assert "mnist-cnn" not in str(err.value).split("bodies that fit")[1]
     with pytest.raises(ConfigError, match="bodies that fit inputs of shape \\(14,\\): linear, mlp, mlp-deep"):
-        check_bodies(resolve({"body": "cifar-cnn"}), (14,))
+        check_bodies(resolve_settings({"body": "cifar-cnn"}), (14,))
 
 
 def test_server_and_client_pick_the_same_body_from_the_same_inputs():
     """The server's build_strategy and a client's environment resolve body=auto alike, and the
-    server's config (what config.json records) names the concrete body."""
-    from core.config import resolve
+    server's settings (what config.json records) name the concrete body."""
+    from core.config import resolve_settings
     from server.app import build_strategy
 
-    cfg = resolve({"dataset": "uci-adult", "num-clients": 3, "partition": "iid", "algorithm": "fedavg"})
+    cfg = resolve_settings({"dataset": "uci-adult", "num-clients": 3, "partition": "iid", "algorithm": "fedavg"})
     if not (data_root() / "uci-adult").is_dir():
         missing_data(f"UCI Adult not found in {data_root()}")
     strategy = build_strategy(cfg)
-    assert cfg["body"] == strategy.settings.body == "mlp"
+    assert strategy.settings.body == strategy.settings.to_config()["body"] == "mlp"
+    assert cfg.body == "auto"  # the settings are frozen: the strategy holds a fitted copy
     from client.env import client_env
 
     env = client_env({"dataset": "uci-adult", "num-clients": 3, "partition": "iid", "algorithm": "fedavg"}, {"partition-id": 0})

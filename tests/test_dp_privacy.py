@@ -11,31 +11,32 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from client.env import client_env
 from client.procedures.fedlog import FedLogClient
-from core.config import resolve
+from core.config import resolve_settings
 from core.fedlog import noise_sigma, solve_head
+from core.settings import Settings
 from strategies.base import TrainRound
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 DP = {"algorithm": "fedlog", "num-clients": 3, "train-fraction": 0.01, "local-epochs": 0, "fedlog-clip": 2.0, "fedlog-epsilon": 1.0}
 
 
-def old_derivations(cfg: dict, partition_id: int, server_round: int) -> list[np.random.Generator]:
+def old_derivations(cfg: Settings, partition_id: int, server_round: int) -> list[np.random.Generator]:
     """The generators an attacker holding config.json would try (what the code used to do)."""
-    seeds = [cfg["seed"], cfg["seed"] + 104729, cfg["seed"] + 7919]
+    seeds = [cfg.seed, cfg.seed + 104729, cfg.seed + 7919]
     for salt in (0, 1, 2):
-        key = f"{cfg['seed']}:{partition_id}:{server_round}:{salt}".encode()
+        key = f"{cfg.seed}:{partition_id}:{server_round}:{salt}".encode()
         seeds.append(int.from_bytes(hashlib.sha256(key).digest()[:4], "little"))
     return [np.random.default_rng(s) for s in seeds]
 
 
-def local_stats(data_dir: str) -> tuple[dict, list[RecordDict], np.ndarray]:
-    cfg = resolve({**DP, "fedlog-dp": "local", "data-dir": data_dir})
-    env = client_env(cfg, {"partition-id": 0})
+def local_stats(data_dir: str) -> tuple[Settings, list[RecordDict], np.ndarray]:
+    cfg = resolve_settings({**DP, "fedlog-dp": "local", "data-dir": data_dir})
+    env = client_env(cfg.to_config(), {"partition-id": 0})
     eta = np.zeros((10, 51), np.float32)
     content = RecordDict({"arrays": ArrayRecord({"eta": Array(eta)}), "config": ConfigRecord({"server-round": 3, "phase": "stats"})})
     replies = [FedLogClient().train(env, content, RecordDict()) for _ in range(2)]
-    clean_cfg = resolve({**DP, "fedlog-dp": "off", "data-dir": data_dir})
-    clean = FedLogClient().train(client_env(clean_cfg, {"partition-id": 0}), content, RecordDict())
+    clean_cfg = resolve_settings({**DP, "fedlog-dp": "off", "data-dir": data_dir})
+    clean = FedLogClient().train(client_env(clean_cfg.to_config(), {"partition-id": 0}), content, RecordDict())
     return cfg, replies, clean.array_records["arrays"]["stats"].numpy().astype(np.float64)
 
 

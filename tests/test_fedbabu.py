@@ -18,6 +18,7 @@ from client.procedures.fedbabu import INITIAL, FedBABUClient, part_names
 from core.config import ConfigError
 from core.layers import select
 from core.models import build_model
+from core.settings import Settings
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 from tests.test_hostile_replies import EXPECTED_REASON, honest
 
@@ -33,7 +34,7 @@ def _loaded(data_dir: str, pid: int) -> ClientEnv:
 def _env(data_dir, pid=0, **cfg) -> ClientEnv:
     """Client ``pid`` of a small MNIST run with ``cfg`` over its keys (the data loaded once)."""
     env = _loaded(data_dir, pid)
-    return replace(env, cfg={**env.cfg, **cfg})
+    return replace(env, cfg=Settings.from_config({**env.cfg.to_config(), **cfg}))
 
 
 def _content(body: dict[str, torch.Tensor], server_round: int = 1) -> RecordDict:
@@ -42,7 +43,7 @@ def _content(body: dict[str, torch.Tensor], server_round: int = 1) -> RecordDict
 
 def _initial_body(env) -> dict[str, torch.Tensor]:
     """What the server sends in round 1: the run-seeded model without its head."""
-    state = build_model(env.body, env.data.input_shape, env.cfg["feature-dim"], env.outputs, env.cfg["seed"]).state_dict()
+    state = build_model(env.body, env.data.input_shape, env.cfg.feature_dim, env.outputs, env.cfg.seed).state_dict()
     return {k: v for k, v in state.items() if k not in HEAD}
 
 

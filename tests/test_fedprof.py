@@ -8,7 +8,7 @@ import pytest
 import torch
 from flwr.app import MetricRecord, RecordDict
 
-from core.config import ConfigError, check_against_spec, resolve
+from core.config import ConfigError, check_against_spec, resolve, resolve_settings
 from core.data import SPECS
 from core.noise import corrupt, noise_assignment, parse_client_noise
 from core.profiles import (
@@ -162,7 +162,7 @@ def test_noise_assignment_is_seeded_and_disjoint():
     with pytest.raises(ConfigError, match="client-noise"):
         resolve({"client-noise": "blur:0.7,irrelevant:0.5"})
     with pytest.raises(ConfigError, match="tabular"):
-        check_against_spec(resolve({"dataset": "mnist", "client-noise": "noisy:0.5"}), SPECS["mnist"])
+        check_against_spec(resolve_settings({"dataset": "mnist", "client-noise": "noisy:0.5"}), SPECS["mnist"])
 
 
 def test_each_image_kind_changes_the_images_as_specified():

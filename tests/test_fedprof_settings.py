@@ -12,7 +12,7 @@ import pytest
 import torch
 from flwr.app import MetricRecord, RecordDict
 
-from core.config import ConfigError, check_against_spec, resolve
+from core.config import ConfigError, check_against_spec, resolve, resolve_settings
 from core.costmodel import (
     P_F,
     P_TRANS,
@@ -33,7 +33,9 @@ from tests.fedprof_baseline import Baseline
 
 def test_dominant_partition_gives_each_client_one_class_at_the_fraction(data_dir):
     ds = load_dataset("mnist", data_dir)
-    cfg = resolve({"partition": "dominant", "dominant-class-fraction": 0.6, "num-clients": 20, "train-fraction": 0.2, "data-dir": data_dir})
+    cfg = resolve_settings(
+        {"partition": "dominant", "dominant-class-fraction": 0.6, "num-clients": 20, "train-fraction": 0.2, "data-dir": data_dir}
+    )
     part = make_partition(ds, cfg)
     tops = []
     for train in part.train:
@@ -47,7 +49,7 @@ def test_dominant_partition_gives_each_client_one_class_at_the_fraction(data_dir
 
 
 def test_dominant_partition_needs_class_labels():
-    cfg = resolve({"partition": "dominant", "dataset": "uci-gas-turbine", "body": "mlp"})
+    cfg = resolve_settings({"partition": "dominant", "dataset": "uci-gas-turbine", "body": "mlp"})
     with pytest.raises(ConfigError, match="dominant"):
         check_against_spec(cfg, SPECS["uci-gas-turbine"])
 
@@ -64,7 +66,7 @@ def test_client_sizes_are_normal_seeded_and_fit_the_data():
 
 def test_iid_partition_takes_exactly_the_drawn_sizes(data_dir):
     ds = load_dataset("uci-gas-turbine", data_dir)
-    cfg = resolve(
+    cfg = resolve_settings(
         {
             "dataset": "uci-gas-turbine",
             "body": "mlp",
@@ -78,7 +80,7 @@ def test_iid_partition_takes_exactly_the_drawn_sizes(data_dir):
         }
     )
     part = make_partition(ds, cfg)
-    expected = client_sizes(50, 514.0, 101.0, len(ds.y_train) - 3000, cfg["seed"])
+    expected = client_sizes(50, 514.0, 101.0, len(ds.y_train) - 3000, cfg.seed)
     assert expected is not None and [len(t) for t in part.train] == expected.tolist()
     assert len(part.validation) == 3000 and not set(part.validation.tolist()) & set(np.concatenate(part.train).tolist())
 
@@ -147,10 +149,10 @@ def test_fedprof_rounds_record_the_scores_the_sampler_used(task_identity, data_d
 
 
 def test_participation_by_noise_counts_rounds_per_kind():
-    cfg = resolve({"num-clients": 4, "client-noise": "blur:0.5"})
+    cfg = resolve_settings({"num-clients": 4, "client-noise": "blur:0.5"})
     from core.noise import noise_assignment
 
-    blurred = sorted(noise_assignment(cfg["client-noise"], 4, cfg["seed"]))
+    blurred = sorted(noise_assignment(cfg.client_noise, 4, cfg.seed))
     clean = sorted(set(range(4)) - set(blurred))
     rounds = [{"selected": [clean[0], blurred[0]]}, {"selected": [clean[0], clean[1]]}, {"selected": [clean[0]]}]
     assert participation_by_noise(rounds, cfg) == {"blur": 0.5, "clean": 2.0}  # (1+0)/2 and (3+1)/2

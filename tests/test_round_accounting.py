@@ -17,6 +17,7 @@ from core import protocol as P
 from core.data import Dataset
 from core.partition import check_filled, empty_note, make_partition
 from core.rounds import clients_note, eval_note, short_rounds, short_rounds_note
+from core.settings import Settings
 from strategies.engine import Engine
 from tests.fakes import FakeGrid, make_strategy, reply
 
@@ -133,13 +134,11 @@ def _images(n: int) -> Dataset:
     return Dataset("pngs", "classification", 4, (1, 8, 8), x, y, x[: n // 4], y[: n // 4])
 
 
-def _cfg(num_clients: int, **extra) -> dict:
-    from core.config import resolve
+def _cfg(num_clients: int, **extra) -> Settings:
+    from core.config import resolve_settings
 
-    return {
-        **resolve({"dataset": "mnist", "algorithm": "fedavg", "num-clients": num_clients, "partition": "iid", **extra}),
-        "train-fraction": 1.0,
-    }
+    cfg = resolve_settings({"dataset": "mnist", "algorithm": "fedavg", "num-clients": num_clients, "partition": "iid", **extra})
+    return dataclasses.replace(cfg, train_fraction=1.0)
 
 
 def test_a_partition_where_most_clients_get_no_rows_is_refused_with_the_fix():
@@ -159,12 +158,12 @@ def test_a_few_empty_clients_are_warned_of_not_refused():
 
 
 def test_the_server_refuses_it_before_any_client_is_asked(task_identity, data_dir):
-    from core.config import ConfigError, resolve
+    from core.config import ConfigError, resolve_settings
     from server.app import build_strategy
 
-    cfg = resolve({"algorithm": "fedavg", "dataset": "mnist", "data-dir": data_dir, "num-clients": 1000, "train-fraction": 0.005})
+    cfg = resolve_settings({"algorithm": "fedavg", "dataset": "mnist", "data-dir": data_dir, "num-clients": 1000, "train-fraction": 0.005})
     with pytest.raises(ConfigError, match=r"699 of 1000 clients get no training rows.*lower num-clients"):
-        build_strategy({**cfg, "partition": "iid"})
+        build_strategy(dataclasses.replace(cfg, partition="iid"))
 
 
 def test_split_refuses_mostly_empty_nodes(tmp_path, capsys):

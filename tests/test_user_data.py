@@ -167,7 +167,7 @@ def test_a_node_reads_its_own_data_only_in_a_local_run(tmp_path, task_identity):
     with pytest.raises(ValueError, match='--node-config "data=PATH"'):
         local_data(local_cfg(), {"partition-id": 0})
     with pytest.raises(ValueError, match="submit the run with dataset='local'"):
-        local_data(resolve({}), {"data": folder})
+        local_data(resolve_settings({}), {"data": folder})
     cfg = local_cfg()
     schema = discover(LocalGrid([profile_json(folder, cfg)]), cfg).schema
     env = client_env(cfg.to_config(), {"data": folder}, (schema.to_json(), 2))
@@ -303,6 +303,6 @@ def test_a_node_imports_only_the_body_it_runs():
     run = {"body": "mnist-cnn", "bodies": "mnist-cnn,site_b_private.bodies:net"}
     with pytest.raises(ConfigError, match="site_b_private"):
         resolve(run)
-    assert node_cfg(run, {"data": "/srv/a"})["bodies"] == run["bodies"]
+    assert node_cfg(run, {"data": "/srv/a"}).bodies == run["bodies"]
     with pytest.raises(ConfigError, match="unknown body 'vgg'"):
         node_cfg({"body": "vgg"}, {})  # a name that is no body at all is still refused
