@@ -18,8 +18,12 @@ def load(method: Method) -> type:
     where = f"{procedures.__name__}.{module}.{name}"
     try:
         cls = getattr(importlib.import_module(f"{procedures.__name__}.{module}"), name)
-    except (ImportError, AttributeError) as exc:
-        raise RuntimeError(f"method {method.name!r} declares client procedure {where}, which cannot be loaded: {exc}") from exc
+    except Exception as exc:  # a missing module or class, or a module that fails as it runs (SyntaxError, NameError, ...)
+        # chained implicitly, not "from exc": the run's reason is the root of the cause chain (simulation/runner.py), and it
+        # must name the method and the declared path; the traceback still shows the import's error above this one
+        raise RuntimeError(  # noqa: B904
+            f"method {method.name!r} declares client procedure {where}, which cannot be loaded: {type(exc).__name__}: {exc}"
+        )
     claimed = getattr(cls, "methods", ())
     if isinstance(claimed, str) or method.name not in claimed:
         raise RuntimeError(f"method {method.name!r} declares client procedure {where}, whose methods tuple {claimed!r} does not name it")

@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, RecordDict
 
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
-from core.layers import select
+from core.layers import layer_names, select
 from core.models import Net, build_model
 from core.settings import Settings
 from strategies.arrays import to_numpy, to_record
@@ -69,10 +69,20 @@ class LayerSharing(FedAvg):
         """A node may run any known body whose shared layers match the run body's (with
         ``mixed_bodies``), else the run body itself; checked once, at registration."""
         if not self.mixed_bodies:
-            return super().body_problem(body)  # FedAvg's: the run's one body
+            if body == self.settings.body:
+                return None
+            return f"registration names body {body!r}, but {self.name} {self.averaged_part()}: every client must run it"
         if problem := unknown_body(body, self.settings):
             return problem
         return _admission(self, body)
+
+    def averaged_part(self) -> str:
+        """What the server averages of the run body after any warm-up, and what stays on each client, in words (for refusals)."""
+        layers = self.shared_layers(self.template, self.settings.num_server_rounds)
+        if layers is None:
+            return f"averages whole models of body {self.settings.body!r}"
+        local = [name for name in layer_names(self.template) if name not in layers]
+        return f"averages layers {', '.join(layers)} of body {self.settings.body!r} and keeps {', '.join(local) or 'none'} on each client"
 
     def shared_layers(self, model: Net, server_round: int) -> list[str] | None:
         """Layers averaged in ``server_round``; None means every layer."""

@@ -26,8 +26,12 @@ def load(method: Method) -> type[HeadwayStrategy]:
     where = f"{strategies.__name__}.{module}.{name}"
     try:
         cls = getattr(importlib.import_module(f"{strategies.__name__}.{module}"), name)
-    except (ImportError, AttributeError) as exc:
-        raise RuntimeError(f"method {method.name!r} declares strategy {where}, which cannot be loaded: {exc}") from exc
+    except Exception as exc:  # a missing module or class, or a module that fails as it runs (SyntaxError, NameError, ...)
+        # chained implicitly, not "from exc": the run's reason is the root of the cause chain (simulation/runner.py), and it
+        # must name the method and the declared path; the traceback still shows the import's error above this one
+        raise RuntimeError(  # noqa: B904
+            f"method {method.name!r} declares strategy {where}, which cannot be loaded: {type(exc).__name__}: {exc}"
+        )
     if not (isinstance(cls, type) and issubclass(cls, HeadwayStrategy)):
         raise RuntimeError(f"method {method.name!r} declares strategy {where}, which is no HeadwayStrategy subclass")
     return cls

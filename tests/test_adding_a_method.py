@@ -1,10 +1,13 @@
 """What a developer adding a method (docs/methods.md, "Adding a method") is told when something is
 off, from an outside tester who added FedAvgM: a strategy subclassing FedAvg with its own
 ``aggregate_train`` hides the hooks it inherits, and the refusal says so and how to keep them; a
-subclass's own method state survives FedAvg's data-ratio bookkeeping."""
+subclass's own method state survives FedAvg's data-ratio bookkeeping; a declared class that cannot
+load is named in the run's reason; every method has its section in docs/methods.md; step 2 names
+both lines core/settings.py needs; a layer-sharing body refusal says what the server averages."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -18,6 +21,7 @@ from strategies.capabilities import capabilities_of
 from strategies.fedavg import FedAvg, FedAvgState, ModelAveraging
 from strategies.replies import Reply
 from strategies.state import ServerState
+from tests.conftest import ROOT
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 
@@ -95,3 +99,72 @@ def test_data_ratio_bookkeeping_keeps_a_subclass_state_and_its_fields(task_ident
     heard = {r: 10 + r for r in range(3) if r in step.method.counts}
     assert heard and step.method.counts == {7: 5, **heard}
     assert np.isfinite(next(iter(step.arrays.values())).numpy()).all()
+
+
+# ----------------------------------------------------------------- errors a new developer hits
+
+
+def _broken_package(tmp_path, monkeypatch, package) -> None:
+    """A module ``broken`` in ``package`` that fails as it runs, as a half-written method's module does."""
+    (tmp_path / "broken.py").write_text("undefined_name_in_a_new_method\n")
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
+
+
+@pytest.mark.parametrize("side", ["strategy", "client procedure"])
+@pytest.mark.parametrize("module", ["fedavgm", "broken"])
+def test_a_declared_class_that_cannot_load_is_named_in_the_runs_reason(tmp_path, monkeypatch, side, module):
+    """The run's reason is the root of the exception's cause chain (simulation/runner.py): it must be the registry's
+    message naming the method and the declared path, not a bare ModuleNotFoundError or NameError."""
+    import client.procedures
+    import strategies
+    from client import registry as client_registry
+    from simulation.runner import _reason
+
+    package, load = (strategies, registry.load) if side == "strategy" else (client.procedures, client_registry.load)
+    _broken_package(tmp_path, monkeypatch, package)
+    declared = f"{module}:FedAvgM"
+    fedavgm = replace(METHODS["fedavg"], name="fedavgm")
+    method = replace(fedavgm, strategy=declared) if side == "strategy" else replace(fedavgm, procedure=declared)
+    with pytest.raises(RuntimeError) as failed:
+        load(method)
+    reason = _reason(failed.value)
+    where = f"{package.__name__}.{module}.FedAvgM"
+    assert reason.startswith(f"RuntimeError: method 'fedavgm' declares {side} {where}, which cannot be loaded: "), reason
+    assert ("ModuleNotFoundError" if module == "fedavgm" else "NameError") in reason, reason
+
+
+def test_every_declared_method_has_its_section_in_docs_methods():
+    """A method's section names it as a heading ('## Name (`name`') or a bullet ('- **Name** (`name`')."""
+    text = (ROOT / "docs" / "methods.md").read_text()
+    missing = [name for name in METHODS if not re.search(rf"^(## .*|- \*\*.*\*\* )\(`{re.escape(name)}`[,)]", text, re.M)]
+    assert missing == [], f"docs/methods.md has no section for {missing}"
+
+
+def test_adding_a_method_says_the_settings_class_is_imported_in_core_settings():
+    """Step 2 of 'Adding a method' names both lines a method with keys needs in core/settings.py, as the file requires."""
+    import core.settings
+
+    source = (ROOT / "core" / "settings.py").read_text()
+    for method in METHODS.values():
+        if method.settings is not None:
+            assert getattr(core.settings, method.settings.__name__) is method.settings and method.settings.__name__ in source
+    doc = (ROOT / "docs" / "methods.md").read_text()
+    step = doc[doc.index("## Adding a method") :].split("\n2. ", 1)[1].split("\n3. ", 1)[0]
+    assert "from core.methods import" in step and "attribute in `Settings`" in step, step
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "shared", "local"),
+    [
+        ("fedbabu", "body.convs.0, body.convs.1, body.fcs.0", "head"),
+        ("fedrep", "body.convs.0, body.convs.1, body.fcs.0", "head"),
+        ("fedper", "body.convs.0, body.convs.1", "body.fcs.0, head"),
+    ],
+)
+def test_a_layer_sharing_body_refusal_says_what_the_server_averages(algorithm, shared, local):
+    s = make_strategy(algorithm)
+    assert s.body_problem("mnist-cnn") is None
+    assert s.body_problem("lenet5") == (
+        f"registration names body 'lenet5', but {algorithm} averages layers {shared} of body 'mnist-cnn' and keeps {local} "
+        "on each client: every client must run it"
+    )

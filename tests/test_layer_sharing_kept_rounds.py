@@ -14,7 +14,7 @@ from core.layers import select
 from tests.fakes import FakeGrid, make_strategy, reply
 
 FAULTY = 0  # sends NaN in round 1: 4 valid replies of 5, too few for trimmed-mean-beta=0.2 to cut one at each end
-CASES = {
+CASES: dict[str, dict[str, object]] = {
     "fedbabu": {},
     "fedper": {},
     "fedrep": {},
@@ -58,7 +58,8 @@ def test_a_kept_round_sends_only_the_shared_layers_and_the_run_goes_on(task_iden
     for msg in grid.sent:
         if msg.metadata.message_type == MessageType.QUERY:
             continue
-        rnd = int(msg.content["config"][P.ROUND])
+        rnd = msg.content["config"][P.ROUND]
+        assert isinstance(rnd, int)
         layers = s.shared_layers(s.template, rnd)
         want = set(whole if layers is None else select(whole, layers))
         got = set(msg.content["arrays"])
