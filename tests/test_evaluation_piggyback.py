@@ -9,7 +9,7 @@ import pytest
 from flwr.app import Message, MetricRecord, RecordDict
 
 from core import protocol as P
-from core.config import ConfigError, resolve, scores_with_train
+from core.config import ConfigError, resolve, resolve_settings, scores_with_train
 from core.methods import METHODS
 from simulation import simulate
 from strategies.wire import WireMeter, message_size_uncached
@@ -29,11 +29,11 @@ BASE = {
 
 
 def test_which_rounds_carry_scores():
-    cfg = resolve({"client-evaluation": "with-next-train", "num-server-rounds": 5, "eval-every": 2})
+    cfg = resolve_settings({"client-evaluation": "with-next-train", "num-server-rounds": 5, "eval-every": 2})
     # round r's train replies score round r-1's model: rounds 2 and 4 are due (eval-every 2); 5 is the last (an exchange)
     assert [r for r in range(1, 7) if scores_with_train(cfg, r)] == [3, 5]
-    assert not any(scores_with_train(resolve({"num-server-rounds": 5}), r) for r in range(1, 7))  # exchange: never
-    assert not any(scores_with_train(resolve({"client-evaluation": "with-next-train", "eval-every": 0}), r) for r in range(1, 200))
+    assert not any(scores_with_train(resolve_settings({"num-server-rounds": 5}), r) for r in range(1, 7))  # exchange: never
+    assert not any(scores_with_train(resolve_settings({"client-evaluation": "with-next-train", "eval-every": 0}), r) for r in range(1, 200))
 
 
 @pytest.mark.parametrize("algorithm", [m.name for m in METHODS.values() if not m.scores_with_train])
@@ -113,7 +113,7 @@ def test_a_train_reply_without_scores_is_fine_in_a_round_that_carries_none(task_
 
 
 def _rounds(tmp_path, data_dir, **overrides):
-    cfg = resolve({**BASE, "data-dir": data_dir, **overrides})
+    cfg = resolve_settings({**BASE, "data-dir": data_dir, **overrides})
     summary = simulate(cfg, tmp_path)
     return summary, [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
 

@@ -5,6 +5,7 @@ projection, the extractor registry and its cache, and runs through Flower's simu
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from core import protocol as P
-from core.config import ConfigError, resolve
+from core.config import ConfigError, resolve, resolve_settings
 from core.extractors import (
     ExtractorUnavailable,
     cached_extract,
@@ -36,6 +37,7 @@ from core.gmm import (
     project_psd,
     unpack_symmetric,
 )
+from core.settings import Settings
 from tests.fakes import FakeGrid, make_strategy, reply
 from tests.oracles import payload_values
 
@@ -233,10 +235,10 @@ def test_frozen_feature_inputs_refuse_what_cannot_work_and_size_the_model_to_the
     with pytest.raises(ConfigError, match="always works on its extractor's features"):
         resolve({"algorithm": "fedpft", "inputs": "features"})
     with pytest.raises(ConfigError, match="fedpft-extractor=identity"):
-        check_against_spec(resolve({"algorithm": "fedavg", "inputs": "features", "dataset": "uci-adult"}), SPECS["uci-adult"])
-    assert input_spec(resolve({"dataset": "cifar10", "inputs": "features"})).input_shape == (1280,)
-    assert input_spec(resolve({"dataset": "cifar10", "inputs": "features", "fedpft-extractor": "resnet18"})).input_shape == (512,)
-    assert input_spec(resolve({"dataset": "cifar10"})) == SPECS["cifar10"]
+        check_against_spec(resolve_settings({"algorithm": "fedavg", "inputs": "features", "dataset": "uci-adult"}), SPECS["uci-adult"])
+    assert input_spec(resolve_settings({"dataset": "cifar10", "inputs": "features"})).input_shape == (1280,)
+    assert input_spec(resolve_settings({"dataset": "cifar10", "inputs": "features", "fedpft-extractor": "resnet18"})).input_shape == (512,)
+    assert input_spec(resolve_settings({"dataset": "cifar10"})) == SPECS["cifar10"]
     s = make_strategy("fedavg", **{"dataset": "cifar10", "inputs": "features", "body": "linear"})
     assert {k: tuple(v.shape) for k, v in s.initial_arrays().items()} == {"head.weight": (10, 1280), "head.bias": (10,)}
 
@@ -345,13 +347,13 @@ SIM = {
 def _run(tmp_path, data_dir, **overrides):
     from simulation import simulate
 
-    cfg = resolve({**SIM, "data-dir": data_dir, "fedpft-cache-dir": str(tmp_path / "cache"), **overrides})
+    cfg = resolve_settings({**SIM, "data-dir": data_dir, "fedpft-cache-dir": str(tmp_path / "cache"), **overrides})
     summary = simulate(cfg, tmp_path / "run")
     rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     return cfg, summary, rounds
 
 
-def _expected_reply_bytes(cfg, pid: int) -> int:
+def _expected_reply_bytes(cfg: Settings, pid: int) -> int:
     """Wire bytes of the reply partition ``pid`` sends, recomputed here (same features, same seeded EM)."""
     from flwr.app import ConfigRecord
 
@@ -359,7 +361,7 @@ def _expected_reply_bytes(cfg, pid: int) -> int:
     from client.procedures.fedpft import FedPFTClient
     from tests.test_simulation import reply_bytes
 
-    env = client_env(cfg, {"partition-id": pid})
+    env = client_env(cfg.to_config(), {"partition-id": pid})
     content = FedPFTClient().train(env, RecordDict({P.CONFIG: ConfigRecord({P.ROUND: 1, P.PHASE: P.PHASE_TRAIN})}), RecordDict())
     arrays = {k: v.numpy() for k, v in content.array_records[P.ARRAYS].items()}
     return reply_bytes(arrays, len(env.y_train), pid, loss=False)
@@ -418,10 +420,10 @@ def test_fedavg_of_a_linear_head_on_frozen_features_is_a_flower_run_sharing_fedp
     cache = tmp_path / "cache"
     entries = sorted(cache.iterdir())
     assert len(entries) == 3 * 2 + 1  # each client's train and test rows, and the server's test set
-    env = client_env(cfg, {"partition-id": 1})
+    env = client_env(cfg.to_config(), {"partition-id": 1})
     assert env.x_train.shape[1] == 1280 and env.data.input_shape == (1280,)
-    raw = client_env({**cfg, "inputs": "raw"}, {"partition-id": 1})
-    assert torch.equal(features({**cfg, "algorithm": "fedpft"}, "mnist", raw.x_train), env.x_train)
+    raw = client_env({**cfg.to_config(), "inputs": "raw"}, {"partition-id": 1})
+    assert torch.equal(features(replace(cfg, algorithm="fedpft"), "mnist", raw.x_train), env.x_train)
     assert sorted(cache.iterdir()) == entries  # FedPFT's extraction of the same rows was a cache hit
 
 

@@ -232,12 +232,12 @@ def test_clean_clients_outrank_salt_and_pepper_on_grayscale_cifar10(tmp_path, da
     salt-and-pepper client. Every round, every clean client must outrank every noisy one."""
     import json
 
-    from core.config import resolve
+    from core.config import resolve_settings
     from core.noise import noise_assignment
     from simulation import simulate
 
     monkeypatch.setenv(SECRET_ENV, "test-fedprof-attacks")  # a reproducible private D^V
-    cfg = resolve(
+    cfg = resolve_settings(
         {
             "algorithm": "fedprof",
             "dataset": "cifar10-gray",
@@ -262,7 +262,7 @@ def test_clean_clients_outrank_salt_and_pepper_on_grayscale_cifar10(tmp_path, da
     )
     summary = simulate(cfg, tmp_path)
     rounds = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
-    kinds = noise_assignment(cfg["client-noise"], 10, cfg["seed"])
+    kinds = noise_assignment(cfg.client_noise, 10, cfg.seed)
     clean = [str(p) for p in range(10) if p not in kinds]
     salt = [str(p) for p, k in kinds.items() if k == "salt-pepper"]
     irrelevant = [str(p) for p, k in kinds.items() if k == "irrelevant"]

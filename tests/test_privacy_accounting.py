@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord
 from scipy.optimize import brentq, minimize_scalar
 from scipy.stats import norm
 
-from core.config import resolve, resolve_settings
+from core.config import resolve_settings
 from core.fedlog import sufficient_statistics
 from core.privacy import fedlog_release, fedlog_sensitivity, fedpft_release, fedpft_sensitivity
 from core.settings import Settings
@@ -173,7 +173,7 @@ def test_strategies_put_the_report_in_their_summary(task_identity):
 @pytest.mark.integration
 @pytest.mark.system  # a Flower simulation: make test-system, to keep make test under 15 minutes
 def test_a_central_dp_run_reports_its_rdp_epsilon_in_summary_json(tmp_path, data_dir):
-    cfg = resolve(
+    cfg = resolve_settings(
         {
             "algorithm": "fedlog",
             "dataset": "mnist",

@@ -437,7 +437,7 @@ def test_in_a_simulation_two_attackers_of_eleven_drag_the_mean_but_not_the_media
 
     monkeypatch.setattr(FedAvg, "aggregate_train", capture)
     monkeypatch.setattr(client.app, "build_client_app", hostile_client_app)
-    cfg = resolve(
+    cfg = resolve_settings(
         {
             "algorithm": "fedavg",
             "dataset": "uci-adult",
@@ -492,7 +492,7 @@ def test_a_run_whose_rounds_all_kept_the_model_says_why_not_a_min_replies_shortf
 
     why = "train: aggregation=trimmed-mean with trimmed-mean-beta=0.34 cuts floor(0.34 x 2) = 0 of 2 valid replies at each end"
     kept = [{"aggregated": False, "clients": 2, "failure_reasons": [why]}] * 3
-    reason = never_aggregated(kept, {"min-replies": 1})
+    reason = never_aggregated(kept, 1)
     assert reason is not None and why in reason and "fewer than min-replies" not in reason
     short = [{"aggregated": False, "clients": 1, "failure_reasons": ["train: 1 valid replies, fewer than min-replies=3"]}] * 2
-    assert "fewer than min-replies=3 valid replies arrived (at most 1)" in str(never_aggregated(short, {"min-replies": 3}))
+    assert "fewer than min-replies=3 valid replies arrived (at most 1)" in str(never_aggregated(short, 3))
