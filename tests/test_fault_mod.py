@@ -25,7 +25,7 @@ def honest(monkeypatch, task_identity):
 
 
 def _context(node_config, run_config=None, state=None) -> Context:
-    base: dict[str, bool | float | int | str] = {"fault-clients": "", "fault-mode": "nan", "round-timeout": 0.0}
+    base: dict[str, bool | float | int | str] = {"fault-clients": "", "fault-mode": "nan"}
     return Context(1, 7, node_config, state or RecordDict(), {**base, **(run_config or {})})
 
 
@@ -44,7 +44,7 @@ def test_only_the_named_partitions_train_replies_are_damaged(honest):
 
 
 def test_simulation_overrides_name_the_faulty_clients(honest):
-    app = build_client_app({"fault-clients": "0", "fault-mode": "nan", "round-timeout": 0.0})
+    app = build_client_app({"fault-clients": "0", "fault-mode": "nan"})
     values = _ask(app, "train", _context({"partition-id": 0})).content.array_records[P.ARRAYS]["w"].numpy()
     assert np.isnan(values[0]) and (values[1:] == 1).all()
 

@@ -17,16 +17,17 @@ import client.app
 import server.app
 import simulation
 import simulation.runner
-from core.config import ConfigError, check_against_spec, resolve
+from core.config import ConfigError, check_against_spec, resolve_settings
 from core.data import SPECS
+from core.settings import Settings
 from server.results import Recorder, ResultsFolderError
 from strategies.engine import RoundFailed
 
 BASE = {"dataset": "mnist", "num-clients": 2, "num-server-rounds": 2}
 
 
-def cfg_of(**overrides):
-    return resolve({**BASE, **overrides})
+def cfg_of(**overrides) -> Settings:
+    return resolve_settings({**BASE, **overrides})
 
 
 def a_round(n: int, accuracy: float | None = 0.5, down: int = 100, up: int = 50) -> dict:
@@ -262,7 +263,8 @@ class FakeServer:
     """What build_server_app was called with; the stand-in engine plays the ServerApp."""
 
     def __init__(self, cfg, out_dir, overwrite=False):
-        self.cfg, self.out, self.overwrite = cfg, Path(out_dir), overwrite
+        # the real ServerApp builds its Settings from the run config it is given
+        self.cfg, self.out, self.overwrite = resolve_settings(cfg), Path(out_dir), overwrite
 
 
 @pytest.fixture
@@ -275,7 +277,7 @@ def engine(monkeypatch):
 
         def __call__(self, *, server_app, client_app, num_supernodes, backend_config, verbose_logging):
             self.server = server_app
-            assert num_supernodes == server_app.cfg["num-clients"]
+            assert num_supernodes == server_app.cfg.num_clients
             assert self.play is not None, "the test did not say what the ServerApp does"
             self.play(server_app)
 
