@@ -28,7 +28,7 @@ from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 class FedAvgM(FedAvg):
     """The tester's shape: FedAvg's average, then a step of its own (here none)."""
 
-    name = "fedavgm"
+    name = "no-such-method-x"
 
     def aggregate_train(self, ctx: TrainRound[FedAvgState], replies: list[Reply]) -> Step[FedAvgState]:
         return super().aggregate_train(ctx, replies)
@@ -41,13 +41,13 @@ class FedAvgMRestated(FedAvgM):
         return super().update_weights(ctx, replies)
 
 
-FEDAVGM = replace(METHODS["fedavg"], name="fedavgm")
+FEDAVGM = replace(METHODS["fedavg"], name="no-such-method-x")
 
 
 def test_an_own_aggregate_train_is_told_which_inherited_hooks_it_hides_and_how_to_keep_them():
     (problem,) = registry.problems(FEDAVGM, FedAvgM)
     assert problem.startswith(
-        "'fedavgm': its strategy FedAvgM defines its own aggregate_train, which hides the update_weights it inherits"
+        "'no-such-method-x': its strategy FedAvgM defines its own aggregate_train, which hides the update_weights it inherits"
     ), problem
     assert "restate update_weights in FedAvgM" in problem and "otherwise declare server_combines" in problem
     assert registry.problems(FEDAVGM, FedAvgMRestated) == []
@@ -55,7 +55,7 @@ def test_an_own_aggregate_train_is_told_which_inherited_hooks_it_hides_and_how_t
 
 def test_a_strategy_without_the_hook_at_all_keeps_the_plain_advice():
     class Combines(ModelAveraging[FedAvgState]):  # never had update_weights: nothing is hidden
-        name = "fedavgm"
+        name = "no-such-method-x"
 
         def aggregate_train(self, ctx: TrainRound[FedAvgState], replies: list[Reply]) -> Step[FedAvgState]:
             raise NotImplementedError
@@ -63,7 +63,7 @@ def test_a_strategy_without_the_hook_at_all_keeps_the_plain_advice():
     (problem,) = registry.problems(FEDAVGM, Combines)
     assert (
         problem
-        == "'fedavgm': its strategy "
+        == "'no-such-method-x': its strategy "
         + Combines.__qualname__
         + " implements no robust aggregation step: declare server_combines (what its server does instead)"
     )
@@ -111,7 +111,7 @@ def _broken_package(tmp_path, monkeypatch, package) -> None:
 
 
 @pytest.mark.parametrize("side", ["strategy", "client procedure"])
-@pytest.mark.parametrize("module", ["fedavgm", "broken"])
+@pytest.mark.parametrize("module", ["no_such_module_x", "broken"])
 def test_a_declared_class_that_cannot_load_is_named_in_the_runs_reason(tmp_path, monkeypatch, side, module):
     """The run's reason is the root of the exception's cause chain (simulation/runner.py): it must be the registry's
     message naming the method and the declared path, not a bare ModuleNotFoundError or NameError."""
@@ -123,14 +123,14 @@ def test_a_declared_class_that_cannot_load_is_named_in_the_runs_reason(tmp_path,
     package, load = (strategies, registry.load) if side == "strategy" else (client.procedures, client_registry.load)
     _broken_package(tmp_path, monkeypatch, package)
     declared = f"{module}:FedAvgM"
-    fedavgm = replace(METHODS["fedavg"], name="fedavgm")
-    method = replace(fedavgm, strategy=declared) if side == "strategy" else replace(fedavgm, procedure=declared)
+    unknown = replace(METHODS["fedavg"], name="no-such-method-x")
+    method = replace(unknown, strategy=declared) if side == "strategy" else replace(unknown, procedure=declared)
     with pytest.raises(RuntimeError) as failed:
         load(method)
     reason = _reason(failed.value)
     where = f"{package.__name__}.{module}.FedAvgM"
-    assert reason.startswith(f"RuntimeError: method 'fedavgm' declares {side} {where}, which cannot be loaded: "), reason
-    assert ("ModuleNotFoundError" if module == "fedavgm" else "NameError") in reason, reason
+    assert reason.startswith(f"RuntimeError: method 'no-such-method-x' declares {side} {where}, which cannot be loaded: "), reason
+    assert ("ModuleNotFoundError" if module == "no_such_module_x" else "NameError") in reason, reason
 
 
 def test_every_declared_method_has_its_section_in_docs_methods():
