@@ -423,7 +423,12 @@ def _check_method_attributes() -> None:
     have = {f.name: f.type for f in fields(Settings) if f.name not in {c.name for c in fields(CommonSettings)}}
     want = {m.attr: m.settings.__name__ for m in METHODS.values() if m.settings is not None}
     if have != want:
-        raise RuntimeError(f"core.settings.Settings must have one attribute per method with keys: has {have}, the declarations need {want}")
+        lines = [f"add '{a}: {t} = field(default_factory={t})'" for a, t in want.items() if a not in have]
+        lines += [
+            f"'{a}' is typed {have[a]}, but its method's settings class is {t}" for a, t in want.items() if a in have and have[a] != t
+        ]
+        lines += [f"remove '{a}': no declared method with keys has that attribute name" for a in have if a not in want]
+        raise RuntimeError("core.settings.Settings must hold one attribute per method with keys: " + "; ".join(lines))
 
 
 _check_method_attributes()

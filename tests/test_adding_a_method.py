@@ -168,3 +168,22 @@ def test_a_layer_sharing_body_refusal_says_what_the_server_averages(algorithm, s
         f"registration names body 'lenet5', but {algorithm} averages layers {shared} of body 'mnist-cnn' and keeps {local} "
         "on each client: every client must run it"
     )
+
+
+def test_a_method_with_keys_but_no_settings_attribute_is_named_with_the_line_to_add(monkeypatch):
+    """Step 2 of docs/methods.md left out: the import-time check names the method's attribute and the line that adds it."""
+    from core import settings as settings_module
+
+    @dataclass(frozen=True)
+    class NoSuchMethodXSettings:
+        """A new method's keys."""
+
+        momentum: float = 0.9
+
+    declared = replace(METHODS["fedavg"], name="no-such-method-x", settings=NoSuchMethodXSettings)
+    monkeypatch.setitem(settings_module.METHODS, "no-such-method-x", declared)
+    with pytest.raises(RuntimeError) as failed:
+        settings_module._check_method_attributes()
+    attr = declared.attr
+    assert f"add '{attr}: NoSuchMethodXSettings = field(default_factory=NoSuchMethodXSettings)'" in str(failed.value)
+    assert "fedbabu" not in str(failed.value)  # only what is wrong, not every method's attribute
