@@ -317,6 +317,18 @@ class CommonSettings:
     )
     global_eval: bool = setting(Key(True, "also evaluate a single global model on the whole test set, where one exists"))
     results_dir: str = setting(Key("results", "where `flwr run` writes its results folder"))
+    checkpoint_keep: int = setting(
+        non_negative(
+            "how many round checkpoints to keep in the results folder's checkpoints/ (the newest; one is written after every round); 0: none",
+            3,
+        )
+    )
+    resume_dir: str = setting(
+        Key(
+            "",
+            "a results folder whose run this deployment run continues from its last checkpoint, writing into that folder; empty: a new run",
+        )
+    )
     tensorboard: bool = setting(
         Key(True, "write each round's figures as TensorBoard event files into the results folder (`tensorboard --logdir results/`)")
     )
