@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from flwr.app import ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
@@ -21,7 +22,7 @@ from client.faults import fault_mod
 from client.procedures.base import round_of
 from client.registry import PROCEDURES
 from client.secure_aggregation import answer, is_stage
-from client.state_store import restore_state, save_state, state_path
+from client.state_store import is_fresh, lineage_key, position, restore_state, save_version, state_folder, state_root
 from core import protocol as P
 from core.config import body_for, scores_with_train
 from core.console import quiet_http_clients
@@ -68,18 +69,28 @@ def partition_of(context: Context) -> int | None:
     return P.as_int(context.node_config["partition-id"]) if "partition-id" in context.node_config else None
 
 
-def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, Any]) -> Message:
+def _lineage(msg: Message, context: Context, root: Path | None) -> str:
+    """The key this node's saved state is filed under (:func:`client.state_store.lineage_key`): a
+    resumed server's registration query names the run it continues."""
+    config = msg.content.config_records.get(P.CONFIG, ConfigRecord()) if msg.metadata.message_type == MessageType.QUERY else ConfigRecord()
+    return lineage_key(context.state, root, context.run_id, config.get(P.LINEAGE))
+
+
+def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, Any], state_dir: Path | None = None) -> Message:
     run_config = {**dict(context.run_config), **overrides}
+    root = state_root(context.node_config, state_dir)
     try:
         cfg = node_cfg(run_config, context.node_config)
         data = local_data(cfg, context.node_config)
         phase = msg.content.config_records.get(P.CONFIG, ConfigRecord()).get(P.PHASE) if kind == "query" else None
         if data is not None and phase == P.PHASE_DESCRIBE:
             return Message(content=description(cfg, data, str(context.node_config.get("body", "")), context.node_config), reply_to=msg)
+        at = position(round_of(msg.content), kind)
+        key = _lineage(msg, context, root)
         if data is not None:
-            store = state_path(context.node_config, context.run_id, "local")
-            if store is not None and JOINED not in context.state:  # a restarted node picks up its registration from disk
-                restore_state(context.state, store)
+            local_store = state_folder(root, key, "local")
+            if local_store is not None and JOINED not in context.state:  # a restarted node picks up its registration from disk
+                restore_state(context.state, local_store, at)
             node = joined(msg, context)
             if node is None:
                 return Message(
@@ -89,49 +100,57 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
         env = client_env(run_config, context.node_config, node if data is not None else None)
     except Exception as exc:  # a node that cannot find or read its data or partition says so
         return Message(Error(code=P.ERROR_BAD_INPUT, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
-    store = state_path(context.node_config, context.run_id, "local" if data is not None else env.partition_id)
+    store = state_folder(root, key, "local" if data is not None else env.partition_id)
     try:
         if store is not None:
-            restore_state(context.state, store)
+            restore_state(context.state, store, at)
         if kind == "query":
             content = registration(env) if data is None else description(cfg, data, env.body, context.node_config)
             if data is not None and store is not None:
-                save_state(context.state, store)
+                save_version(context.state, store, at)
         else:
-            procedure = PROCEDURES[env.cfg.algorithm]
-            handler = procedure.train if kind == "train" else procedure.evaluate
-            floor_cfg = pinned_floor(env.cfg, context.node_config) if kind == "train" else env.cfg  # the node's own pins
-            scores = None
-            if kind == "train" and scores_with_train(env.cfg, round_of(msg.content)):  # the model received, scored before training
-                scores = procedure.evaluate(env, msg.content, context.state).metric_records[P.METRICS]
-            if kind == "train" and env.cfg.secure_aggregation != "off" and not is_stage(msg.content):
-                raise ValueError("this run is under secure-aggregation: a training message outside its protocol is refused")
-            if kind == "train" and is_stage(msg.content):  # one stage of secure aggregation (client/secure_aggregation.py)
-                content = answer(
-                    msg.content,
-                    msg.metadata.dst_node_id,
-                    env.partition_id,
-                    context.state,
-                    lambda c: handler(env, c, context.state),
-                    floor_cfg,  # the floor this client holds the server to: its run config, raised by its node's pins
-                )
-            else:
-                content = handler(env, msg.content, context.state)
-            if scores is not None:
-                content[P.SCORES] = scores
-            if store is not None and len(context.state):
-                save_state(context.state, store)
+            content = _answer(msg, context, kind, env)
+            if store is not None and not is_fresh(context.state):  # the lineage key alone is not worth a file
+                save_version(context.state, store, at)
     except Exception as exc:
         log.exception("client %d: %s failed", env.partition_id, kind)
         return Message(Error(code=P.ERROR_CLIENT, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
     return Message(content=content, reply_to=msg)
 
 
-def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
+def _answer(msg: Message, context: Context, kind: str, env: ClientEnv) -> RecordDict:
+    """The method's reply to a train or evaluate message (a secure-aggregation stage included)."""
+    procedure = PROCEDURES[env.cfg.algorithm]
+    handler = procedure.train if kind == "train" else procedure.evaluate
+    floor_cfg = pinned_floor(env.cfg, context.node_config) if kind == "train" else env.cfg  # the node's own pins
+    scores = None
+    if kind == "train" and scores_with_train(env.cfg, round_of(msg.content)):  # the model received, scored before training
+        scores = procedure.evaluate(env, msg.content, context.state).metric_records[P.METRICS]
+    if kind == "train" and env.cfg.secure_aggregation != "off" and not is_stage(msg.content):
+        raise ValueError("this run is under secure-aggregation: a training message outside its protocol is refused")
+    if kind == "train" and is_stage(msg.content):  # one stage of secure aggregation (client/secure_aggregation.py)
+        content = answer(
+            msg.content,
+            msg.metadata.dst_node_id,
+            env.partition_id,
+            context.state,
+            lambda c: handler(env, c, context.state),
+            floor_cfg,  # the floor this client holds the server to: its run config, raised by its node's pins
+        )
+    else:
+        content = handler(env, msg.content, context.state)
+    if scores is not None:
+        content[P.SCORES] = scores
+    return content
+
+
+def build_client_app(overrides: Mapping[str, Any] | None = None, state_dir: Path | None = None) -> ClientApp:
     """A ClientApp whose run config is the Flower run config overlaid with ``overrides``.
 
     ``flwr run`` uses :data:`app` (no overrides); the simulation runner passes its
-    resolved config here because ``run_simulation`` has no run-config argument.
+    resolved config here because ``run_simulation`` has no run-config argument, and a
+    ``state_dir`` where its clients keep their state on disk (a simulated node's config has
+    no ``state-dir``), so that a resumed run finds it.
     """
     overrides = dict(overrides or {})
     quiet_http_clients()  # Flower's HTTP client logs each request at INFO wherever the root logger is at INFO (a body's basicConfig)
@@ -140,15 +159,15 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
 
     @client_app.train(mods=[faults])
     def train(msg: Message, context: Context) -> Message:
-        return _handle(msg, context, "train", overrides)
+        return _handle(msg, context, "train", overrides, state_dir)
 
     @client_app.evaluate(mods=[faults])
     def evaluate(msg: Message, context: Context) -> Message:
-        return _handle(msg, context, "evaluate", overrides)
+        return _handle(msg, context, "evaluate", overrides, state_dir)
 
     @client_app.query()
     def query(msg: Message, context: Context) -> Message:
-        return _handle(msg, context, "query", overrides)
+        return _handle(msg, context, "query", overrides, state_dir)
 
     return client_app
 

@@ -1,18 +1,25 @@
 """A client's local state (``context.state``: bodies, heads, counters) kept on the node's
 disk, so a SuperNode that restarts, and so rejoins under a new node id with an empty
-state, picks up where it stopped instead of from the seed.
+state, picks up where it stopped instead of from the seed; and so a resumed run (issue 40)
+finds the state its nodes had at the checkpoint it continues from.
 
 On when the SuperNode's node config names a ``state-dir`` (``headway supernode
---state-dir``); the file is keyed by run id and partition id, written atomically after
-every message the client answered that left something in its state. The state is saved
-before the reply is sent, so a node that dies in between resumes one message ahead of what
-the server received (harmless for local training). Old runs' folders are not removed.
+--state-dir``), or in simulation when the runner gives :func:`client.app.build_client_app`
+one. The folder is keyed by the run's lineage key (the first run's id, which a resumed
+server sends in its registration query; else this run's id) and the partition id, and holds
+VERSIONS: the state after each message the client answered, tagged with that message's
+position (round, then query < train < evaluate). A client with an empty state restores the
+newest version strictly before the position of the message it answers, so a resumed round
+never sees what the killed run wrote in that round. The state is saved before the reply is
+sent, so a node that dies in between resumes one message ahead of what the server received
+(harmless for local training). Old runs' folders are not removed.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,20 +36,78 @@ log = logging.getLogger("headway")
 
 VOLATILE = (SESSION,)  # never on disk: a secure-aggregation round's secrets
 STORE_RECORD = "state-store"  # in the state itself: how often it was restored from disk
+LINEAGE_RECORD = "headway-lineage"  # in the state itself: the lineage key a resumed server gave (P.LINEAGE)
+KEEP = 3  # versions kept: a killed run can only have written positions within the round after its last checkpoint
+
+PHASE_RANK = {"query": 0, "train": 1, "evaluate": 2}  # order of a round's messages; every train stage shares one position
+Position = tuple[int, int]  # (server round, PHASE_RANK of the message kind)
+_VERSION = re.compile(r"round-(\d+)-(query|train|evaluate)\.state")
+_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
-def state_path(node_config: Mapping[str, Any], run_id: int, partition_id: int | str) -> Path | None:
-    """Where this client's state lives, or None when the node keeps none on disk."""
+def position(server_round: int, kind: str) -> Position:
+    """The position of a ``kind`` message (query, train, evaluate) of ``server_round`` in a run's timeline."""
+    return (int(server_round), PHASE_RANK[kind])
+
+
+def state_root(node_config: Mapping[str, Any], state_dir: Path | None = None) -> Path | None:
+    """The folder of this node's saved states: its node config's ``state-dir``, else ``state_dir``
+    (simulation), else None (nothing on disk)."""
     folder = str(node_config.get("state-dir", "") or "")
-    return Path(folder) / f"run-{run_id}" / f"partition-{partition_id}.state" if folder else None
+    return Path(folder) if folder else state_dir
+
+
+def state_folder(root: Path | None, key: str | int, partition_id: int | str) -> Path | None:
+    """Where one client's versions live: ``root/run-KEY/partition-ID``; None without a root."""
+    return None if root is None else root / f"run-{key}" / f"partition-{partition_id}"
+
+
+def check_lineage(key: object) -> str:
+    """A lineage key from a registration query, checked: it names a folder, so only a short
+    name of letters, digits, '_', '.', '-' is taken (ValueError otherwise)."""
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise ValueError(f"the registration's {P.LINEAGE} {str(key)[:80]!r} is not a run key (letters, digits, '_', '.', '-'; at most 64)")
+    return key
+
+
+def lineage_key(state: RecordDict, root: Path | None, run_id: int, received: object = None) -> str:
+    """The key this client's store is filed under: ``received`` (a resumed server's
+    ``P.LINEAGE``, then kept in ``state`` and, under ``root``, in a pointer file from this run's
+    id so a node restarted within the resumed run finds it), else the one kept, else ``run_id``."""
+    if received is not None:
+        key = check_lineage(received)
+        state[LINEAGE_RECORD] = ConfigRecord({P.LINEAGE: key})
+        if root is not None and key != str(run_id):
+            _write_pointer(root / f"run-{run_id}.lineage", key)
+        return key
+    if LINEAGE_RECORD in state.config_records:
+        return str(state.config_records[LINEAGE_RECORD][P.LINEAGE])
+    pointer = None if root is None else root / f"run-{run_id}.lineage"
+    if pointer is not None and pointer.is_file():
+        try:
+            return check_lineage(pointer.read_text().strip())
+        except ValueError as exc:
+            log.error("the lineage pointer %s is unreadable (%s); keeping this run's own state", pointer, exc)
+    return str(run_id)
+
+
+def _write_pointer(path: Path, key: str) -> None:
+    """Record ``key`` at ``path`` (atomically), unless it is there already."""
+    if path.is_file() and path.read_text().strip() == key:
+        return
+    _write_atomic(path, key.encode())
 
 
 def save_state(state: RecordDict, path: Path) -> None:
-    """Write ``state`` to ``path`` atomically and durably (a crash or power loss leaves the
-    previous file whole)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``state`` (less its VOLATILE records) to ``path`` atomically and durably (a crash or
+    power loss leaves the previous file whole)."""
     kept = RecordDict({name: record for name, record in state.items() if name not in VOLATILE})
-    data = recorddict_to_proto(kept).SerializeToString()
+    _write_atomic(path, recorddict_to_proto(kept).SerializeToString())
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Temp file in the same folder, write, flush, fsync, rename over ``path``, fsync the folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -67,25 +132,80 @@ def load_state(path: Path) -> RecordDict:
     return recorddict_from_proto(proto)
 
 
-def restore_state(state: RecordDict, path: Path) -> bool:
-    """Fill an empty ``state`` from ``path`` and count the restore in it (``STORE_RECORD``);
-    True if there was a saved state to restore."""
-    if len(state) or not path.is_file():
+def version_path(folder: Path, pos: Position) -> Path:
+    """The file of the version at ``pos`` in ``folder``."""
+    kind = next(k for k, rank in PHASE_RANK.items() if rank == pos[1])
+    return folder / f"round-{pos[0]:06d}-{kind}.state"
+
+
+def versions(folder: Path) -> list[tuple[Position, Path]]:
+    """The versions saved in ``folder``, oldest first (temp files and set-aside ones are not versions)."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        match = _VERSION.fullmatch(path.name)
+        if match:
+            found.append((position(int(match[1]), match[2]), path))
+    return sorted(found)
+
+
+def save_version(state: RecordDict, folder: Path, pos: Position, keep: int = KEEP) -> Path:
+    """Save ``state`` as the version at ``pos`` (replacing one there), drop versions after ``pos``
+    (a killed run's abandoned future) and all but the newest ``keep``; the path written."""
+    path = version_path(folder, pos)
+    save_state(state, path)
+    saved = versions(folder)
+    for at, old in saved:
+        if at > pos:
+            old.unlink(missing_ok=True)
+    for _, old in [v for v in saved if v[0] <= pos][:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def is_fresh(state: RecordDict) -> bool:
+    """True when ``state`` holds nothing of the client's own (at most the lineage key it was given)."""
+    return all(name == LINEAGE_RECORD for name in state)
+
+
+def restore_state(state: RecordDict, folder: Path, before: Position) -> bool:
+    """Fill a fresh ``state`` (:func:`is_fresh`) from the newest readable version in ``folder``
+    strictly before position ``before``, and count the restore in it (``STORE_RECORD``); True if
+    one was restored. An unreadable version is moved aside (one error line) and the one before it tried."""
+    if not is_fresh(state):
         return False
+    for at, path in reversed(versions(folder)):
+        if at >= before:
+            continue
+        saved = _read_version(path)
+        if saved is None:
+            continue
+        if not len(saved):
+            return False
+        _fill(state, saved, path)
+        return True
+    return False
+
+
+def _read_version(path: Path) -> RecordDict | None:
+    """The version at ``path``, or None when it is unreadable (then moved to ``*.corrupt``)."""
     try:
-        saved = load_state(path)
-    except Exception as exc:  # truncated or foreign bytes: keep them aside and start from the seed
+        return load_state(path)
+    except Exception as exc:  # truncated or foreign bytes: keep them aside and try the version before
         aside = path.with_name(path.name + ".corrupt")
         os.replace(path, aside)
         log.error(
-            "the saved client state %s is unreadable (%s: %s); moved to %s, starting from the seed", path, type(exc).__name__, exc, aside
+            "the saved client state %s is unreadable (%s: %s); moved to %s, trying the version before", path, type(exc).__name__, exc, aside
         )
-        return False
-    if not len(saved):
-        return False
+        return None
+
+
+def _fill(state: RecordDict, saved: RecordDict, path: Path) -> None:
+    """Copy ``saved`` into ``state`` and count the restore."""
     for name, record in saved.items():
-        state[name] = record
+        if name != LINEAGE_RECORD or LINEAGE_RECORD not in state:  # the key just received wins over the one saved
+            state[name] = record
     restores = P.as_int(state.config_records.get(STORE_RECORD, ConfigRecord()).get("restores", 0)) + 1
     state[STORE_RECORD] = ConfigRecord({"restores": restores})
-    log.warning("this SuperNode restarted: restored the client's local state from %s (restore %d)", path, restores)
-    return True
+    log.warning("restored the client's local state from %s (restore %d): this node restarted or its run resumed", path, restores)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from client.procedures.fedlog import BODY_STATE
-from client.state_store import STORE_RECORD, load_state
+from client.state_store import STORE_RECORD, load_state, versions
 from headway.processes import descendants, running
 from tests.cluster import Cluster, free_port, read_rounds, run_folder
 
@@ -117,11 +117,11 @@ def test_a_killed_supernode_costs_one_deadline_and_rejoins_with_its_state_while_
     assert rounds[1]["seconds"] < 3 * timeout + 30
     # the restarted node rejoins (new node id, same partition) and trains again
     assert rounds[-1]["clients"] == 2 and 1 in rounds[-1]["selected"], rounds[-1]
-    # its state file: restored once after the restart, and holding the body it trains
-    saved = {p.name: load_state(p) for node in range(3) for p in (state / f"node{node}").rglob("*.state")}
-    assert set(saved) == {"partition-0.state", "partition-1.state", "partition-2.state"}
-    assert saved["partition-1.state"][STORE_RECORD]["restores"] == 1 and BODY_STATE in saved["partition-1.state"].array_records
-    assert STORE_RECORD not in saved["partition-0.state"]  # never restarted
+    # its newest saved version: restored once after the restart, and holding the body it trains
+    saved = {f.name: load_state(versions(f)[-1][1]) for node in range(3) for f in (state / f"node{node}").glob("run-*/partition-*")}
+    assert set(saved) == {"partition-0", "partition-1", "partition-2"}
+    assert saved["partition-1"][STORE_RECORD]["restores"] == 1 and BODY_STATE in saved["partition-1"].array_records
+    assert STORE_RECORD not in saved["partition-0"]  # never restarted
 
 
 def test_a_superlink_restarted_on_its_database_ends_the_lost_run_clearly_and_serves_again(tmp_path, data_dir):

@@ -1,0 +1,94 @@
+"""Client state versions through the real ClientApp call path (build_client_app with a state
+folder, Flower Messages and Contexts): an LG-FedAvg client whose run is resumed in round 2
+restores its round-1 state and sends the very reply the killed run sent in round 2."""
+
+from __future__ import annotations
+
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.common.serde import recorddict_to_proto
+
+from client.app import build_client_app
+from client.env import client_env
+from client.state_store import STORE_RECORD, versions
+from core import protocol as P
+from core.config import resolve
+from core.layers import select, top_layers
+
+NODE = {"partition-id": 0, "num-partitions": 2}
+
+
+@pytest.fixture
+def lg(data_dir, tmp_path, task_identity):
+    """An LG-FedAvg ClientApp keeping its state under a simulation state folder, and the run's global head."""
+    overrides = resolve(
+        {
+            "algorithm": "lg-fedavg",
+            "dataset": "mnist",
+            "num-clients": 2,
+            "train-fraction": 0.01,
+            "local-epochs": 1,
+            "batch-size": 10,
+            "data-dir": data_dir,
+            "lg-warmup-rounds": 0,
+        }
+    )
+    model = client_env(overrides, NODE).build_model()
+    head = select(model.state_dict(), top_layers(model, int(overrides["lg-global-layers"])))
+    return build_client_app(overrides, state_dir=tmp_path / "client-state"), head, tmp_path / "client-state"
+
+
+def _message(kind: str, server_round: int, arrays: dict | None = None, fields: dict[str, str] | None = None) -> Message:
+    content = RecordDict({P.CONFIG: ConfigRecord({P.ROUND: server_round, **(fields or {})})})
+    if arrays is not None:
+        content[P.ARRAYS] = ArrayRecord({k: Array(v.detach().cpu().numpy()) for k, v in arrays.items()})
+    types = {"train": MessageType.TRAIN, "evaluate": MessageType.EVALUATE, "query": MessageType.QUERY}
+    return Message(content=content, dst_node_id=101, message_type=types[kind], group_id=str(server_round))
+
+
+def _context(run_id: int) -> Context:
+    return Context(run_id=run_id, node_id=101, node_config=dict(NODE), state=RecordDict(), run_config={})
+
+
+def _wire(reply: Message) -> bytes:
+    assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+    return recorddict_to_proto(reply.content).SerializeToString()
+
+
+def test_a_resumed_lg_fedavg_client_repeats_round_2_from_its_round_1_state(lg):
+    app, head, root = lg
+    first = _context(run_id=11)
+    _wire(app(_message("train", 1, head, {P.PHASE: P.PHASE_TRAIN}), first))
+    round_2 = _message("train", 2, head, {P.PHASE: P.PHASE_TRAIN})
+    killed = _wire(app(round_2, first))
+    scores = _wire(app(_message("evaluate", 2, head, {P.PHASE: P.PHASE_EVALUATE}), first))
+    folder = root / "run-11" / "partition-0"
+    assert [p.name for _, p in versions(folder)] == ["round-000001-train.state", "round-000002-train.state", "round-000002-evaluate.state"]
+
+    # the resumed run (another Flower run id) registers the node again in round 2, naming the first run
+    resumed = _context(run_id=12)
+    registration = app(_message("query", 2, None, {P.PHASE: P.PHASE_REGISTER, P.LINEAGE: "11"}), resumed)
+    assert not registration.has_error() and resumed.state[STORE_RECORD]["restores"] == 1
+    assert _wire(app(_message("train", 2, head, {P.PHASE: P.PHASE_TRAIN}), resumed)) == killed  # round 1's state, not round 2's
+    assert _wire(app(_message("evaluate", 2, head, {P.PHASE: P.PHASE_EVALUATE}), resumed)) == scores
+    assert not (root / "run-12").exists() and (root / "run-12.lineage").read_text() == "11"
+
+    # without the lineage key the new run starts from the seed: the reply differs
+    assert _wire(app(_message("train", 2, head, {P.PHASE: P.PHASE_TRAIN}), _context(run_id=13))) != killed
+
+
+def test_an_evaluate_of_a_resumed_round_uses_that_rounds_training(lg):
+    app, head, _ = lg
+    first = _context(run_id=21)
+    _wire(app(_message("train", 1, head, {P.PHASE: P.PHASE_TRAIN}), first))
+    scores = _wire(app(_message("evaluate", 1, head, {P.PHASE: P.PHASE_EVALUATE}), first))
+    restarted = _context(run_id=21)  # a SuperNode restarted in the same run: same run id, empty state
+    assert _wire(app(_message("evaluate", 1, head, {P.PHASE: P.PHASE_EVALUATE}), restarted)) == scores
+    assert restarted.state[STORE_RECORD]["restores"] == 1
+
+
+def test_a_bad_lineage_key_is_refused_with_one_line(lg):
+    app, _, root = lg
+    reply = app(_message("query", 2, None, {P.PHASE: P.PHASE_REGISTER, P.LINEAGE: "../../etc"}), _context(run_id=31))
+    assert reply.has_error() and reply.error.code == P.ERROR_BAD_INPUT and "is not a run key" in str(reply.error.reason)
+    assert not root.exists()
