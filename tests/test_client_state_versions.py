@@ -72,6 +72,8 @@ def test_a_resumed_lg_fedavg_client_repeats_round_2_from_its_round_1_state(lg):
     assert _wire(app(_message("train", 2, head, {P.PHASE: P.PHASE_TRAIN}), resumed)) == killed  # round 1's state, not round 2's
     assert _wire(app(_message("evaluate", 2, head, {P.PHASE: P.PHASE_EVALUATE}), resumed)) == scores
     assert not (root / "run-12").exists() and (root / "run-12.lineage").read_text() == "11"
+    # its SuperNode restarts within the resumed run and is sent round 2's training first: the pointer names the lineage
+    assert _wire(app(_message("train", 2, head, {P.PHASE: P.PHASE_TRAIN}), _context(run_id=12))) == killed
 
     # without the lineage key the new run starts from the seed: the reply differs
     assert _wire(app(_message("train", 2, head, {P.PHASE: P.PHASE_TRAIN}), _context(run_id=13))) != killed
