@@ -12,7 +12,7 @@ from client.app import JOINED, build_client_app
 from core import protocol as P
 
 
-def _honest(msg: Message, context: Context, kind: str, overrides) -> Message:
+def _honest(msg: Message, context: Context, kind: str, overrides, state_dir=None) -> Message:
     content = RecordDict(
         {P.ARRAYS: ArrayRecord({"w": Array(np.ones(3, np.float32))}), P.METRICS: MetricRecord({P.NUM_EXAMPLES: 10, P.CORRECT: 7})}
     )
