@@ -37,7 +37,9 @@ log = logging.getLogger("headway")
 VOLATILE = (SESSION,)  # never on disk: a secure-aggregation round's secrets
 STORE_RECORD = "state-store"  # in the state itself: how often it was restored from disk
 LINEAGE_RECORD = "headway-lineage"  # in the state itself: the lineage key a resumed server gave (P.LINEAGE)
-KEEP = 3  # versions kept: a killed run can only have written positions within the round after its last checkpoint
+# versions kept: a killed run can only have written positions within the round after its last checkpoint, at most
+# three (query, train, evaluate); the fourth is the last of the round before, which a resume of that round restores
+KEEP = 4
 
 PHASE_RANK = {"query": 0, "train": 1, "evaluate": 2}  # order of a round's messages; every train stage shares one position
 Position = tuple[int, int]  # (server round, PHASE_RANK of the message kind)

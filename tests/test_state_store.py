@@ -78,13 +78,17 @@ def test_versions_are_pruned_replaced_at_one_position_and_a_rewrite_drops_the_ab
     folder = tmp_path / "f"
     for r in range(1, 6):
         save_version(_tagged(f"{r}"), folder, position(r, "train"))
-    assert [at for at, _ in versions(folder)] == [position(r, "train") for r in (3, 4, 5)]  # the newest three
+    assert [at for at, _ in versions(folder)] == [position(r, "train") for r in (2, 3, 4, 5)]  # the newest four
     save_version(_tagged("5-again"), folder, position(5, "train"))  # a later stage of the same round replaces it
-    assert len(versions(folder)) == 3 and _restored_tag(folder, position(5, "evaluate")) == "5-again"
+    assert len(versions(folder)) == 4 and _restored_tag(folder, position(5, "evaluate")) == "5-again"
     # a resumed run answering round 4 again: what the killed run wrote after it is another timeline
     save_version(_tagged("4-resumed"), folder, position(4, "train"))
-    assert [at for at, _ in versions(folder)] == [position(3, "train"), position(4, "train")]
+    assert [at for at, _ in versions(folder)] == [position(r, "train") for r in (2, 3, 4)]
     assert _restored_tag(folder, position(9, "train")) == "4-resumed"
+    # a killed round that wrote all three of its positions still leaves the round before it to resume from
+    for kind in ("query", "train", "evaluate"):
+        save_version(_tagged(f"5-{kind}"), folder, position(5, kind))
+    assert _restored_tag(folder, position(5, "query")) == "4-resumed"
     save_version(_tagged("x"), tmp_path / "one", position(1, "train"), keep=1)
     save_version(_tagged("y"), tmp_path / "one", position(2, "train"), keep=1)
     assert [p.name for _, p in versions(tmp_path / "one")] == ["round-000002-train.state"]
