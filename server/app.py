@@ -4,9 +4,13 @@ fails or is interrupted)."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import signal
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +24,16 @@ from core.methods import METHODS
 from core.rounds import short_rounds_note
 from core.run_data import dataset_label, run_spec
 from core.settings import Settings
+from server.checkpoint import Checkpoint, CheckpointCost, checkpoint_name, code_version, load_checkpoint, resume_problem, write_checkpoint
 from server.results import Recorder
 from server.tracking import check_trackers
 from strategies.base import HeadwayStrategy
 from strategies.discovery import DiscoveryFailed, discover
-from strategies.engine import RoundFailed
+from strategies.engine import Engine, RoundFailed
 from strategies.registry import STRATEGIES, check_capabilities
 from strategies.round_loop import RoundLoop
 from strategies.services import Services
+from strategies.state import ServerState
 
 log = logging.getLogger("headway")
 
@@ -97,38 +103,161 @@ def check_strategy(cfg: Settings) -> None:
     build_strategy(cfg)
 
 
-def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | None = None, overwrite: bool = False) -> dict[str, Any]:
+# Test-only fault hook (tests/test_resume_simulation.py): "record:K" SIGKILLs the server's process after round K's
+# record went to rounds.jsonl and before its checkpoint; "checkpoint:K" right after round K's checkpoint. Unset: nothing.
+KILL_ENV = "HEADWAY_TEST_KILL"
+
+
+def killed_at(point: str, rnd: int) -> None:
+    """SIGKILL this process where :data:`KILL_ENV` names ``point`` and round ``rnd`` (a crash no handler sees)."""
+    if os.environ.get(KILL_ENV) == f"{point}:{rnd}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a resumed run goes on from: its checkpoint (None: none was written, it starts again at round 1) and that file's name."""
+
+    checkpoint: Checkpoint | None
+    source: str
+
+
+def resume_point(out: Path) -> Resume:
+    """The checkpoint to continue the run in ``out`` from; ConfigError (one line) when there is no run there, or
+    rounds were recorded but no checkpoint is left to continue from. A run stopped before its first round
+    finished has none and starts again from round 1."""
+    if not (out / "config.json").is_file():
+        raise ConfigError(f"cannot resume: {out} holds no run (no config.json): give the results folder of the run to continue")
+    ckpt = load_checkpoint(out)
+    if ckpt is not None:
+        return Resume(ckpt, f"checkpoints/{checkpoint_name(ckpt.round)}")
+    rounds = out / "rounds.jsonl"
+    if rounds.is_file() and rounds.read_text().strip():
+        raise ConfigError(
+            f"cannot resume: {out} has no usable checkpoint in checkpoints/ (checkpoint-keep=0, or every one unreadable), "
+            "though it recorded rounds: start a new run"
+        )
+    log.warning("resume: no round of the run in %s finished before it stopped; it starts again from round 1", out)
+    return Resume(None, "")
+
+
+class Checkpoints:
+    """Writes a checkpoint after every round of a run (RoundLoop's ``on_checkpoint``) and adds up what they cost."""
+
+    def __init__(self, out: Path, settings: Settings, engine: Engine, recorder: Recorder, run_key: str):
+        self.out, self.settings, self.engine, self.recorder, self.run_key = out, settings, engine, recorder, run_key
+        self.code = code_version()
+        self.written = 0
+        self.bytes = 0
+        self.seconds = 0.0
+
+    def __call__(self, rnd: int, state: ServerState[Any], pending: dict[str, Any] | None) -> None:
+        """Round ``rnd``'s checkpoint: the state after it, the engine's registry, the rounds recorded so far."""
+        killed_at("record", rnd)
+        ckpt = Checkpoint(
+            rnd,
+            state,
+            self.engine.snapshot(),
+            pending,
+            [dict(r) for r in self.recorder.rounds],
+            self.run_key,
+            self.recorder.elapsed(),
+            self.settings.to_config(),
+            self.code,
+        )
+        cost: CheckpointCost = write_checkpoint(self.out, ckpt, self.settings.checkpoint_keep)
+        if cost.path is not None:
+            self.written += 1
+            self.bytes += cost.bytes
+            self.seconds += cost.seconds
+            log.debug("checkpoint of round %d: %d bytes in %.3f s -> %s", rnd, cost.bytes, cost.seconds, cost.path)
+        killed_at("checkpoint", rnd)
+
+    def summary(self) -> dict[str, Any]:
+        """summary.json's figures of the checkpoints this process wrote (none: nothing)."""
+        if not self.written:
+            return {}
+        return {"checkpoints_written": self.written, "checkpoint_bytes": self.bytes, "checkpoint_seconds": self.seconds}
+
+
+def flower_run_id(grid: Grid) -> str:
+    """The Flower run id of the run on ``grid`` (a run's lineage key when it is not a resume), or "" where the grid has none."""
+    try:
+        return str(grid.run.run_id)
+    except Exception:  # a grid not yet bound to a run (tests' fakes)
+        return ""
+
+
+def complete_summary(out: Path, rounds: int) -> dict[str, Any] | None:
+    """summary.json of the run in ``out`` when it says the run completed ``rounds`` rounds, else None."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return summary if summary.get("status") == "complete" and summary.get("rounds") == rounds else None
+
+
+def run_server(
+    grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | None = None, overwrite: bool = False, resume: bool = False
+) -> dict[str, Any]:
     """Run one experiment on ``grid`` and return its summary (also written to ``out_dir``).
 
     A run that stops early still writes summary.json, with status "failed" or
-    "interrupted" and the reason, beside the rounds it completed.
+    "interrupted" and the reason, beside the rounds it completed. ``resume`` (or the run
+    config's ``resume-dir``, which names the folder): continue the run in that folder from
+    its last checkpoint (docs/checkpoints.md).
     """
     show_headway_log()  # headway's lines at INFO; not basicConfig(INFO): it turned on every library's INFO (httpx: a line per request)
     cfg = resolve_settings(run_config)  # the run's settings, built once; what the strategy fixes (body=auto) it holds
     check_capabilities(cfg)  # what the method's strategy cannot do (a secure sum, a robust rule): before any node is asked
     check_trackers(cfg)  # before discovery: a missing mlflow is said at once, not after the nodes are asked
+    if cfg.resume_dir:
+        out_dir, resume = cfg.resume_dir, True
     out = Path(out_dir) if out_dir else default_out_dir(cfg)
+    point = resume_point(out) if resume else Resume(None, "")
     try:
         found = discover(grid, cfg) if cfg.dataset == LOCAL else None  # nodes that own their data agree on a schema first
     except DiscoveryFailed as exc:  # no node's description could be used: summary.json says why, node by node
-        Recorder(out, cfg, overwrite=overwrite).finish(exc.summary(), status="failed", reason=str(exc))
+        if not resume:  # a resumed run's folder keeps its results and checkpoints: it can be resumed again
+            Recorder(out, cfg, overwrite=overwrite).finish(exc.summary(), status="failed", reason=str(exc))
         log.error("run failed before round 1: %s", exc)
         raise
     strategy = build_strategy(cfg, None, None) if found is None else build_strategy(cfg, found.schema, found.described)
-    recorder = Recorder(out, strategy.settings, overwrite=overwrite)  # config.json: the body body=auto became
+    ckpt = point.checkpoint
+    if ckpt is not None and (problem := resume_problem(ckpt, strategy.settings, out / point.source)):
+        raise ConfigError(problem)
+    done = complete_summary(out, ckpt.round) if ckpt is not None and ckpt.round >= cfg.num_server_rounds and ckpt.pending is None else None
+    if ckpt is not None and done is not None:
+        log.info("the run in %s is already complete (%s); nothing to do", out, plural(ckpt.round, "round"))
+        return done
+    if ckpt is None:
+        recorder = Recorder(out, strategy.settings, overwrite=overwrite or resume)  # config.json: the body body=auto became
+    else:
+        note = {"after_round": ckpt.round, "from": point.source}
+        recorder = Recorder.resume(out, strategy.settings, ckpt.rounds, ckpt.elapsed, note)
+        log.info("resuming the run in %s after round %d (%s)", out, ckpt.round, point.source)
     log.info("%s", header(cfg, out, None if found is None else found.nodes))
     engine = strategy.connect(grid)  # kept here: who took part goes into summary.json even when the run raises
     if found is not None:
         engine.waited = True  # discovery waited sample-timeout for the nodes already: no second wait, no second warning
-    loop = RoundLoop(strategy, engine, on_round=recorder.round)  # its state: what summary.json reports, also after a raise
+    run_key = flower_run_id(grid) if ckpt is None else ckpt.run_key
+    if ckpt is not None:
+        engine.restore(ckpt.engine, lineage=run_key)
+    saver = Checkpoints(out, strategy.settings, engine, recorder, run_key)
+    loop = RoundLoop(strategy, engine, on_round=recorder.round, on_checkpoint=saver)  # its state: what summary.json reports
     try:
-        loop.run(strategy.initial_state(), cfg.num_server_rounds)
+        if ckpt is None:
+            loop.run(strategy.initial_state(), cfg.num_server_rounds)
+        else:
+            loop.state = ckpt.state
+            if ckpt.round < cfg.num_server_rounds or ckpt.pending is not None:
+                loop.run(ckpt.state, cfg.num_server_rounds, ckpt.round + 1, ckpt.pending, ckpt.elapsed)
     except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, a stop signal (Flower exits 0), or Flower exiting on an error
         status, why = "interrupted", "interrupted (Ctrl-C, or a stop signal: e.g. the SuperLink shutting down)"
         if isinstance(exc, SystemExit) and exc.code not in (0, None):
             status, why = "failed", f"Flower exited with code {exc.code} (e.g. the SuperLink became unreachable)"
         summary = recorder.finish(
-            {**strategy.summary_extra(engine, loop.state), **strategy.participants(engine)},
+            {**strategy.summary_extra(engine, loop.state), **strategy.participants(engine), **saver.summary()},
             status=status,
             reason=why,
             unfinished_failures=len(engine.meter.failures),  # the round under way: its record was never written
@@ -137,7 +266,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
         raise
     except Exception as exc:
         summary = recorder.finish(
-            {**strategy.summary_extra(engine, loop.state), **strategy.participants(engine)},
+            {**strategy.summary_extra(engine, loop.state), **strategy.participants(engine), **saver.summary()},
             status="failed",
             reason=f"{type(exc).__name__}: {exc}",
             unfinished_failures=len(engine.meter.failures),  # e.g. round 1's, when every client failed in it
@@ -150,6 +279,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | 
         "aggregated_rounds": sum(bool(r.get("aggregated")) for r in recorder.rounds),
         **({} if found is None else found.summary()),
         **server_data_note(strategy),
+        **saver.summary(),
     }
     never = never_aggregated(recorder.rounds, cfg.min_replies)
     if never:  # the rounds ran, but the model (or head) never moved from where it started: not a complete run
@@ -256,12 +386,14 @@ def quiet_flower_exit() -> None:
         flwr_log.addFilter(FlowerExitLines())
 
 
-def serve(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | None, overwrite: bool, strict: bool) -> None:
+def serve(
+    grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | None, overwrite: bool, strict: bool, resume: bool = False
+) -> None:
     """:func:`run_server` as the ServerApp runs it; ``strict``: a summary that is not complete
     raises :class:`RunFailed`. An expected failure (:func:`expected`) is logged in one line
     (where run_server did not already) and marked ``REPORTED`` before it goes on to Flower."""
     try:
-        summary = run_server(grid, run_config, out_dir, overwrite)
+        summary = run_server(grid, run_config, out_dir, overwrite, resume)
     except Exception as exc:
         if expected(exc):
             if isinstance(exc, ConfigError):  # refused before any round: run_server logged nothing
@@ -275,12 +407,17 @@ def serve(grid: Grid, run_config: Mapping[str, Any], out_dir: str | Path | None,
 
 
 def build_server_app(
-    overrides: Mapping[str, Any] | None = None, out_dir: str | Path | None = None, overwrite: bool = False, strict: bool = False
+    overrides: Mapping[str, Any] | None = None,
+    out_dir: str | Path | None = None,
+    overwrite: bool = False,
+    strict: bool = False,
+    resume: bool = False,
 ) -> ServerApp:
     """A ServerApp running :func:`run_server` with the Flower run config plus ``overrides``;
     ``strict``: a summary that is not complete raises :class:`RunFailed`, so that Flower's run
     status (`flwr ls`, `headway submit`) says failed too, not completed; and Flower's traceback of
-    an expected failure is left out of the stream (:class:`FlowerExitLines`)."""
+    an expected failure is left out of the stream (:class:`FlowerExitLines`); ``resume``: continue the run in
+    ``out_dir`` from its last checkpoint (``headway run --resume``)."""
     overrides = dict(overrides or {})
     server_app = ServerApp()
 
@@ -288,7 +425,7 @@ def build_server_app(
     def main(grid: Grid, context: Context) -> None:
         if strict:  # a deployment's ServerApp process: an expected failure ends with headway's one line, not Flower's traceback
             quiet_flower_exit()
-        serve(grid, {**dict(context.run_config), **overrides}, out_dir, overwrite, strict)
+        serve(grid, {**dict(context.run_config), **overrides}, out_dir, overwrite, strict, resume)
 
     return server_app
 

@@ -17,6 +17,8 @@ log = logging.getLogger("headway")
 
 # What a run writes into its folder; --overwrite removes these, and nothing else.
 RESULT_FILES = ("config.json", "rounds.jsonl", "summary.json", "accuracy_vs_round.png", "accuracy_vs_bytes.png")
+# Folders a run writes into its folder (its checkpoints, and in simulation its clients' local state); --overwrite removes them too.
+RESULT_FOLDERS = ("checkpoints", "client-state")
 STATUSES = ("complete", "failed", "interrupted")
 
 
@@ -42,14 +44,21 @@ def check_out_dir(out_dir: str | Path, overwrite: bool = False) -> None:
 
 
 def clear_results(out_dir: str | Path) -> list[str]:
-    """Remove an earlier run's result files (:data:`RESULT_FILES`) from ``out_dir``; other
-    files and subfolders stay. Returns the names removed."""
+    """Remove an earlier run's result files (:data:`RESULT_FILES`) and folders (:data:`RESULT_FOLDERS`: its
+    checkpoints would otherwise resume the wrong run) from ``out_dir``; other files and subfolders stay.
+    Returns the names removed."""
+    import shutil
+
     out = Path(out_dir)
     removed = []
     for path in [out / name for name in RESULT_FILES] + sorted(out.glob(EVENT_FILE_GLOB)):
         if path.is_file() or path.is_symlink():
             path.unlink()
             removed.append(path.name)
+    for name in RESULT_FOLDERS:
+        if (out / name).is_dir() and not (out / name).is_symlink():
+            shutil.rmtree(out / name)
+            removed.append(name + "/")
     return removed
 
 
@@ -81,6 +90,8 @@ class Recorder:
         self.out.mkdir(parents=True, exist_ok=True)
         self.cfg = cfg
         self.rounds: list[dict[str, Any]] = []
+        self.resumed: list[dict[str, Any]] = []  # summary.json's resumed list: empty for a run that never stopped
+        self.resume_note: dict[str, Any] | None = None
         self.cumulative = 0
         self.bytes_to_target: int | None = None
         self.round_to_target: int | None = None
@@ -100,6 +111,7 @@ class Recorder:
         self.out.mkdir(parents=True, exist_ok=True)
         self.cfg = cfg
         self.rounds, self.cumulative = [], 0
+        self.resumed, self.resume_note = [], None
         self.bytes_to_target = self.round_to_target = None
         self.started = time.monotonic() if started is None else started
         self.trackers = Trackers([])  # the run's own Recorder fed its trackers the rounds; a second run there would only confuse them
@@ -122,14 +134,52 @@ class Recorder:
             self.rounds.append(record)
         return self
 
-    def round(self, record: dict[str, Any]) -> None:
-        """Add a round's record to the running byte count and target check, and append it to rounds.jsonl at once so a crash keeps it."""
+    @classmethod
+    def resume(cls, out_dir: str | Path, cfg: Settings, rounds: list[dict[str, Any]], elapsed: float, resumed: dict[str, Any]) -> Recorder:
+        """A Recorder going on with the run in ``out_dir`` from a checkpoint: rounds.jsonl rewritten from its
+        ``rounds`` (a round recorded after the checkpoint is redone, so every round appears once), config.json
+        from ``cfg`` (e.g. a larger num-server-rounds), wall seconds going on from ``elapsed``. ``resumed`` (after
+        which round, from which file) joins summary.json's ``resumed`` list and the next round's record."""
+        self = cls.__new__(cls)
+        self.out = Path(out_dir)
+        self.cfg = cfg
+        self.rounds, self.cumulative = [], 0
+        self.bytes_to_target = self.round_to_target = None
+        self.started = time.monotonic() - elapsed
+        (self.out / "summary.json").unlink(missing_ok=True)  # an extended run's old summary would pass for this one's if it stops
+        (self.out / "config.json").write_text(json.dumps(_clean(cfg.to_config()), indent=2, sort_keys=True))
+        (self.out / "rounds.jsonl").write_text("".join(json.dumps(_clean(r)) + "\n" for r in rounds))
+        for record in rounds:
+            self._count(record)
+            self.rounds.append(record)
+        # every resume of this run: those before are named in the first record each one wrote
+        self.resumed = [dict(r["resumed"]) for r in rounds if isinstance(r.get("resumed"), dict)] + [dict(resumed)]
+        self.resume_note = dict(resumed)  # added to the next record written
+        self.trackers = Trackers.for_run(self.out, cfg)
+        return self
+
+    def _count(self, record: dict[str, Any]) -> None:
+        """Add ``record`` to the running byte count (its ``cumulative_bytes``) and the target check."""
         self.cumulative += record["bytes_down"] + record["bytes_up"]
         record["cumulative_bytes"] = self.cumulative
         acc = record.get("accuracy")
         target = self.cfg.target_accuracy
         if target > 0 and self.bytes_to_target is None and acc is not None and acc >= target:
             self.bytes_to_target, self.round_to_target = self.cumulative, record["round"]
+
+    def elapsed(self) -> float:
+        """Wall seconds the run has used (those before a resume included)."""
+        return time.monotonic() - self.started
+
+    def round(self, record: dict[str, Any]) -> None:
+        """Add a round's record to the running byte count and target check, and append it to rounds.jsonl at once so a crash keeps it."""
+        self._count(record)
+        acc = record.get("accuracy")
+        if self.resume_note is not None:  # the first round after a resume: its re-registration bytes and where it resumed from
+            note, self.resume_note = self.resume_note, None
+            note.update({k: record[k] for k in ("resume_bytes_down", "resume_bytes_up") if k in record})
+            self.resumed[-1] = note
+            record["resumed"] = note
         self.rounds.append(record)
         with open(self.out / "rounds.jsonl", "a") as fh:
             fh.write(json.dumps(_clean(record)) + "\n")
@@ -192,6 +242,8 @@ class Recorder:
         if accs:
             best_round = max((r for r in self.rounds if r.get("accuracy") is not None), key=lambda r: r["accuracy"])
             summary["bytes_to_best"] = best_round.get("cumulative_bytes")
+        if self.resumed:
+            summary["resumed"] = self.resumed
         summary.update(extra or {})
         summary["status"], summary["reason"] = status, reason  # after extra: never overridden
         (self.out / "summary.json").write_text(json.dumps(_clean(summary), indent=2))

@@ -104,6 +104,44 @@ def load_config(path: str | None, sets: list[str]) -> Settings:
     return settings
 
 
+def load_resume_config(out_dir: str | Path, sets: list[str]) -> Settings:
+    """The settings to continue the run in ``out_dir`` with: its config.json overlaid with ``key=value``
+    overrides (e.g. a larger num-server-rounds), validated. ConfigError when the folder holds no run."""
+    path = Path(out_dir) / "config.json"
+    try:
+        saved = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"--resume {out_dir}: {exc.strerror or exc} ({path}): give the results folder of the run to continue") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--resume {out_dir}: {path} is not JSON ({exc})") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"--resume {out_dir}: {path} does not hold a run config")
+    for item in sets:
+        if "=" not in item:
+            raise ConfigError(f"--set takes key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        saved[key.strip()] = parse_value(value.strip())
+    return resolve_settings(saved)
+
+
+def resume_preflight(cfg: Settings, out_dir: str | Path) -> dict[str, Any] | None:
+    """The checks of a resume before the simulation engine starts: a checkpoint (or a run stopped before its
+    first round ended) to continue from, and one whose config and code this run may continue (ConfigError, one line).
+    Returns the run's summary when it already completed ``num-server-rounds`` (nothing to run), else None."""
+    from server.app import build_strategy, complete_summary, resume_point
+    from server.checkpoint import resume_problem
+
+    point = resume_point(Path(out_dir))
+    if point.checkpoint is not None and (
+        problem := resume_problem(point.checkpoint, build_strategy(cfg).settings, Path(out_dir) / point.source)
+    ):
+        raise ConfigError(problem)
+    ckpt = point.checkpoint
+    if ckpt is None or ckpt.pending is not None or ckpt.round < cfg.num_server_rounds:
+        return None
+    return complete_summary(Path(out_dir), ckpt.round)
+
+
 def preflight(cfg: Settings, out_dir: str | Path, overwrite: bool = False) -> None:
     """Every check that can stop a run before the simulation engine starts; changes nothing
     on disk. Raises ConfigError (the config against the data set's spec, and whatever the
@@ -228,9 +266,12 @@ def quiet_ray(verbose: bool) -> None:
         os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 
-def simulate(cfg: Settings, out_dir: str | Path, verbose: bool = False, overwrite: bool = False, *, check: bool = True) -> dict[str, Any]:
+def simulate(
+    cfg: Settings, out_dir: str | Path, verbose: bool = False, overwrite: bool = False, *, check: bool = True, resume: bool = False
+) -> dict[str, Any]:
     """Run ``cfg`` with ``num-clients`` virtual SuperNodes; returns summary.json's content.
 
+    ``resume``: continue the run in ``out_dir`` from its last checkpoint (its folder holds results already).
     ``check`` runs :func:`preflight` first (its errors are raised before Ray starts);
     ``overwrite`` then removes an earlier run's result files from ``out_dir``. A run that
     ends without the ServerApp writing summary.json gets one here: status "failed" with the
@@ -239,8 +280,10 @@ def simulate(cfg: Settings, out_dir: str | Path, verbose: bool = False, overwrit
     """
     out = Path(out_dir)
     if check:
-        preflight(cfg, out, overwrite)
-    if overwrite and out.is_dir():
+        preflight(cfg, out, overwrite or resume)
+        if resume:
+            resume_preflight(cfg, out)
+    if overwrite and not resume and out.is_dir():
         removed = clear_results(out)
         if removed:
             print(f"--overwrite: removed {', '.join(removed)} of an earlier run from {out}", file=sys.stderr)
@@ -273,8 +316,9 @@ def simulate(cfg: Settings, out_dir: str | Path, verbose: bool = False, overwrit
         # faster: Flower 1.39's extractor pass and poll waits (docs/flower-extractor.md); quiet: two banners, unless --verbose
         with faster_simulation_engine(), quiet_engine(verbose):
             run_simulation(
-                server_app=build_server_app(config, out, overwrite=overwrite),
-                client_app=build_client_app(config),
+                server_app=build_server_app(config, out, overwrite=overwrite, resume=resume),
+                # with checkpoints, clients keep their local state in the results folder: a resumed run's clients find it
+                client_app=build_client_app(config, state_dir=out / "client-state" if cfg.checkpoint_keep > 0 else None),
                 num_supernodes=cfg.num_clients,
                 backend_config=backend,
                 verbose_logging=verbose,
@@ -404,7 +448,15 @@ def main(argv: list[str] | None = None, prog: str = "headway run") -> int:
     parser.add_argument(
         "config", nargs="?", metavar="CONFIG.toml", help="TOML file of run-config keys (optional: defaults and --set alone)"
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="results folder to write: new or empty, unless --overwrite")
+    parser.add_argument(
+        "--out", metavar="DIR", help="results folder to write: new or empty, unless --overwrite (with --resume: that folder)"
+    )
+    parser.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the run in results folder DIR from its last checkpoint (its config.json, with --set overriding "
+        "keys that may change, e.g. a larger num-server-rounds to extend a complete run)",
+    )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key (repeatable)")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier run's result files in --out (nothing else there)")
     parser.add_argument(
@@ -414,11 +466,25 @@ def main(argv: list[str] | None = None, prog: str = "headway run") -> int:
         "Flower's deprecation banner, Ray's FutureWarning, and a failed run's traceback",
     )
     args = parser.parse_args(argv)
+    if args.resume and (args.config or args.overwrite or (args.out and Path(args.out) != Path(args.resume))):
+        parser.error(
+            "--resume DIR takes the run's config from DIR/config.json and writes into DIR: leave out CONFIG.toml, --overwrite and --out"
+        )
+    if not args.out and not args.resume:
+        parser.error("the following arguments are required: --out (or --resume DIR)")
+    args.out = args.out or args.resume
     quiet_ray(args.verbose)  # before anything imports Ray: it reads RAY_DISABLE_FAILURE_SIGNAL_HANDLER when it is imported
     show_headway_log()  # before preflight: reading a user source may say what it left out (core.sources)
     try:
-        cfg = load_config(args.config, args.set)
-        preflight(cfg, args.out, args.overwrite)
+        if args.resume:
+            cfg = load_resume_config(args.resume, args.set)
+            preflight(cfg, args.out, overwrite=True)  # the folder holds the run's results: that is what is continued
+            if (done := resume_preflight(cfg, args.out)) is not None:
+                print(f"the run in {args.out} is already complete ({plural(int(done['rounds']), 'round')}): nothing to do", file=sys.stderr)
+                return 0
+        else:
+            cfg = load_config(args.config, args.set)
+            preflight(cfg, args.out, args.overwrite)
     except (*PREFLIGHT_ERRORS, OSError, tomllib.TOMLDecodeError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_PREFLIGHT
@@ -433,7 +499,7 @@ def main(argv: list[str] | None = None, prog: str = "headway run") -> int:
     previous = {sig: signal.signal(sig, handler) for sig in owned}
     undo_ray = _keep_sigterm_handler() if signal.SIGTERM in owned else (lambda: None)
     try:
-        summary = simulate(cfg, out, args.verbose, args.overwrite, check=False)
+        summary = simulate(cfg, out, args.verbose, args.overwrite, check=False, resume=bool(args.resume))
     except Exception as exc:  # the run failed (simulate wrote summary.json): its one-line reason below; the traceback with --verbose
         if args.verbose:
             traceback.print_exc()

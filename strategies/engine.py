@@ -128,7 +128,11 @@ class Engine:
         self.wire.clear()
         connected = set(self.grid.get_node_ids())
         self.registry.release_conflicts(connected)
-        new = [n for n in sorted(connected) if n not in self.registry.clients and n not in self.registry.refused]
+        new = [
+            n
+            for n in sorted(connected)
+            if (n not in self.registry.clients or self.registry.rejoining(n)) and n not in self.registry.refused
+        ]
         if new:
             self.register(new)
         self.meter.absent = sorted(c.partition_id for n, c in self.registry.clients.items() if n not in connected)
@@ -138,6 +142,19 @@ class Engine:
         """The finished round's meter (and a fresh one for what follows)."""
         meter, self.meter = self.meter, RoundMeter()
         return meter
+
+    # ----- checkpoint and resume ---------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """What the engine keeps that later rounds depend on, as plain values (a checkpoint's ``engine``): the
+        registry by partition id (node id, body, declared data and its fingerprint, last round, failure streak),
+        refused nodes and conflicts. The sampling stream's position is the server state's (``ServerState.sampling``)."""
+        return {"registry": self.registry.snapshot()}
+
+    def restore(self, snapshot: Mapping[str, Any], lineage: str | None = None) -> None:
+        """Take back :meth:`snapshot` for a resumed run: every node registers again (in simulation under a new id),
+        checked against the client it claims to be; ``lineage``, the first run's key, goes in those registrations."""
+        self.registry.restore(snapshot["registry"])
+        self.registrar.lineage = lineage
 
     # ----- who takes part ---------------------------------------------------------
     def wait_for_clients(self) -> list[int]:

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("headway")
 
+# the registration field that carries a resumed run's lineage key (core.protocol's, where the client side declares it)
+LINEAGE: str = getattr(P, "LINEAGE", "lineage")
+
 MAX_BODY_NAME = 300  # characters of a body name a registration may give (an import path with its weights file fits)
 
 # A dataset=local node's data as it declared it: class name -> [train, test] example counts.
@@ -72,6 +75,8 @@ class ClientRegistry:
         self.refused: dict[int, str] = {}  # node id -> why it takes no part
         self.conflicts: dict[int, int] = {}  # refused node id -> the connected node holding its partition id
         self.displaced: dict[int, int] = {}  # node id -> the partition id that moved away from it
+        # a resumed run: partition id -> the client a checkpoint had registered there, until a node registers as it again
+        self.returning: dict[int, ClientInfo] = {}
 
     def claim(self, node_id: int, partition_id: object, body: object, connected: Collection[int]) -> str | None:
         """Register ``node_id`` as ``partition_id``; the reason it cannot be, or None.
@@ -86,6 +91,9 @@ class ClientRegistry:
         pid = int(partition_id)
         if not 0 <= pid < self.num_partitions:
             return f"registration gives partition id {pid}, outside 0..{self.num_partitions - 1}"
+        if (problem := self.return_problem(node_id, pid, str(body), connected)) is not None:
+            return problem
+        before = self.returning.pop(pid, None)
         holder = self.by_partition(pid)
         if holder is not None and holder != node_id:
             if holder in connected and self.displaced.get(node_id) != pid:
@@ -95,14 +103,73 @@ class ClientRegistry:
                     f"with the same --partition-id (this one is asked again if node {holder} leaves)"
                 )
             self.clients.pop(holder)
-            self.displaced[holder] = pid
-            if holder in connected:  # the returning first holder takes precedence over the node that took its place
-                self.refuse(holder, f"partition id {pid} went back to node {node_id}, which held it before")
-                self.conflicts[holder] = node_id
-            log.warning("partition %d moves from node %d to node %d, keeping the server's state of that client", pid, holder, node_id)
+            if before is None:  # not a node coming back to a resumed run under a new id (simulation, no authentication)
+                self.displaced[holder] = pid
+                if holder in connected:  # the returning first holder takes precedence over the node that took its place
+                    self.refuse(holder, f"partition id {pid} went back to node {node_id}, which held it before")
+                    self.conflicts[holder] = node_id
+                log.warning("partition %d moves from node %d to node %d, keeping the server's state of that client", pid, holder, node_id)
         self.displaced.pop(node_id, None)
-        self.clients[node_id] = ClientInfo(node_id, pid, str(body), last_seen=time.monotonic())
+        info = ClientInfo(node_id, pid, str(body), last_seen=time.monotonic())
+        if before is not None:  # what the run knew of this client goes on as if it had never stopped
+            info.last_round, info.consecutive_failures = before.last_round, before.consecutive_failures
+            info.declared, info.fingerprint = before.declared, before.fingerprint
+        self.clients[node_id] = info
         return None
+
+    def return_problem(self, node_id: int, pid: int, body: str, connected: Collection[int]) -> str | None:
+        """Why ``node_id`` may not register as ``pid`` in a resumed run, or None: the partition must come back
+        with the body it ran, and where its node from before is still connected (SuperNode authentication keeps
+        node ids) from that node alone."""
+        before = self.returning.get(pid)
+        if before is None:
+            return None
+        if body != before.body:
+            return f"partition id {pid} ran body {before.body!r} before the resume; this node comes back with {body!r}: it is not the client that left"
+        if before.node_id != node_id and before.node_id in connected:
+            return f"partition id {pid} was node {before.node_id}'s before the resume, and node {before.node_id} is connected: this node is someone else"
+        return None
+
+    def rejoining(self, node_id: int) -> bool:
+        """Whether ``node_id`` holds a client restored from a checkpoint that has not registered again (it must, to learn the lineage)."""
+        info = self.clients.get(node_id)
+        return info is not None and self.returning.get(info.partition_id) is info
+
+    def snapshot(self) -> dict[str, Any]:
+        """The registry as plain values (a checkpoint's): every client by partition id, refused nodes and conflicts."""
+        clients = [
+            {
+                "node_id": c.node_id,
+                "partition_id": c.partition_id,
+                "body": c.body,
+                "last_round": c.last_round,
+                "consecutive_failures": c.consecutive_failures,
+                "declared": c.declared,
+                "fingerprint": c.fingerprint,
+            }
+            for c in sorted(self.clients.values(), key=lambda c: c.partition_id)
+        ]
+        return {"clients": clients, "refused": dict(self.refused), "conflicts": dict(self.conflicts), "displaced": dict(self.displaced)}
+
+    def restore(self, snapshot: Mapping[str, Any]) -> None:
+        """The registry of :meth:`snapshot` back; each client waits (:attr:`returning`) for a node to register as it again."""
+        self.clients = {}
+        for c in snapshot["clients"]:
+            info = ClientInfo(
+                int(c["node_id"]),
+                int(c["partition_id"]),
+                str(c["body"]),
+                last_seen=time.monotonic(),
+                last_round=int(c["last_round"]),
+                consecutive_failures=int(c["consecutive_failures"]),
+                declared=c["declared"],
+                fingerprint=c["fingerprint"],
+            )
+            self.clients[info.node_id] = info
+        self.returning = {c.partition_id: c for c in self.clients.values()}
+        self.refused = dict(snapshot["refused"])
+        self.conflicts = dict(snapshot["conflicts"])
+        self.displaced = dict(snapshot["displaced"])
 
     def free_indices(self, count: int, connected: Collection[int] = ()) -> list[int]:
         """Up to ``count`` client indices no connected registered node holds (dataset=local: the server
@@ -210,6 +277,7 @@ class Registrar:
         self.services = services
         self.registry = registry
         self.admit = admit  # why a node's declared body cannot take part in this run, or None
+        self.lineage: str | None = None  # a resumed run: the first run's key, sent in registration (nodes keep their state under it)
         self.takeover_refused: set[int] = set()  # nodes refused an orphaned index for other data (register offers them another)
 
     def register(self, nodes: list[int]) -> None:
@@ -220,6 +288,8 @@ class Registrar:
         (until every node has had one, or none is left)."""
         schema = self.services.schema
         fields: dict[str, ConfigRecordValues] = {P.ROUND: self.channel.round, P.PHASE: P.PHASE_REGISTER}
+        if self.lineage is not None:  # only a resumed run's query carries it: a run that never stopped sends what it always did
+            fields[LINEAGE] = self.lineage
         connected = set(self.grid.get_node_ids())
         if schema is None:
             self._registrations({n: RecordDict({P.CONFIG: ConfigRecord(fields)}) for n in nodes}, connected, {})

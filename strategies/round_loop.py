@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic
 
+from core import protocol as P
 from core.config import scores_with_train
 from core.partition import counts_line, empty_note
 from strategies.base import Step
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("headway")
 
 RoundCallback = Callable[[dict[str, Any]], None]
+# after each round: (round, the server's state after it, the round still waiting for its carried scores as plain values, or None)
+CheckpointCallback = Callable[[int, "ServerState[Any]", "dict[str, Any] | None"], None]
 
 
 @dataclass(frozen=True)
@@ -46,38 +49,70 @@ class Pending:
     counts: dict[int, int]  # partition id -> training rows in this round (train_counts), what its record's row sums use
     expected: list[int] = field(default_factory=list)  # partitions the evaluation exchange would have asked
 
+    def plain(self) -> dict[str, Any]:
+        """This pending round as plain values that pickle (a checkpoint's ``pending``): its step without
+        the arrays, method state and carried scores (its record needs only the step's counts and figures)."""
+        step: Step[Any] = Step(None, self.step.clients, dict(self.step.metrics), dict(self.step.details), kept=self.step.kept)
+        return {
+            "round": self.round,
+            "step": step,
+            "figures": dict(self.figures),
+            "meter": self.meter,
+            "seconds": self.seconds,
+            "elapsed": self.elapsed,
+            "aggregated": self.aggregated,
+            "counts": dict(self.counts),
+            "expected": list(self.expected),
+        }
+
+    @classmethod
+    def from_plain(cls, values: Mapping[str, Any]) -> Pending:
+        """A pending round back from :meth:`plain`."""
+        return cls(**values)
+
 
 class RoundLoop(Generic[M]):
     """Runs ``strategy``'s rounds on ``engine``, calling ``on_round`` with each round's record."""
 
-    def __init__(self, strategy: HeadwayStrategy[M], engine: Engine, on_round: RoundCallback | None = None):
+    def __init__(
+        self,
+        strategy: HeadwayStrategy[M],
+        engine: Engine,
+        on_round: RoundCallback | None = None,
+        on_checkpoint: CheckpointCallback | None = None,
+    ):
         self.strategy = strategy
         self.engine = engine
         self.on_round = on_round
+        self.on_checkpoint = on_checkpoint  # after each round, once its record (if due) went to on_round
         self.state: ServerState[M] | None = None  # the server's state after the last hook that returned one
 
-    def run(self, state: ServerState[M], num_rounds: int, first: int = 1) -> ServerState[M]:
+    def run(
+        self, state: ServerState[M], num_rounds: int, first: int = 1, pending: Mapping[str, Any] | None = None, elapsed: float = 0.0
+    ) -> ServerState[M]:
         """Run rounds ``first`` to ``num_rounds`` from ``state`` (``first`` > 1: a state saved after round ``first`` - 1,
-        whose sampling stream goes on where it stopped); returns the server's last state. Raises
-        :class:`RoundFailed` when round 1 (or the work before it) gets no valid reply."""
+        whose sampling stream goes on where it stopped, and ``pending``: that round's record still waiting for the
+        scores round ``first``'s train replies carry, as :meth:`Pending.plain` gave it; ``elapsed``: the seconds the run
+        had used before, where records' elapsed_seconds go on from); returns the server's last state. Raises :class:`RoundFailed` when round 1 (or the work before it) gets no valid reply."""
         strategy, engine, settings = self.strategy, self.engine, self.strategy.settings
         strategy.summary()
         self.state = state
         if state.sampling is not None:
             engine.services.sampling.bit_generator.state = state.sampling
-        started = time.monotonic()
+        started = time.monotonic() - elapsed
         engine.wait_for_clients()
-        pending: Pending | None = None  # a round whose clients' scores come with the next round's train replies
+        # a round whose clients' scores come with the next round's train replies
+        waiting_round: Pending | None = None if pending is None else Pending.from_plain(pending)
         try:
             for rnd in range(first, num_rounds + 1):
                 t0 = time.monotonic()
                 engine.begin_round(rnd)
+                extra: dict[str, float] = resume_bytes(engine.meter) if rnd == first > 1 else {}
                 if not engine.registry.clients:
                     raise RoundFailed(first_reason(engine.meter, "no client registered"))
                 counts = strategy.train_counts(engine)  # after registration: dataset=local nodes declare theirs there
                 if rnd == first:
                     self.log_counts(counts)
-                extra: dict[str, float] = {}
                 prep: Step[M] | None = None
                 if rnd == 1:
                     self.state, prep = strategy.prepare(self.state, engine)
@@ -86,8 +121,8 @@ class RoundLoop(Generic[M]):
                             raise RoundFailed(first_reason(engine.meter, "the work before round 1 got no valid reply"))
                         extra.update({f"prepare_{k}": v for k, v in prep.metrics.items()})
                 step = strategy.train_round(rnd, self.state, engine)
-                if pending is not None:
-                    waiting, pending = pending, None  # emitted once, even if the callback raises
+                if waiting_round is not None:
+                    waiting, waiting_round = waiting_round, None  # emitted once, even if the callback raises
                     self.emit(waiting, self.carried_scores(waiting, step.scores))
                 # the round's draws are done: the state keeps where the stream stands
                 self.state = replace(self.state.advance(step), sampling=dict(engine.services.sampling.bit_generator.state))
@@ -118,12 +153,14 @@ class RoundLoop(Generic[M]):
                     counts,
                 )
                 if carried:
-                    pending = replace(done, expected=sorted(engine.partition_of(n) for n in engine.nodes()))
+                    waiting_round = replace(done, expected=sorted(engine.partition_of(n) for n in engine.nodes()))
                 else:
                     self.emit(done, {})
+                if self.on_checkpoint is not None:  # the state, draws and records of round rnd are all in: it can be resumed after
+                    self.on_checkpoint(rnd, self.state, None if waiting_round is None else waiting_round.plain())
         except BaseException:
-            if pending is not None:  # the round after it failed: its record still goes out, without the scores it waited for
-                self.emit(pending, {"eval_missing_partitions": pending.expected})
+            if waiting_round is not None:  # the round after it failed: its record still goes out, without the scores it waited for
+                self.emit(waiting_round, {"eval_missing_partitions": waiting_round.expected})
             raise
         return self.state
 
@@ -149,6 +186,14 @@ class RoundLoop(Generic[M]):
         record["aggregated"] = done.aggregated
         if self.on_round is not None:
             self.on_round(record)
+
+
+def resume_bytes(meter: RoundMeter) -> dict[str, float]:
+    """The first round of a resumed run: its nodes' registration again is traffic an unbroken run did not have, so it
+    leaves the meter's register phase (and the record's register_bytes_*) for ``resume_bytes_down``/``_up``."""
+    down, up = meter.bytes.pop(P.PHASE_REGISTER, [0, 0])
+    meter.values.pop(P.PHASE_REGISTER, None)
+    return {"resume_bytes_down": down, "resume_bytes_up": up}
 
 
 def first_reason(meter: RoundMeter, what: str) -> str:
