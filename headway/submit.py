@@ -5,7 +5,11 @@ It runs `flwr run APP CONNECTION --stream [OPTIONS...]`, passing the run's log t
 comes, then asks the SuperLink for the run's status (`flwr ls CONNECTION --run-id N --format
 json`: ``finished:completed``, ``finished:failed``, ``finished:stopped``) and, where the
 run's results folder named in the log is readable here, its summary.json. ``--run-id N``
-follows a run already submitted (`flwr log N CONNECTION --stream`) instead.
+follows a run already submitted (`flwr log N CONNECTION --stream`) instead. ``--resume DIR``
+submits a run that continues the run in the results folder DIR from its last checkpoint: the
+run config of DIR/config.json with ``resume-dir`` = DIR, and --run-config's keys on top (e.g.
+``num-server-rounds=N`` extends a complete run); the ServerApp checks the rest
+(docs/checkpoints.md).
 
 Exit codes, as `headway run`'s: 0 complete; 1 failed (or the run never started, or its end
 is unknown); 130 when Ctrl-C stops this command and 143 when SIGTERM does (the run goes on
@@ -22,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +62,13 @@ def parser(prog: str = "headway submit") -> argparse.ArgumentParser:
     p.add_argument("--app", default=".", help="the Flower app folder `flwr run` builds (a headway checkout)")
     p.add_argument("--run-id", type=int, default=None, help="follow this run, already submitted, instead of submitting one")
     p.add_argument(
+        "--resume",
+        metavar="DIR",
+        default=None,
+        help="continue the run in results folder DIR (as the ServerApp sees it) from its last checkpoint: its config.json's run "
+        "config with resume-dir=DIR; --run-config keys go on top (num-server-rounds=N extends a complete run)",
+    )
+    p.add_argument(
         "--wait", type=float, default=60.0, help="seconds to wait, after the log ends, for the SuperLink to report the run finished"
     )
     return p
@@ -72,11 +84,21 @@ def main(argv: list[str] | None = None, prog: str = "headway submit") -> int:
     if args.run_id is not None and flwr_args:
         print(f"error: --run-id follows a submitted run; `flwr run` options ({' '.join(flwr_args)}) have no use there", file=sys.stderr)
         return 2
-    if args.run_id is None:
-        cmd = [exe, "run", args.app, args.connection, "--stream", *flwr_args]
-    else:
-        cmd = [exe, "log", str(args.run_id), args.connection, "--stream"]
-    code, run_id, results, signum = follow(cmd)
+    if args.run_id is not None and args.resume is not None:
+        print("error: --resume submits a run; --run-id follows one already submitted: give one of them", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="headway-resume-") as scratch:
+        if args.resume is not None:
+            try:
+                flwr_args = resume_args(Path(args.resume), flwr_args, Path(scratch))
+            except ResumeRefused as why:
+                print(f"headway: {why}", file=sys.stderr)
+                return 2
+        if args.run_id is None:
+            cmd = [exe, "run", args.app, args.connection, "--stream", *flwr_args]
+        else:
+            cmd = [exe, "log", str(args.run_id), args.connection, "--stream"]
+        code, run_id, results, signum = follow(cmd)
     run_id = args.run_id if args.run_id is not None else run_id
     if run_id is None:
         verdict = Verdict(EXIT_FAILED, f"headway: no run was started: `flwr run` exited with {code} (see its output above)")
@@ -87,6 +109,111 @@ def main(argv: list[str] | None = None, prog: str = "headway submit") -> int:
         verdict = judge(run_id, status, read_summary(results), results)
     print(verdict.line, file=sys.stdout if verdict.code == EXIT_COMPLETE else sys.stderr, flush=True)
     return verdict.code
+
+
+class ResumeRefused(Exception):
+    """What keeps ``--resume DIR`` from submitting, in one line."""
+
+
+def resume_args(folder: Path, flwr_args: list[str], scratch: Path) -> list[str]:
+    """``flwr run`` options that continue the run in ``folder``: ``flwr_args`` with their --run-config
+    replaced by a TOML file (in ``scratch``) holding ``folder``/config.json's run config, the
+    --run-config keys given, and resume-dir = ``folder``. ResumeRefused when ``folder`` holds no run
+    or nothing to continue from, as far as this machine can see it."""
+    rest, given = split_run_config(flwr_args)
+    config = resume_config(folder, given)
+    path = scratch / "resume.toml"
+    path.write_text(toml_table(config))
+    return [*rest, "--run-config", str(path)]
+
+
+def split_run_config(flwr_args: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """``flwr_args`` without their --run-config options, and those options' keys and values as Flower reads them."""
+    from click import ClickException
+    from flwr.common.config import parse_config_args
+
+    rest: list[str] = []
+    texts: list[str] = []
+    args = iter(flwr_args)
+    for arg in args:
+        if arg in ("--run-config", "-c"):
+            texts.append(next(args, ""))
+        elif arg.startswith("--run-config="):
+            texts.append(arg.partition("=")[2])
+        else:
+            rest.append(arg)
+    try:
+        return rest, parse_config_args(texts or None)
+    except (ValueError, OSError, ClickException) as exc:  # Flower raises click's exception for a malformed string
+        raise ResumeRefused(f"cannot read --run-config {' '.join(texts)!r}: {exc}") from None
+
+
+def resume_config(folder: Path, given: dict[str, Any]) -> dict[str, Any]:
+    """The run config that continues the run in ``folder``: its config.json, then ``given``, with
+    resume-dir naming ``folder`` (absolute, so the ServerApp finds it whatever its working folder)."""
+    folder = folder.expanduser().absolute()
+    config = read_run_config(folder)
+    check_resumable(folder)
+    asked = given.get("resume-dir")
+    if asked not in (None, "", str(folder)) and Path(str(asked)).expanduser().absolute() != folder:
+        raise ResumeRefused(f"--resume {folder} and --run-config resume-dir={asked!r} name different folders: give one")
+    return {**config, **given, "resume-dir": str(folder)}
+
+
+def read_run_config(folder: Path) -> dict[str, Any]:
+    """``folder``/config.json, the run config of the run to continue; ResumeRefused when it cannot be read here."""
+    path = folder / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResumeRefused(
+            f"cannot resume: {path} not found: give the results folder of the run to continue (the folder its log "
+            "named after '->'), and run this where that folder is readable"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ResumeRefused(f"cannot resume: {path} cannot be read ({exc})") from None
+    if not isinstance(config, dict):
+        raise ResumeRefused(f"cannot resume: {path} holds no run config (a JSON object)")
+    return config
+
+
+def check_resumable(folder: Path) -> None:
+    """ResumeRefused when ``folder`` recorded rounds but holds no checkpoint file to continue from
+    (which checkpoint is whole, and whether the run config and code match, the ServerApp checks)."""
+    from server.checkpoint import FOLDER, checkpoint_files  # local import: keeps the command's start light
+
+    if checkpoint_files(folder / FOLDER):
+        return
+    rounds = folder / "rounds.jsonl"
+    recorded = rounds.is_file() and bool(rounds.read_text().strip())
+    if recorded:
+        raise ResumeRefused(
+            f"cannot resume: {folder / FOLDER} holds no checkpoint (the run had checkpoint-keep=0, or they were deleted), "
+            "though the run recorded rounds: start a new run"
+        )
+
+
+def toml_table(config: dict[str, Any]) -> str:
+    """``config`` (plain run-config values) as a TOML document of ``key = value`` lines, which `flwr run --run-config FILE` reads."""
+    return "".join(f"{toml_key(k)} = {toml_value(k, v)}\n" for k, v in config.items())
+
+
+def toml_key(key: str) -> str:
+    """A TOML key: bare where it may be (run-config keys are), else quoted."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def toml_value(key: str, value: Any) -> str:
+    """One run-config value as TOML (a JSON string is a TOML basic string); ResumeRefused for a value no run config holds."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)  # Python's repr is TOML's float, inf and nan included
+    if isinstance(value, str):
+        return json.dumps(value)
+    raise ResumeRefused(f"cannot resume: config.json's {key!r} is {value!r}, not a run-config value (bool, int, float, string)")
 
 
 def flwr_exe() -> str | None:
