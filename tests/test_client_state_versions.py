@@ -94,3 +94,41 @@ def test_a_bad_lineage_key_is_refused_with_one_line(lg):
     reply = app(_message("query", 2, None, {P.PHASE: P.PHASE_REGISTER, P.LINEAGE: "../../etc"}), _context(run_id=31))
     assert reply.has_error() and reply.error.code == P.ERROR_BAD_INPUT and "is not a run key" in str(reply.error.reason)
     assert not root.exists()
+
+
+def test_a_restarted_node_with_its_own_data_picks_up_its_registration_and_body_and_repeats_its_reply(task_identity, tmp_path):
+    """dataset=local through a real server run (two FedLog rounds on UCI Adult rows): a node restarted in
+    the same run, sent round 2's training again, restores its registration (schema, client index) and
+    body from the version before round 2, and answers byte for byte as it did."""
+    import csv
+
+    from client.app import JOINED
+    from core.data import ADULT_COLUMNS
+    from tests.conftest import data_root, missing_data
+    from tests.test_node_merge_attacks import NodesGrid, adult_cfg, run
+
+    src = data_root() / "uci-adult" / "adult.data"
+    if not src.is_file():
+        missing_data(f"UCI Adult not found at {src}")
+    with open(src) as fh:
+        rows = [r for r in csv.reader(fh, skipinitialspace=True) if len(r) == len(ADULT_COLUMNS)]
+    folders = []
+    for i in range(3):
+        folder = tmp_path / f"node{i}"
+        folder.mkdir()
+        with open(folder / "train.csv", "w", newline="") as dst:
+            csv.writer(dst).writerows([list(ADULT_COLUMNS), *rows[i * 300 : (i + 1) * 300]])
+        folders.append(folder)
+    cfg = adult_cfg(**{"num-server-rounds": 2})
+    grid = NodesGrid(cfg, folders)
+    for n, context in grid.contexts.items():  # a state folder per node, as each SuperNode has its own
+        context.node_config["state-dir"] = str(tmp_path / f"state-{n}")
+    summary, _ = run(tmp_path, cfg, grid, "run")
+    assert summary["status"] == "complete", summary
+    sent = [(i, m) for i, m in enumerate(grid.sent) if m.metadata.dst_node_id == 201 and m.metadata.message_type == MessageType.TRAIN]
+    at, last_train = sent[-1]
+    assert P.as_int(last_train.content[P.CONFIG][P.ROUND]) == 2
+    restarted = Context(run_id=1, node_id=201, node_config=dict(grid.contexts[201].node_config), state=RecordDict(), run_config={})
+    reply = grid.app(last_train, restarted)
+    assert JOINED in restarted.state and restarted.state[STORE_RECORD]["restores"] == 1
+    assert _wire(reply) == _wire(grid.replies[at])
