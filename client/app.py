@@ -1,6 +1,8 @@
 """The headway ClientApp: finds this node's partition and body, then hands each message
 to the method's local procedure. Local state (bodies, heads) lives in ``context.state``,
-and on the node's disk too where the SuperNode names a ``state-dir`` (:mod:`client.state_store`).
+and on the node's disk too where the SuperNode names a ``state-dir`` or the simulation runner a
+state folder: versions by message position, so a restarted node or a resumed run picks up the
+state it had before the message it answers (:mod:`client.state_store`).
 
 A procedure that fails answers with an error reply carrying its own message (not a
 remote traceback), so the server can count it with a readable reason.
@@ -77,6 +79,8 @@ def _lineage(msg: Message, context: Context, root: Path | None) -> str:
 
 
 def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, Any], state_dir: Path | None = None) -> Message:
+    """Answer one message: find this node's client, restore its saved state if it has none, let the
+    method answer, and save the state as the version at this message's position."""
     run_config = {**dict(context.run_config), **overrides}
     root = state_root(context.node_config, state_dir)
     try:
