@@ -1,0 +1,259 @@
+"""Checkpoint and resume in simulation (issue 40): real `headway run` processes killed by SIGKILL and
+resumed with `headway run --resume`, compared round by round with an unbroken run of the same config.
+
+The kill points come from the server's test-only fault hook (``server.app.KILL_ENV``): ``record:K`` kills
+the process after round K's record went to rounds.jsonl and before its checkpoint (the resume redoes round
+K, and rounds.jsonl holds it once), ``checkpoint:K`` right after round K's checkpoint. A kill during round 1
+is a plain SIGKILL from outside once the clients are up and before any record.
+
+What must be equal: every round's accuracy, the array-value bytes (values_bytes_down/up) and the
+clients selected, exactly. Wire bytes (bytes_down/up) are compared within a few bytes a message: Flower
+writes the run id and node ids (random uint64s, new in every process, killed or not) as varints into
+every message's header, so two unbroken runs of one config differ there by a byte or two a message too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+from server.checkpoint import Checkpoint, decode, encode
+from strategies.arrays import to_record
+from strategies.base import Step
+from strategies.meter import RoundMeter
+from strategies.registration import ClientRegistry
+from strategies.round_loop import Pending
+from strategies.state import ServerState
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["dataset=mnist", "partition=iid", "num-clients=3", "train-fraction=0.02", "local-epochs=1", "num-server-rounds=3"]
+SLACK_PER_MESSAGE = 4  # bytes: varint widths of the run id and node ids in a message's header and message object
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    env.pop("HEADWAY_TEST_KILL", None)  # only the run a test kills gets the fault hook
+    return {**env, **extra}
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def headway_run(args: list[str], log: Path, kill: str | None = None, kill_in_round_1: bool = False, timeout: float = 400) -> int:
+    """Run `headway run ARGS` in its own process group; ``kill``: the fault hook's point; ``kill_in_round_1``: SIGKILL
+    it from here once Ray's client actors exist and no round is recorded. Ray's processes it leaves are killed after."""
+    out = Path(args[args.index("--out") + 1]) if "--out" in args else Path(args[args.index("--resume") + 1])
+    env = _env(**({"HEADWAY_TEST_KILL": kill} if kill else {}))
+    tree: set[int] = set()
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "headway", "run", *args], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            deadline = time.monotonic() + timeout
+            while proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    kids = psutil.Process(proc.pid).children(recursive=True)
+                except psutil.NoSuchProcess:
+                    kids = []
+                tree.update(p.pid for p in kids)
+                actors = any("ClientAppActor" in " ".join(_cmdline(p)) for p in kids)
+                if kill_in_round_1 and actors and (out / "rounds.jsonl").exists() and not (out / "rounds.jsonl").read_text():
+                    time.sleep(1.0)  # inside round 1: its clients are training
+                    os.kill(proc.pid, signal.SIGKILL)
+                time.sleep(0.2)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            return proc.wait(timeout=30)
+        finally:
+            for pid in tree:  # Ray's reaper ends its group when the runner dies; whatever it left, by pid
+                if _running(pid):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+def sets(*items: str) -> list[str]:
+    return [arg for item in items for arg in ("--set", item)]
+
+
+def rounds(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+
+
+def assert_same_rounds(unbroken: Path, resumed: Path) -> None:
+    """Every round recorded once, and its accuracy, values bytes and selected clients equal to the unbroken run's."""
+    a, b = rounds(unbroken), rounds(resumed)
+    assert [r["round"] for r in b] == [r["round"] for r in a] == list(range(1, len(a) + 1))
+    for x, y in zip(a, b):
+        assert y["accuracy"] == x["accuracy"], (x["round"], x["accuracy"], y["accuracy"])
+        assert y["selected"] == x["selected"], x["round"]
+        for key in ("values_bytes_down", "values_bytes_up"):
+            assert y[key] == x[key], (x["round"], key)
+        slack = SLACK_PER_MESSAGE * 4 * max(len(x["selected"]), 1)
+        for key in [k for k in x if k.endswith(("bytes_down", "bytes_up")) and not k.startswith(("values", "resume"))]:
+            assert abs(y[key] - x[key]) <= slack, (x["round"], key, x[key], y[key])
+        assert not any(k.startswith("register_") for k in y if x["round"] > 1), y  # re-registration is reported apart
+
+
+def resume(out: Path, tmp: Path, *more: str) -> int:
+    return headway_run(["--resume", str(out), *more], tmp / f"resume-{out.name}.log")
+
+
+@pytest.fixture(scope="module")
+def fedavg_runs(tmp_path_factory: pytest.TempPathFactory, data_dir: str) -> Path:
+    """An unbroken 3-round FedAvg run (folder 'unbroken'), and one killed between round 2's record and its checkpoint."""
+    root = tmp_path_factory.mktemp("fedavg")
+    config = sets("algorithm=fedavg", *TINY)
+    assert headway_run(["--out", str(root / "unbroken"), *config], root / "unbroken.log") == 0
+    rc = headway_run(["--out", str(root / "killed"), *config], root / "killed.log", kill="record:2")
+    assert rc == -signal.SIGKILL, (root / "killed.log").read_text()[-2000:]
+    return root
+
+
+def test_fedavg_killed_between_record_and_checkpoint_resumes_to_the_unbroken_runs_rounds(fedavg_runs: Path) -> None:
+    killed = fedavg_runs / "killed"
+    assert [r["round"] for r in rounds(killed)] == [1, 2]  # round 2 recorded, its checkpoint never written
+    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["round-000001.ckpt"]
+    assert resume(killed, fedavg_runs) == 0, (fedavg_runs / "resume-killed.log").read_text()[-3000:]
+    assert_same_rounds(fedavg_runs / "unbroken", killed)
+    summary = json.loads((killed / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["rounds"] == 3
+    (note,) = summary["resumed"]
+    assert note["after_round"] == 1 and note["from"] == "checkpoints/round-000001.ckpt"
+    assert note["resume_bytes_down"] > 0 and note["resume_bytes_up"] > 0  # the re-registration, apart from bytes_down/up
+    assert summary["checkpoint_bytes"] > 0 and summary["checkpoints_written"] == 2  # rounds 2 and 3 in the resumed process
+    assert summary["total_values_bytes"] == json.loads((fedavg_runs / "unbroken" / "summary.json").read_text())["total_values_bytes"]
+
+
+def test_a_changed_key_is_refused_in_one_line_and_the_same_rounds_say_complete(fedavg_runs: Path) -> None:
+    unbroken = fedavg_runs / "unbroken"
+    log = fedavg_runs / "refused.log"
+    assert headway_run(["--resume", str(unbroken), *sets("local-epochs=2")], log) == 2
+    said = log.read_text().strip().splitlines()
+    assert len(said) == 1 and said[0].startswith("error: cannot resume") and "'local-epochs'" in said[0], said
+    log = fedavg_runs / "complete.log"
+    assert headway_run(["--resume", str(unbroken)], log) == 0
+    assert "already complete" in log.read_text()
+
+
+@pytest.mark.system
+def test_a_complete_run_resumed_with_more_rounds_is_extended(fedavg_runs: Path) -> None:
+    unbroken = fedavg_runs / "unbroken"
+    before = rounds(unbroken)
+    assert resume(unbroken, fedavg_runs, *sets("num-server-rounds=4")) == 0, (fedavg_runs / "resume-unbroken.log").read_text()[-3000:]
+    after = rounds(unbroken)
+    assert [r["round"] for r in after] == [1, 2, 3, 4]
+    assert [r["accuracy"] for r in after[:3]] == [r["accuracy"] for r in before]
+    summary = json.loads((unbroken / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["resumed"][0]["after_round"] == 3
+    assert json.loads((unbroken / "config.json").read_text())["num-server-rounds"] == 4
+
+
+# ---- the matrix: methods x kill points (make test-system) ------------------------------------------------
+
+METHODS = {
+    "fedlog": ["algorithm=fedlog"],
+    "fedprof-partial": ["algorithm=fedprof", "fraction-train=0.67", "num-clients=3", "fedprof-val-size=200"],
+    "lg-fedavg": ["algorithm=lg-fedavg"],
+    "fedpft-chain": ["algorithm=fedpft", "fedpft-topology=chain", "fedpft-extractor=identity"],
+    "fedavg-with-next-train": ["algorithm=fedavg", "client-evaluation=with-next-train"],
+}
+KILLS = ("checkpoint:1", "checkpoint:2", "record:2", "round-1")  # round-1: SIGKILL from outside while round 1 trains
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("kill", sorted(KILLS))
+def test_killed_and_resumed_runs_equal_an_unbroken_run(method: str, kill: str, tmp_path: Path, data_dir: str) -> None:
+    config = sets(*TINY, *METHODS[method])
+    assert headway_run(["--out", str(tmp_path / "unbroken"), *config], tmp_path / "unbroken.log") == 0
+    killed = tmp_path / "killed"
+    if kill == "round-1":
+        rc = headway_run(["--out", str(killed), *config], tmp_path / "killed.log", kill_in_round_1=True)
+    else:
+        rc = headway_run(["--out", str(killed), *config], tmp_path / "killed.log", kill=kill)
+    assert rc == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-2000:]
+    assert resume(killed, tmp_path) == 0, (tmp_path / "resume-killed.log").read_text()[-3000:]
+    assert_same_rounds(tmp_path / "unbroken", killed)
+
+
+@pytest.mark.system
+def test_dp_fedlog_central_resumed_spends_the_epsilon_of_the_unbroken_run(tmp_path: Path, data_dir: str) -> None:
+    config = sets(*TINY, "algorithm=fedlog", "fedlog-dp=central", "fedlog-epsilon=1.0")
+    assert headway_run(["--out", str(tmp_path / "unbroken"), *config], tmp_path / "unbroken.log") == 0
+    killed = tmp_path / "killed"
+    assert headway_run(["--out", str(killed), *config], tmp_path / "killed.log", kill="checkpoint:1") == -signal.SIGKILL
+    assert resume(killed, tmp_path) == 0, (tmp_path / "resume-killed.log").read_text()[-3000:]
+
+    def epsilons(summary: Any) -> list[Any]:
+        if isinstance(summary, dict):
+            return [v for k, v in sorted(summary.items()) if "epsilon" in k and not isinstance(v, dict)] + [
+                e for k, v in sorted(summary.items()) for e in epsilons(v)
+            ]
+        return []
+
+    spent = [epsilons(json.loads((d / "summary.json").read_text())) for d in (tmp_path / "unbroken", killed)]
+    assert spent[0] and spent[0] == spent[1]
+    assert [r["round"] for r in rounds(killed)] == [1, 2, 3]
+
+
+# ---- the parts, without processes ------------------------------------------------------------------------
+
+
+def test_a_pending_round_goes_through_a_checkpoint_file_and_back() -> None:
+    """A with-next-train round waiting for its scores becomes plain values that the checkpoint's restricted
+    unpickler takes back, with what its record needs."""
+    meter = RoundMeter(bytes={"train": [10, 20]}, selected={0, 2})
+    step: Step[Any] = Step(None, 2, {"loss": 0.5}, {"scores": {"0": 1.0}}, kept=False)
+    pending = Pending(3, step, {"prepare_clients": 2}, meter, 1.5, 9.0, True, {0: 5, 2: 7}, [0, 2])
+    plain = pending.plain()
+    state = ServerState(to_record({"w": np.ones(3, dtype=np.float32)}), None, {"bit_generator": "PCG64"})
+    ckpt = Checkpoint(3, state, {"registry": {}}, plain, [], "7", 1.0, {}, "code")
+    back = Pending.from_plain(decode(encode(ckpt)).pending or {})
+    assert back.round == 3 and back.step.clients == 2 and back.step.metrics == {"loss": 0.5} and back.step.details == step.details
+    assert back.meter.bytes == {"train": [10, 20]} and back.meter.selected == {0, 2} and back.counts == {0: 5, 2: 7}
+    assert back.expected == [0, 2] and back.aggregated
+    pickle.dumps(plain)
+
+
+def test_a_returning_node_must_come_back_as_the_client_that_left() -> None:
+    before = ClientRegistry(3)
+    for node, pid in ((101, 0), (102, 1)):
+        assert before.claim(node, pid, "mlp", {101, 102}) is None
+    before.clients[101].last_round, before.clients[101].consecutive_failures = 4, 2
+    registry = ClientRegistry(3)
+    registry.restore(pickle.loads(pickle.dumps(before.snapshot())))
+    problem = registry.claim(7, 0, "cnn", {7})  # partition 0 ran body mlp
+    assert problem is not None and "body 'mlp'" in problem and "'cnn'" in problem
+    problem = registry.claim(8, 1, "mlp", {8, 102})  # node 102, partition 1's, is still connected (authentication keeps ids)
+    assert problem is not None and "node 102" in problem
+    assert registry.claim(9, 0, "mlp", {9}) is None  # simulation: the same partition under a new node id
+    info = registry.clients[9]
+    assert (info.partition_id, info.last_round, info.consecutive_failures) == (0, 4, 2)
+    assert 101 not in registry.clients and 0 not in registry.returning
+    assert registry.rejoining(102) and not registry.rejoining(9)  # node 102 must register again, to learn the lineage
+    assert registry.claim(102, 1, "mlp", {9, 102}) is None and not registry.returning
