@@ -242,7 +242,7 @@ def run_server(
         engine.waited = True  # discovery waited sample-timeout for the nodes already: no second wait, no second warning
     run_key = flower_run_id(grid) if ckpt is None else ckpt.run_key
     if ckpt is not None:
-        engine.restore(ckpt.engine, lineage=run_key)
+        engine.restore(ckpt.engine, lineage=run_key or None)
     saver = Checkpoints(out, strategy.settings, engine, recorder, run_key)
     loop = RoundLoop(strategy, engine, on_round=recorder.round, on_checkpoint=saver)  # its state: what summary.json reports
     try:

@@ -37,9 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("headway")
 
-# the registration field that carries a resumed run's lineage key (core.protocol's, where the client side declares it)
-LINEAGE: str = getattr(P, "LINEAGE", "lineage")
-
 MAX_BODY_NAME = 300  # characters of a body name a registration may give (an import path with its weights file fits)
 
 # A dataset=local node's data as it declared it: class name -> [train, test] example counts.
@@ -289,7 +286,7 @@ class Registrar:
         schema = self.services.schema
         fields: dict[str, ConfigRecordValues] = {P.ROUND: self.channel.round, P.PHASE: P.PHASE_REGISTER}
         if self.lineage is not None:  # only a resumed run's query carries it: a run that never stopped sends what it always did
-            fields[LINEAGE] = self.lineage
+            fields[P.LINEAGE] = self.lineage
         connected = set(self.grid.get_node_ids())
         if schema is None:
             self._registrations({n: RecordDict({P.CONFIG: ConfigRecord(fields)}) for n in nodes}, connected, {})
