@@ -19,6 +19,11 @@
 4. Per message, the driver pickles the ClientApp loader (a closure) and pulls replies by asking
    for every id it still waits for: :class:`LoadOnce` ships the loader as bytes pickled once, and
    the grid pulls only the ids whose reply was stored (all of them once a second).
+5. Flower draws the run id, node ids and task ids from ``os.urandom`` and writes them into every
+   message header as varints, so a message's wire size changed from run to run. Given the run's
+   seed, :class:`SeededIds` draws them from a stream of that seed instead: two runs of one config
+   (and a resumed run and the run it continues) get the same ids, hence the same bytes per message.
+   In simulation the ids guard nothing (no node authentication); deployment never enters here.
 
 Written against the exact Flower version in :data:`FLOWER_VERSION`; on any other it does nothing.
 """
@@ -29,6 +34,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import random
 import threading
 import time
 import weakref
@@ -36,6 +42,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from queue import Queue
 from typing import Any
+
+from core.seeds import salt
 
 log = logging.getLogger("headway")
 
@@ -56,6 +64,18 @@ def next_sweep(started: float, now: float) -> float:
 
 TASKS_PER_ACTOR = 2  # messages in flight per Ray actor: the one it runs and the next, already queued there
 MAX_WORKER_THREADS = 100_000  # a bound run_api's worker loops never reach (threads start one per loop)
+
+# The modules that draw Flower's ids in a simulation, each looking up ``generate_rand_int_from_bytes``
+# as its own global: run_simulation (run and task id), the link state (node ids), the core state (task
+# and series ids), the legacy app (node ids)
+ID_MODULES = (
+    "flwr.simulation.run_simulation",
+    "flwr.server.superlink.linkstate.in_memory_linkstate",
+    "flwr.supercore.corestate.in_memory_corestate",
+    "flwr.simulation.legacy_app",
+)
+DRAW = "generate_rand_int_from_bytes"
+IDS = salt("flower-simulation-ids")
 
 
 class _Signals:
@@ -249,6 +269,45 @@ def distinct_actors(pool: Any) -> None:
     pool.pool = list({id(actor): actor for actor in pool.pool}.values())
 
 
+class SeededIds:
+    """Drop-in for Flower's ``generate_rand_int_from_bytes`` in one module: the ids come from a
+    stream of the run's seed and the module's name (one stream per module, so the order in which
+    threads of different modules draw changes no id), honouring ``exclude`` as Flower does."""
+
+    def __init__(self, seed: int, module: str) -> None:
+        digest = hashlib.sha256(f"{seed}:{IDS}:{module}".encode()).digest()
+        self._rng = random.Random(int.from_bytes(digest, "big"))
+        self._lock = threading.Lock()  # two threads of one module may draw at once; each draw is one step of the stream
+
+    def __call__(self, num_bytes: int, exclude: set[int] | None = None) -> int:
+        """An unsigned int of ``num_bytes`` random bytes, never one in ``exclude``."""
+        with self._lock:
+            num = self._rng.getrandbits(8 * num_bytes)
+            while exclude and num in exclude:
+                num = self._rng.getrandbits(8 * num_bytes)
+        return num
+
+
+@contextlib.contextmanager
+def seeded_ids(seed: int | None) -> Iterator[None]:
+    """For the block, Flower's id draws in :data:`ID_MODULES` come from :class:`SeededIds` of
+    ``seed`` (None: Flower's own ``os.urandom`` draws); Flower's function is put back on exit."""
+    if seed is None:
+        yield
+        return
+    import importlib
+
+    modules = [importlib.import_module(name) for name in ID_MODULES]
+    flower = [getattr(module, DRAW) for module in modules]
+    for module in modules:
+        setattr(module, DRAW, SeededIds(seed, module.__name__))
+    try:
+        yield
+    finally:
+        for module, draw in zip(modules, flower):
+            setattr(module, DRAW, draw)
+
+
 def _supported() -> str | None:
     """Why the fixes cannot be installed here, or None when they can."""
     try:
@@ -261,10 +320,11 @@ def _supported() -> str | None:
 
 
 @contextlib.contextmanager
-def faster_simulation_engine() -> Iterator[bool]:
-    """Install the extractor pass and the store-driven wake-ups for the block; yields whether they
-    were installed. On another Flower version, or a state other than ``InMemoryLinkState`` (checked
-    when the extractor starts), Flower's own code runs and one line says why."""
+def faster_simulation_engine(seed: int | None = None) -> Iterator[bool]:
+    """Install the extractor pass and the store-driven wake-ups for the block, and, given the run's
+    ``seed``, Flower's ids drawn from it (:func:`seeded_ids`); yields whether they were installed.
+    On another Flower version, or a state other than ``InMemoryLinkState`` (checked when the
+    extractor starts), Flower's own code runs and one line says why."""
     why = _supported()
     if why is not None:
         log.info("Flower's simulation engine left as it is: %s", why)
@@ -342,7 +402,8 @@ def faster_simulation_engine() -> Iterator[bool]:
     # leave the loops beyond that cap unstarted (and their slots, or actors, unused): one thread per loop
     vce_api.ThreadPoolExecutor = functools.partial(ThreadPoolExecutor, max_workers=MAX_WORKER_THREADS)  # type: ignore[misc,assignment]
     try:
-        yield True
+        with seeded_ids(seed):
+            yield True
     finally:
         vce_api.add_messages_to_queue = flower_extractor
         InMemoryLinkState.store_message_ins = store_ins  # type: ignore[method-assign]

@@ -313,8 +313,9 @@ def simulate(
     level = headway_log.level
     show_headway_log(logging.DEBUG if verbose else logging.INFO)  # DEBUG: the method's settings, among others
     try:
-        # faster: Flower 1.39's extractor pass and poll waits (docs/flower-extractor.md); quiet: two banners, unless --verbose
-        with faster_simulation_engine(), quiet_engine(verbose):
+        # faster: Flower 1.39's extractor pass and poll waits, and its ids drawn from the seed so that reruns and resumes
+        # ship the same bytes (docs/flower-extractor.md); quiet: two banners, unless --verbose
+        with faster_simulation_engine(cfg.seed), quiet_engine(verbose):
             run_simulation(
                 server_app=build_server_app(config, out, overwrite=overwrite, resume=resume),
                 # with checkpoints, clients keep their local state in the results folder: a resumed run's clients find it

@@ -452,3 +452,94 @@ def test_headway_run_uses_the_fixed_extractor(tmp_path, data_dir, monkeypatch):
     assert passes and not flower_queries
     assert slots and all(n == flower_fixes.TASKS_PER_ACTOR * actors for n, actors in slots)
     assert vce_api.add_messages_to_queue.__module__ == "flwr.server.superlink.fleet.vce.vce_api"
+
+
+def test_seeded_ids_repeat_per_seed_and_module_and_honour_exclude():
+    one, again = flower_fixes.SeededIds(7, "m"), flower_fixes.SeededIds(7, "m")
+    drawn = [one(8) for _ in range(5)]
+    assert drawn == [again(8) for _ in range(5)]
+    assert drawn != [flower_fixes.SeededIds(8, "m")(8) for _ in range(5)]  # another seed, another stream
+    assert drawn != [flower_fixes.SeededIds(7, "n")(8) for _ in range(5)]  # another module, another stream
+    assert all(0 <= n < 2**64 for n in drawn) and all(0 <= flower_fixes.SeededIds(7, "m")(1) < 256 for _ in range(3))
+    first = flower_fixes.SeededIds(3, "m")(1)
+    assert flower_fixes.SeededIds(3, "m")(1, exclude={first}) != first
+
+
+def _register(count: int) -> list[int]:
+    state = link_state(0)[0]
+    return [state.create_node("aid", "name", uuid.uuid4().bytes, heartbeat_interval=60.0) for _ in range(count)]
+
+
+def test_node_ids_of_a_real_link_state_repeat_with_the_seed_and_stay_unique():
+    from flwr.common.constant import SUPERLINK_NODE_ID
+
+    with faster_simulation_engine(seed=5):
+        first = _register(20)
+    with faster_simulation_engine(seed=5):
+        second = _register(20)
+    with faster_simulation_engine(seed=6):
+        other = _register(20)
+    assert first == second != other
+    assert len(set(first)) == 20 and not {0, SUPERLINK_NODE_ID} & set(first)
+    with faster_simulation_engine():  # no seed: Flower's own draws
+        assert _register(3) != _register(3)
+
+
+def test_flowers_id_draws_are_back_after_the_block():
+    import importlib
+
+    from flwr.supercore.corestate.utils import generate_rand_int_from_bytes as flower_draw
+
+    modules = [importlib.import_module(name) for name in flower_fixes.ID_MODULES]
+    before = [m.generate_rand_int_from_bytes for m in modules]
+    assert all(draw in (flower_draw,) or draw.__module__.startswith("flwr.") for draw in before)
+    with faster_simulation_engine(seed=1):
+        assert all(isinstance(m.generate_rand_int_from_bytes, flower_fixes.SeededIds) for m in modules)
+    assert [m.generate_rand_int_from_bytes for m in modules] == before
+    with pytest.raises(RuntimeError), faster_simulation_engine(seed=1):
+        raise RuntimeError("a run that fails")
+    assert [m.generate_rand_int_from_bytes for m in modules] == before
+
+
+def _tiny_run(out, data_dir, monkeypatch) -> tuple[list[dict[str, Any]], list[int], set[int]]:
+    """A real 3-client, 2-round FedAvg simulation: its rounds, the node ids Flower registered and the run ids its messages carried."""
+    import json
+
+    from core.config import resolve_settings
+    from simulation import simulate
+
+    nodes: list[int] = []
+    runs: set[int] = set()
+    create_node, store_ins = InMemoryLinkState.create_node, InMemoryLinkState.store_message_ins
+
+    def created(self, *a, **kw):
+        nodes.append(create_node(self, *a, **kw))
+        return nodes[-1]
+
+    def stored(self, message):
+        runs.add(message.metadata.run_id)
+        return store_ins(self, message)
+
+    monkeypatch.setattr(InMemoryLinkState, "create_node", created)
+    monkeypatch.setattr(InMemoryLinkState, "store_message_ins", stored)
+    cfg = resolve_settings(
+        {"dataset": "mnist", "num-clients": 3, "num-server-rounds": 2, "partition": "iid", "train-fraction": 0.02}
+        | {"algorithm": "fedavg", "local-epochs": 1, "batch-size": 10, "seed": 0, "data-dir": data_dir}
+    )
+    assert simulate(cfg, out)["status"] == "complete"
+    monkeypatch.undo()
+    return [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()], nodes, runs
+
+
+@pytest.mark.integration
+def test_two_runs_of_one_config_ship_the_same_bytes_every_round(tmp_path, data_dir, monkeypatch):
+    """Flower's ids come from the seed: the same run id and node ids in both runs, so every message, and
+    every round's bytes_down/up and phase bytes, are the same size (with os.urandom ids they differ)."""
+    a, nodes_a, runs_a = _tiny_run(tmp_path / "a", data_dir, monkeypatch)
+    b, nodes_b, runs_b = _tiny_run(tmp_path / "b", data_dir, monkeypatch)
+    assert [r["round"] for r in a] == [r["round"] for r in b] == [1, 2]
+    for x, y in zip(a, b):
+        wire = [k for k in x if k.endswith(("bytes_down", "bytes_up"))]
+        assert "bytes_down" in wire and "bytes_up" in wire
+        assert {k: y[k] for k in wire} == {k: x[k] for k in wire}, x["round"]
+    assert nodes_a == nodes_b and len(set(nodes_a)) == 3 and runs_a == runs_b and len(runs_a) == 1
