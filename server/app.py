@@ -124,21 +124,36 @@ class Resume:
 
 def resume_point(out: Path) -> Resume:
     """The checkpoint to continue the run in ``out`` from; ConfigError (one line) when there is no run there, or
-    rounds were recorded but no checkpoint is left to continue from. A run stopped before its first round
-    finished has none and starts again from round 1."""
+    rounds after round 1 were recorded but no checkpoint is left to continue from. A run stopped before round 1's
+    checkpoint has none and starts again from round 1."""
     if not (out / "config.json").is_file():
         raise ConfigError(f"cannot resume: {out} holds no run (no config.json): give the results folder of the run to continue")
     ckpt = load_checkpoint(out)
     if ckpt is not None:
         return Resume(ckpt, f"checkpoints/{checkpoint_name(ckpt.round)}")
-    rounds = out / "rounds.jsonl"
-    if rounds.is_file() and rounds.read_text().strip():
+    if recorded_beyond_round_1(out / "rounds.jsonl"):
         raise ConfigError(
             f"cannot resume: {out} has no usable checkpoint in checkpoints/ (checkpoint-keep=0, or every one unreadable), "
             "though it recorded rounds: start a new run"
         )
-    log.warning("resume: no round of the run in %s finished before it stopped; it starts again from round 1", out)
+    # a run stopped between round 1's record and its checkpoint lost only round 1, which it redoes
+    log.warning("resume: no checkpoint of the run in %s was written before it stopped; it starts again from round 1", out)
     return Resume(None, "")
+
+
+def recorded_beyond_round_1(rounds: Path) -> bool:
+    """Whether rounds.jsonl holds a round after round 1 (what starting again from round 1 would throw away)."""
+    if not rounds.is_file():
+        return False
+    return any(_round_of(line) != 1 for line in rounds.read_text().splitlines() if line.strip())
+
+
+def _round_of(line: str) -> Any:
+    """The round a rounds.jsonl line records (None for a line that is not a record)."""
+    try:
+        return json.loads(line).get("round")
+    except (ValueError, AttributeError):
+        return None
 
 
 class Checkpoints:
