@@ -262,9 +262,9 @@ def test_a_refused_run_leaves_earlier_results_even_with_overwrite(tmp_path, caps
 class FakeServer:
     """What build_server_app was called with; the stand-in engine plays the ServerApp."""
 
-    def __init__(self, cfg, out_dir, overwrite=False):
+    def __init__(self, cfg, out_dir, overwrite=False, resume=False):
         # the real ServerApp builds its Settings from the run config it is given
-        self.cfg, self.out, self.overwrite = resolve_settings(cfg), Path(out_dir), overwrite
+        self.cfg, self.out, self.overwrite, self.resume = resolve_settings(cfg), Path(out_dir), overwrite, resume
 
 
 @pytest.fixture
@@ -284,7 +284,7 @@ def engine(monkeypatch):
     eng = Engine()
     monkeypatch.setattr(flwr.simulation, "run_simulation", eng)
     monkeypatch.setattr(server.app, "build_server_app", FakeServer)
-    monkeypatch.setattr(client.app, "build_client_app", lambda cfg: object())
+    monkeypatch.setattr(client.app, "build_client_app", lambda cfg, state_dir=None: object())
     return eng
 
 
