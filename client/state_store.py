@@ -103,8 +103,13 @@ def _write_pointer(path: Path, key: str) -> None:
 def save_state(state: RecordDict, path: Path) -> None:
     """Write ``state`` (less its VOLATILE records) to ``path`` atomically and durably (a crash or
     power loss leaves the previous file whole)."""
+    _write_atomic(path, state_bytes(state))
+
+
+def state_bytes(state: RecordDict) -> bytes:
+    """What is saved of ``state``: all but its VOLATILE records, serialized."""
     kept = RecordDict({name: record for name, record in state.items() if name not in VOLATILE})
-    _write_atomic(path, recorddict_to_proto(kept).SerializeToString())
+    return recorddict_to_proto(kept).SerializeToString()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -154,16 +159,30 @@ def versions(folder: Path) -> list[tuple[Position, Path]]:
 
 def save_version(state: RecordDict, folder: Path, pos: Position, keep: int = KEEP) -> Path:
     """Save ``state`` as the version at ``pos`` (replacing one there), drop versions after ``pos``
-    (a killed run's abandoned future) and all but the newest ``keep``; the path written."""
-    path = version_path(folder, pos)
-    save_state(state, path)
+    (a killed run's abandoned future) and all but the newest ``keep``; the path that holds it. A state
+    equal to the newest version at or before ``pos`` is not written again (an evaluation leaves most
+    states as training left them): the newest version before any later message is then that one."""
+    data = state_bytes(state)
     saved = versions(folder)
     for at, old in saved:
         if at > pos:
             old.unlink(missing_ok=True)
-    for _, old in [v for v in saved if v[0] <= pos][:-keep]:
+    earlier = [v for v in saved if v[0] <= pos]
+    if earlier and _same_bytes(earlier[-1][1], data):
+        return earlier[-1][1]
+    path = version_path(folder, pos)
+    _write_atomic(path, data)
+    for _, old in [*(v for v in earlier if v[0] < pos), (pos, path)][:-keep]:
         old.unlink(missing_ok=True)
     return path
+
+
+def _same_bytes(path: Path, data: bytes) -> bool:
+    """Whether the file at ``path`` holds exactly ``data`` (False when it cannot be read)."""
+    try:
+        return path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False
 
 
 def is_fresh(state: RecordDict) -> bool:

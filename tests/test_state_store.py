@@ -61,6 +61,19 @@ def test_state_round_trips_exactly_and_restores_only_a_fresh_state(tmp_path):
     assert set(load_state(folder / "round-000004-evaluate.state")) == {"body", "meta", "m", STORE_RECORD}
 
 
+def test_an_unchanged_state_is_not_written_again_and_a_changed_one_replaces_its_position(tmp_path):
+    folder = tmp_path / "run-1" / "partition-0"
+    save_version(_tagged("1-train"), folder, position(1, "train"))
+    save_version(_tagged("1-train"), folder, position(1, "evaluate"))  # an evaluation that changed nothing
+    assert [p.name for _, p in versions(folder)] == ["round-000001-train.state"]
+    assert _restored_tag(folder, position(2, "train")) == "1-train"
+    save_version(_tagged("2-stage-a"), folder, position(2, "train"))
+    save_version(_tagged("1-train"), folder, position(2, "train"))  # a later stage of round 2 went back to round 1's state
+    assert _restored_tag(folder, position(2, "evaluate")) == "1-train"  # never the stale "2-stage-a"
+    save_version(_tagged("2-train"), folder, position(2, "train"))
+    assert _restored_tag(folder, position(3, "train")) == "2-train"
+
+
 def test_a_message_restores_the_newest_version_strictly_before_its_position(tmp_path):
     folder = tmp_path / "run-1" / "partition-0"
     for r in (1, 2):
