@@ -25,8 +25,9 @@ from headway.processes import descendants, running
 from headway.submit import ResumeRefused, resume_args, resume_config, split_run_config, toml_table
 from tests.cluster import Cluster, free_port, read_rounds, run_folder
 
-ROUNDS = 5
-KILL_ROUND = 3
+# the closing figures of issue 40 ran this file with HEADWAY_RESUME_ROUNDS=20 HEADWAY_RESUME_KILL_ROUND=7 (--basetemp kept the folders)
+ROUNDS = int(os.environ.get("HEADWAY_RESUME_ROUNDS", "5"))
+KILL_ROUND = int(os.environ.get("HEADWAY_RESUME_KILL_ROUND", "3"))
 RUN_CONFIG = (
     f"algorithm='fedlog' dataset='mnist' num-clients=3 num-server-rounds={ROUNDS} train-fraction=0.01 local-epochs=1 "
     "batch-size=10 partition='iid' sample-timeout=120.0 round-timeout=120.0"
@@ -307,7 +308,7 @@ def test_a_superlink_killed_in_round_3_and_restarted_on_its_database_resumes_the
         before = lab.wait_nodes()
         run = lab.submit(results)
         folder = _wait_rounds(results, KILL_ROUND - 1, run)
-        time.sleep(3)  # into round 3
+        time.sleep(3)  # into round KILL_ROUND
         link = c.procs["superlink"]
         assert _serverapps(link), "no ServerApp under the SuperLink"
         _kill_all([link.pid, *descendants(link.pid)])
@@ -335,7 +336,7 @@ def test_a_serverapp_killed_alone_in_round_3_resumes_on_the_same_superlink(tmp_p
         lab.wait_nodes()
         run = lab.submit(results)
         folder = _wait_rounds(results, KILL_ROUND - 1, run)
-        time.sleep(3)  # into round 3
+        time.sleep(3)  # into round KILL_ROUND
         apps = _serverapps(c.procs["superlink"])
         assert len(apps) == 1, apps
         _kill_all(apps)
