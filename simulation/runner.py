@@ -131,7 +131,8 @@ def resume_preflight(cfg: Settings, out_dir: str | Path) -> dict[str, Any] | Non
     from server.app import build_strategy, complete_summary, resume_point
     from server.checkpoint import resume_problem
 
-    point = resume_point(Path(out_dir))
+    with warnings_left_to_the_server():
+        point = resume_point(Path(out_dir))
     if point.checkpoint is not None and (
         problem := resume_problem(point.checkpoint, build_strategy(cfg).settings, Path(out_dir) / point.source)
     ):
@@ -140,6 +141,19 @@ def resume_preflight(cfg: Settings, out_dir: str | Path) -> dict[str, Any] | Non
     if ckpt is None or ckpt.pending is not None or ckpt.round < cfg.num_server_rounds:
         return None
     return complete_summary(Path(out_dir), ckpt.round)
+
+
+@contextlib.contextmanager
+def warnings_left_to_the_server() -> Iterator[None]:
+    """headway's warnings silenced: the ServerApp finds the resume point again and says each warning
+    (a checkpoint skipped as unreadable, a run starting again from round 1) once; errors still show."""
+    headway_log = logging.getLogger("headway")
+    level = headway_log.level
+    headway_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        headway_log.setLevel(level)
 
 
 def preflight(cfg: Settings, out_dir: str | Path, overwrite: bool = False) -> None:
