@@ -5,8 +5,9 @@ finds the state its nodes had at the checkpoint it continues from.
 
 On when the SuperNode's node config names a ``state-dir`` (``headway supernode
 --state-dir``), or in simulation when the runner gives :func:`client.app.build_client_app`
-one. The folder is keyed by the run's lineage key (the first run's id, which a resumed
-server sends in its registration query; else this run's id) and the partition id, and holds
+one. The folder is keyed by the run's lineage key (a random token the run's server draws and
+sends in every registration query, the same after a resume: only that server can name the
+state; before a registration, this run's id or its pointer file) and the partition id, and holds
 VERSIONS: the state after each message the client answered, tagged with that message's
 position (round, then query < train < evaluate). A client with an empty state restores the
 newest version strictly before the position of the message it answers, so a resumed round

@@ -17,7 +17,7 @@ BODY = "body"  # config field of a registration or upload reply: the client's bo
 DATA_PROFILE = "data-profile"  # config field of a dataset=local node's describe/registration reply: what its data holds (JSON, no rows)
 DATA_SCHEMA = "data-schema"  # config field of a dataset=local registration query: the run's agreed classes and encoding (JSON)
 CLIENT_INDEX = "client-index"  # config field of a dataset=local registration query: the index the server gives the node
-LINEAGE = "lineage"  # config field (str) of a resumed server's registration query: the first run's id, which keys the nodes' saved state
+LINEAGE = "lineage"  # config field (str) of every registration query: the run's key (a random token kept across resumes), which keys the nodes' saved state
 
 # metric fields
 NUM_EXAMPLES = "num-examples"

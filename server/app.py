@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import time
 from collections.abc import Mapping
@@ -195,14 +196,6 @@ class Checkpoints:
         return {"checkpoints_written": self.written, "checkpoint_bytes": self.bytes, "checkpoint_seconds": self.seconds}
 
 
-def flower_run_id(grid: Grid) -> str:
-    """The Flower run id of the run on ``grid`` (a run's lineage key when it is not a resume), or "" where the grid has none."""
-    try:
-        return str(grid.run.run_id)
-    except Exception:  # a grid not yet bound to a run (tests' fakes)
-        return ""
-
-
 def complete_summary(out: Path, rounds: int) -> dict[str, Any] | None:
     """summary.json of the run in ``out`` when it says the run completed ``rounds`` rounds, else None."""
     try:
@@ -255,9 +248,12 @@ def run_server(
     engine = strategy.connect(grid)  # kept here: who took part goes into summary.json even when the run raises
     if found is not None:
         engine.waited = True  # discovery waited sample-timeout for the nodes already: no second wait, no second warning
-    run_key = flower_run_id(grid) if ckpt is None else ckpt.run_key
+    # the key the nodes file their saved state under: drawn from OS entropy, so that only this run's server (and
+    # whoever holds its checkpoints) can name that state to a node; another run cannot make a node load it
+    run_key = secrets.token_hex(16) if ckpt is None else ckpt.run_key
     if ckpt is not None:
-        engine.restore(ckpt.engine, lineage=run_key or None)
+        engine.restore(ckpt.engine)
+    engine.file_state_under(run_key)
     saver = Checkpoints(out, strategy.settings, engine, recorder, run_key)
     loop = RoundLoop(strategy, engine, on_round=recorder.round, on_checkpoint=saver)  # its state: what summary.json reports
     try:

@@ -72,7 +72,7 @@ class Checkpoint:
     engine: dict[str, Any]  # Engine.snapshot(): plain values, restored by Engine.restore()
     pending: dict[str, Any] | None  # a round record still waiting for the next round's carried scores (with-next-train)
     rounds: list[dict[str, Any]]  # the Recorder's round records so far
-    run_key: str  # the lineage id: the first run's Flower run id, kept across resumes
+    run_key: str  # the key the nodes file their saved state under: drawn by the first run's server (OS entropy), kept across resumes
     elapsed: float  # wall seconds the run had used
     config: dict[str, Any]  # Settings.to_config() of the run that wrote it
     code: str  # code_version() of the code that wrote it

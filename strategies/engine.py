@@ -150,11 +150,15 @@ class Engine:
         refused nodes and conflicts. The sampling stream's position is the server state's (``ServerState.sampling``)."""
         return {"registry": self.registry.snapshot()}
 
-    def restore(self, snapshot: Mapping[str, Any], lineage: str | None = None) -> None:
+    def restore(self, snapshot: Mapping[str, Any]) -> None:
         """Take back :meth:`snapshot` for a resumed run: every node registers again (in simulation under a new id),
-        checked against the client it claims to be; ``lineage``, the first run's key, goes in those registrations."""
+        checked against the client it claims to be."""
         self.registry.restore(snapshot["registry"])
-        self.registrar.lineage = lineage
+
+    def file_state_under(self, run_key: str) -> None:
+        """Send ``run_key`` in every registration: the nodes keep their saved state under it, so a resumed run that
+        sends it again (from its checkpoint) finds that state, and no other run can name it."""
+        self.registrar.lineage = run_key
 
     # ----- who takes part ---------------------------------------------------------
     def wait_for_clients(self) -> list[int]:

@@ -274,7 +274,7 @@ class Registrar:
         self.services = services
         self.registry = registry
         self.admit = admit  # why a node's declared body cannot take part in this run, or None
-        self.lineage: str | None = None  # a resumed run: the first run's key, sent in registration (nodes keep their state under it)
+        self.lineage: str | None = None  # the run's key, sent in every registration: nodes file their saved state under it
         self.takeover_refused: set[int] = set()  # nodes refused an orphaned index for other data (register offers them another)
 
     def register(self, nodes: list[int]) -> None:
@@ -285,7 +285,7 @@ class Registrar:
         (until every node has had one, or none is left)."""
         schema = self.services.schema
         fields: dict[str, ConfigRecordValues] = {P.ROUND: self.channel.round, P.PHASE: P.PHASE_REGISTER}
-        if self.lineage is not None:  # only a resumed run's query carries it: a run that never stopped sends what it always did
+        if self.lineage is not None:
             fields[P.LINEAGE] = self.lineage
         connected = set(self.grid.get_node_ids())
         if schema is None:

@@ -80,6 +80,32 @@ def test_a_resumed_lg_fedavg_client_repeats_round_2_from_its_round_1_state(lg):
     assert _wire(app(_message("train", 2, head, {P.PHASE: P.PHASE_TRAIN}), _context(run_id=13))) != killed
 
 
+def test_another_run_naming_a_runs_public_id_finds_none_of_its_state_and_leaves_it_whole(lg):
+    """A run's server files its nodes' state under a random token it sends at registration; another run that names
+    the first run's id (which anyone listing runs sees) as lineage gets a fresh client, and cannot overwrite that state."""
+    app, head, root = lg
+    token = "5f0c1e2d3a4b5c6d7e8f90a1b2c3d4e5"
+    first = _context(run_id=41)
+    assert not app(_message("query", 1, None, {P.PHASE: P.PHASE_REGISTER, P.LINEAGE: token}), first).has_error()
+    _wire(app(_message("train", 1, head, {P.PHASE: P.PHASE_TRAIN}), first))
+    _wire(app(_message("train", 2, head, {P.PHASE: P.PHASE_TRAIN}), first))
+    scores = _wire(app(_message("evaluate", 2, head, {P.PHASE: P.PHASE_EVALUATE}), first))
+    kept = [p.read_bytes() for _, p in versions(root / f"run-{token}" / "partition-0")]
+    assert len(kept) == 2 and not (root / "run-41").exists()
+
+    other = _context(run_id=77)
+    assert not app(_message("query", 3, None, {P.PHASE: P.PHASE_REGISTER, P.LINEAGE: "41"}), other).has_error()
+    assert STORE_RECORD not in other.state  # nothing restored
+    assert _wire(app(_message("evaluate", 3, head, {P.PHASE: P.PHASE_EVALUATE}), other)) != scores
+    _wire(app(_message("train", 3, head, {P.PHASE: P.PHASE_TRAIN}), other))
+    assert [p.read_bytes() for _, p in versions(root / f"run-{token}" / "partition-0")] == kept
+
+    resumed = _context(run_id=78)  # the first run's own server, resumed: its token finds the state
+    assert not app(_message("query", 3, None, {P.PHASE: P.PHASE_REGISTER, P.LINEAGE: token}), resumed).has_error()
+    assert resumed.state[STORE_RECORD]["restores"] == 1
+    assert _wire(app(_message("evaluate", 2, head, {P.PHASE: P.PHASE_EVALUATE}), _context(run_id=41))) == scores
+
+
 def test_an_evaluate_of_a_resumed_round_uses_that_rounds_training(lg):
     app, head, _ = lg
     first = _context(run_id=21)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from server.checkpoint import load_checkpoint
 from tests.conftest import ROOT
 from tests.doc_commands import commands, placeholders
 
@@ -35,3 +36,7 @@ def test_the_printed_run_and_resume_extend_the_run_by_a_round(tmp_path: Path, da
     assert [r["round"] for r in rounds] == [1, 2, 3]
     assert summary["resumed"][0]["after_round"] == 2
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["round-000001.ckpt", "round-000002.ckpt", "round-000003.ckpt"]
+    # the clients' state is filed under the run's random key, the same after the resume (not the public run id)
+    key = load_checkpoint(out).run_key
+    assert len(key) == 32 and int(key, 16) >= 0
+    assert sorted(p.name for p in (out / "client-state").iterdir() if p.is_dir()) == [f"run-{key}"]
