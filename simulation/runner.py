@@ -128,8 +128,9 @@ def resume_preflight(cfg: Settings, out_dir: str | Path) -> dict[str, Any] | Non
     """The checks of a resume before the simulation engine starts: a checkpoint (or a run stopped before its
     first round ended) to continue from, and one whose config and code this run may continue (ConfigError, one line).
     Returns the run's summary when it already completed ``num-server-rounds`` (nothing to run), else None."""
-    from server.app import build_strategy, complete_summary, resume_point
+    from server.app import build_strategy
     from server.checkpoint import resume_problem
+    from server.resume import complete_summary, resume_point
 
     with warnings_left_to_the_server():
         point = resume_point(Path(out_dir))

@@ -1,7 +1,7 @@
 """Checkpoint and resume in simulation (issue 40): real `headway run` processes killed by SIGKILL and
 resumed with `headway run --resume`, compared round by round with an unbroken run of the same config.
 
-The kill points come from the server's test-only fault hook (``server.app.KILL_ENV``): ``record:K`` kills
+The kill points come from the server's test-only fault hook (``server.resume.KILL_ENV``): ``record:K`` kills
 the process after round K's record went to rounds.jsonl and before its checkpoint (the resume redoes round
 K, and rounds.jsonl holds it once), ``checkpoint:K`` right after round K's checkpoint. A kill during round 1
 is a plain SIGKILL from outside once the clients are up and before any record.
@@ -31,8 +31,8 @@ import psutil
 import pytest
 
 from core.schema import ConfigError
-from server.app import resume_point
 from server.checkpoint import Checkpoint, decode, encode
+from server.resume import resume_point
 from strategies.arrays import to_record
 from strategies.base import Step
 from strategies.meter import RoundMeter
@@ -337,4 +337,12 @@ def test_a_run_stopped_before_round_1s_checkpoint_starts_again_and_one_with_late
     assert resume_point(tmp_path).checkpoint is None  # only round 1 is lost: it is redone
     (tmp_path / "rounds.jsonl").write_text("".join(json.dumps({"round": r}) + "\n" for r in (1, 2)))
     with pytest.raises(ConfigError, match="no usable checkpoint"):
+        resume_point(tmp_path)
+
+
+def test_a_complete_run_that_kept_no_checkpoint_says_it_cannot_be_resumed(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "rounds.jsonl").write_text("".join(json.dumps({"round": r}) + "\n" for r in (1, 2)))
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "rounds": 2}))
+    with pytest.raises(ConfigError, match=r"is complete and kept no checkpoint \(checkpoint-keep=0\)"):
         resume_point(tmp_path)
