@@ -71,9 +71,9 @@ def partition_of(context: Context) -> int | None:
     return P.as_int(context.node_config["partition-id"]) if "partition-id" in context.node_config else None
 
 
-def _lineage(msg: Message, context: Context, root: Path | None) -> str:
-    """The key this node's saved state is filed under (:func:`client.state_store.lineage_key`): a
-    resumed server's registration query names the run it continues."""
+def _lineage(msg: Message, context: Context, root: Path | None) -> str | None:
+    """The key this node's saved state is filed under (:func:`client.state_store.lineage_key`): the
+    server's registration query names it (a resumed run's, the run it continues)."""
     config = msg.content.config_records.get(P.CONFIG, ConfigRecord()) if msg.metadata.message_type == MessageType.QUERY else ConfigRecord()
     return lineage_key(context.state, root, context.run_id, config.get(P.LINEAGE))
 
@@ -83,6 +83,7 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
     method answer, and save the state as the version at this message's position."""
     run_config = {**dict(context.run_config), **overrides}
     root = state_root(context.node_config, state_dir)
+    key: str | None = None
     try:
         cfg = node_cfg(run_config, context.node_config)
         data = local_data(cfg, context.node_config)
@@ -103,7 +104,7 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
                 )
         env = client_env(run_config, context.node_config, node if data is not None else None)
     except Exception as exc:  # a node that cannot find or read its data or partition says so
-        return Message(Error(code=P.ERROR_BAD_INPUT, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+        return Message(Error(code=P.ERROR_BAD_INPUT, reason=_reason(exc, key)), reply_to=msg)
     store = state_folder(root, key, "local" if data is not None else env.partition_id)
     try:
         if store is not None:
@@ -118,8 +119,15 @@ def _handle(msg: Message, context: Context, kind: str, overrides: Mapping[str, A
                 save_version(context.state, store, at)
     except Exception as exc:
         log.exception("client %d: %s failed", env.partition_id, kind)
-        return Message(Error(code=P.ERROR_CLIENT, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+        return Message(Error(code=P.ERROR_CLIENT, reason=_reason(exc, key)), reply_to=msg)
     return Message(content=content, reply_to=msg)
+
+
+def _reason(exc: Exception, key: str | None) -> str:
+    """An error reply's reason: the exception, less the run key (a state file's path names it, and the
+    server records reasons in rounds.jsonl; the key must stay with the run's server and nodes)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text.replace(key, "<run key>") if key else text
 
 
 def _answer(msg: Message, context: Context, kind: str, env: ClientEnv) -> RecordDict:

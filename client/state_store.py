@@ -45,7 +45,7 @@ KEEP = 4
 PHASE_RANK = {"query": 0, "train": 1, "evaluate": 2}  # order of a round's messages; every train stage shares one position
 Position = tuple[int, int]  # (server round, PHASE_RANK of the message kind)
 _VERSION = re.compile(r"round-(\d+)-(query|train|evaluate)\.state")
-_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_KEY = re.compile(r"[0-9a-f]{32}")  # a run key as a headway server draws it (secrets.token_hex(16))
 
 
 def position(server_round: int, kind: str) -> Position:
@@ -60,27 +60,28 @@ def state_root(node_config: Mapping[str, Any], state_dir: Path | None = None) ->
     return Path(folder) if folder else state_dir
 
 
-def state_folder(root: Path | None, key: str | int, partition_id: int | str) -> Path | None:
-    """Where one client's versions live: ``root/run-KEY/partition-ID``; None without a root."""
-    return None if root is None else root / f"run-{key}" / f"partition-{partition_id}"
+def state_folder(root: Path | None, key: str | None, partition_id: int | str) -> Path | None:
+    """Where one client's versions live: ``root/run-KEY/partition-ID``; None without a root or a run key."""
+    return None if root is None or key is None else root / f"run-{key}" / f"partition-{partition_id}"
 
 
 def check_lineage(key: object) -> str:
-    """A lineage key from a registration query, checked: it names a folder, so only a short
-    name of letters, digits, '_', '.', '-' is taken (ValueError otherwise)."""
+    """A run key from a registration query, checked: it names a folder and must be one a server drew
+    (32 hex digits), never a run id anyone can list nor a name that collides with a pointer file (ValueError otherwise)."""
     if not isinstance(key, str) or not _KEY.fullmatch(key):
-        raise ValueError(f"the registration's {P.LINEAGE} {str(key)[:80]!r} is not a run key (letters, digits, '_', '.', '-'; at most 64)")
+        raise ValueError(f"the registration's {P.LINEAGE} {str(key)[:80]!r} is not a run key (32 lowercase hex digits)")
     return key
 
 
-def lineage_key(state: RecordDict, root: Path | None, run_id: int, received: object = None) -> str:
-    """The key this client's store is filed under: ``received`` (a resumed server's
-    ``P.LINEAGE``, then kept in ``state`` and, under ``root``, in a pointer file from this run's
-    id so a node restarted within the resumed run finds it), else the one kept, else ``run_id``."""
+def lineage_key(state: RecordDict, root: Path | None, run_id: int, received: object = None) -> str | None:
+    """The key this client's store is filed under: ``received`` (the server's ``P.LINEAGE``, then kept
+    in ``state`` and, under ``root``, in a pointer file from this run's id so a node restarted within
+    the run finds it), else the one kept, else the pointer's; None before any (nothing on disk then:
+    filing under the public run id would let another run plant state there)."""
     if received is not None:
         key = check_lineage(received)
         state[LINEAGE_RECORD] = ConfigRecord({P.LINEAGE: key})
-        if root is not None and key != str(run_id):
+        if root is not None:
             _write_pointer(root / f"run-{run_id}.lineage", key)
         return key
     if LINEAGE_RECORD in state.config_records:
@@ -90,8 +91,10 @@ def lineage_key(state: RecordDict, root: Path | None, run_id: int, received: obj
         try:
             return check_lineage(pointer.read_text().strip())
         except ValueError as exc:
-            log.error("the lineage pointer %s is unreadable (%s); keeping this run's own state", pointer, exc)
-    return str(run_id)
+            log.error(
+                "the lineage pointer %s is unreadable (%s); no saved state is used until the server registers this node", pointer, exc
+            )
+    return None
 
 
 def _write_pointer(path: Path, key: str) -> None:

@@ -55,24 +55,33 @@ def _wire(reply: Message) -> bytes:
     return recorddict_to_proto(reply.content).SerializeToString()
 
 
+KEY = "5f0c1e2d3a4b5c6d7e8f90a1b2c3d4e5"  # the run's key, as its server draws it
+
+
+def _register(app, server_round: int, context: Context, key: str = KEY) -> None:
+    """The server's registration query naming the run's key (every run's first message to a node)."""
+    assert not app(_message("query", server_round, None, {P.PHASE: P.PHASE_REGISTER, P.LINEAGE: key}), context).has_error()
+
+
 def test_a_resumed_lg_fedavg_client_repeats_round_2_from_its_round_1_state(lg):
     app, head, root = lg
     first = _context(run_id=11)
+    _register(app, 1, first)
     _wire(app(_message("train", 1, head, {P.PHASE: P.PHASE_TRAIN}), first))
     round_2 = _message("train", 2, head, {P.PHASE: P.PHASE_TRAIN})
     killed = _wire(app(round_2, first))
     scores = _wire(app(_message("evaluate", 2, head, {P.PHASE: P.PHASE_EVALUATE}), first))
-    folder = root / "run-11" / "partition-0"
+    folder = root / f"run-{KEY}" / "partition-0"
     # the evaluation left the state as round 2's training did: no second copy of it
     assert [p.name for _, p in versions(folder)] == ["round-000001-train.state", "round-000002-train.state"]
 
     # the resumed run (another Flower run id) registers the node again in round 2, naming the first run
     resumed = _context(run_id=12)
-    registration = app(_message("query", 2, None, {P.PHASE: P.PHASE_REGISTER, P.LINEAGE: "11"}), resumed)
+    registration = app(_message("query", 2, None, {P.PHASE: P.PHASE_REGISTER, P.LINEAGE: KEY}), resumed)
     assert not registration.has_error() and resumed.state[STORE_RECORD]["restores"] == 1
     assert _wire(app(_message("train", 2, head, {P.PHASE: P.PHASE_TRAIN}), resumed)) == killed  # round 1's state, not round 2's
     assert _wire(app(_message("evaluate", 2, head, {P.PHASE: P.PHASE_EVALUATE}), resumed)) == scores
-    assert not (root / "run-12").exists() and (root / "run-12.lineage").read_text() == "11"
+    assert not (root / "run-12").exists() and (root / "run-12.lineage").read_text() == KEY
     # its SuperNode restarts within the resumed run and is sent round 2's training first: the pointer names the lineage
     assert _wire(app(_message("train", 2, head, {P.PHASE: P.PHASE_TRAIN}), _context(run_id=12))) == killed
 
@@ -84,7 +93,7 @@ def test_another_run_naming_a_runs_public_id_finds_none_of_its_state_and_leaves_
     """A run's server files its nodes' state under a random token it sends at registration; another run that names
     the first run's id (which anyone listing runs sees) as lineage gets a fresh client, and cannot overwrite that state."""
     app, head, root = lg
-    token = "5f0c1e2d3a4b5c6d7e8f90a1b2c3d4e5"
+    token = KEY
     first = _context(run_id=41)
     assert not app(_message("query", 1, None, {P.PHASE: P.PHASE_REGISTER, P.LINEAGE: token}), first).has_error()
     _wire(app(_message("train", 1, head, {P.PHASE: P.PHASE_TRAIN}), first))
@@ -94,7 +103,8 @@ def test_another_run_naming_a_runs_public_id_finds_none_of_its_state_and_leaves_
     assert len(kept) == 2 and not (root / "run-41").exists()
 
     other = _context(run_id=77)
-    assert not app(_message("query", 3, None, {P.PHASE: P.PHASE_REGISTER, P.LINEAGE: "41"}), other).has_error()
+    refused = app(_message("query", 3, None, {P.PHASE: P.PHASE_REGISTER, P.LINEAGE: "41"}), other)
+    assert refused.has_error() and "is not a run key" in str(refused.error.reason)  # a run id is never a key
     assert STORE_RECORD not in other.state  # nothing restored
     assert _wire(app(_message("evaluate", 3, head, {P.PHASE: P.PHASE_EVALUATE}), other)) != scores
     _wire(app(_message("train", 3, head, {P.PHASE: P.PHASE_TRAIN}), other))
@@ -109,6 +119,7 @@ def test_another_run_naming_a_runs_public_id_finds_none_of_its_state_and_leaves_
 def test_an_evaluate_of_a_resumed_round_uses_that_rounds_training(lg):
     app, head, _ = lg
     first = _context(run_id=21)
+    _register(app, 1, first)
     _wire(app(_message("train", 1, head, {P.PHASE: P.PHASE_TRAIN}), first))
     scores = _wire(app(_message("evaluate", 1, head, {P.PHASE: P.PHASE_EVALUATE}), first))
     restarted = _context(run_id=21)  # a SuperNode restarted in the same run: same run id, empty state
@@ -159,3 +170,14 @@ def test_a_restarted_node_with_its_own_data_picks_up_its_registration_and_body_a
     reply = grid.app(last_train, restarted)
     assert JOINED in restarted.state and restarted.state[STORE_RECORD]["restores"] == 1
     assert _wire(reply) == _wire(grid.replies[at])
+
+
+def test_an_error_reply_never_carries_the_run_key(lg):
+    """A state file's path names the run key, and the server records error reasons in rounds.jsonl: the key is cut out."""
+    app, head, root = lg
+    first = _context(run_id=51)
+    _register(app, 1, first)
+    (root / f"run-{KEY}" / "partition-0").mkdir(parents=True, exist_ok=True)
+    (root / f"run-{KEY}" / "partition-0" / "round-000001-train.state").mkdir()  # a folder where the state file goes
+    reply = app(_message("train", 1, head, {P.PHASE: P.PHASE_TRAIN}), first)
+    assert reply.has_error() and "<run key>" in str(reply.error.reason) and KEY not in str(reply.error.reason)

@@ -121,19 +121,23 @@ def test_a_corrupt_newest_version_is_set_aside_and_the_one_before_is_restored(tm
     assert _restored_tag(folder, position(3, "train")) is None  # none readable: the seed
 
 
-def test_the_lineage_key_redirects_the_store_to_the_run_it_resumes(tmp_path):
+KEY = "0123456789abcdef0123456789abcdef"  # a run key as a server draws it
+
+
+def test_the_run_key_files_the_store_and_a_pointer_finds_it_after_a_restart(tmp_path):
     state = RecordDict()
-    assert lineage_key(state, tmp_path, 42) == "42" and len(state) == 0  # a run that resumes nothing: its own id
-    assert lineage_key(state, tmp_path, 43, "42") == "42"  # a resumed server names the first run
-    assert state[LINEAGE_RECORD][P.LINEAGE] == "42" and is_fresh(state)  # kept, and the state still takes a restore
-    assert lineage_key(state, tmp_path, 43) == "42"  # later messages of the resumed run
-    assert (tmp_path / "run-43.lineage").read_text() == "42"
-    assert lineage_key(RecordDict(), tmp_path, 43) == "42"  # a node restarted within the resumed run
-    assert lineage_key(RecordDict(), None, 43) == "43"
-    save_version(_tagged("first run"), tmp_path / "run-42" / "partition-0", position(3, "evaluate"))
+    assert lineage_key(state, tmp_path, 42) is None and len(state) == 0  # before the registration: nothing on disk, never the run id
+    assert lineage_key(state, tmp_path, 43, KEY) == KEY  # the server's registration names the run's key
+    assert state[LINEAGE_RECORD][P.LINEAGE] == KEY and is_fresh(state)  # kept, and the state still takes a restore
+    assert lineage_key(state, tmp_path, 43) == KEY  # later messages of the run
+    assert (tmp_path / "run-43.lineage").read_text() == KEY
+    assert lineage_key(RecordDict(), tmp_path, 43) == KEY  # a node restarted within the run
+    assert lineage_key(RecordDict(), None, 43) is None
+    save_version(_tagged("first run"), tmp_path / f"run-{KEY}" / "partition-0", position(3, "evaluate"))
     assert restore_state(state, tmp_path / f"run-{lineage_key(state, tmp_path, 43)}" / "partition-0", position(4, "query"))
-    assert state["meta"]["tag"] == "first run" and state[LINEAGE_RECORD][P.LINEAGE] == "42"
-    for bad in ("../x", "", "a/b", 7, "x" * 65):
+    assert state["meta"]["tag"] == "first run" and state[LINEAGE_RECORD][P.LINEAGE] == KEY
+    # a run id anyone can list, a name that would collide with a pointer file, anything but 32 lowercase hex digits
+    for bad in ("42", "43.lineage", KEY.upper(), "x" * 32, KEY + "0", "../x", "", "a/b", 7):
         with pytest.raises(ValueError, match="is not a run key"):
             lineage_key(RecordDict(), tmp_path, 43, bad)
 
