@@ -37,6 +37,8 @@ def test_the_printed_run_and_resume_extend_the_run_by_a_round(tmp_path: Path, da
     assert summary["resumed"][0]["after_round"] == 2
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["round-000001.ckpt", "round-000002.ckpt", "round-000003.ckpt"]
     # the clients' state is filed under the run's random key, the same after the resume (not the public run id)
-    key = load_checkpoint(out).run_key
+    ckpt = load_checkpoint(out)
+    assert ckpt is not None
+    key = ckpt.run_key
     assert len(key) == 32 and int(key, 16) >= 0
     assert sorted(p.name for p in (out / "client-state").iterdir() if p.is_dir()) == [f"run-{key}"]

@@ -26,6 +26,8 @@ from client.state_store import (
 )
 from core import protocol as P
 
+KEY = "0123456789abcdef0123456789abcdef"  # a run key as a server draws it
+
 
 def _tagged(tag: str) -> RecordDict:
     return RecordDict({"meta": ConfigRecord({"tag": tag})})
@@ -40,8 +42,8 @@ def test_state_round_trips_exactly_and_restores_only_a_fresh_state(tmp_path):
     assert state_root({"partition-id": 0}) is None  # no state-dir: nothing on disk
     assert state_root({"partition-id": 0}, tmp_path / "sim") == tmp_path / "sim"  # simulation: the runner's folder
     assert state_root({"state-dir": str(tmp_path)}, tmp_path / "sim") == tmp_path  # a node's own state-dir wins
-    folder = tmp_path / "run-7" / "partition-3"
-    assert state_folder(tmp_path, 7, 3) == folder and state_folder(None, 7, 3) is None
+    folder = tmp_path / f"run-{KEY}" / "partition-3"
+    assert state_folder(tmp_path, KEY, 3) == folder and state_folder(None, KEY, 3) is None and state_folder(tmp_path, None, 3) is None
     body = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
     state = RecordDict({"body": ArrayRecord({"w": Array(body)}), "meta": ConfigRecord({"round": 4}), "m": MetricRecord({"loss": 0.5})})
     path = save_version(state, folder, position(4, "train"))
@@ -119,9 +121,6 @@ def test_a_corrupt_newest_version_is_set_aside_and_the_one_before_is_restored(tm
     assert [at for at, _ in versions(folder)] == [position(1, "train")]  # the set-aside file is no version
     version_path(folder, position(1, "train")).write_bytes(b"\xff" * 9)
     assert _restored_tag(folder, position(3, "train")) is None  # none readable: the seed
-
-
-KEY = "0123456789abcdef0123456789abcdef"  # a run key as a server draws it
 
 
 def test_the_run_key_files_the_store_and_a_pointer_finds_it_after_a_restart(tmp_path):
