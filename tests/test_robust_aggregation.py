@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from pathlib import Path
 
 import flwr.simulation
 import numpy as np
@@ -396,9 +397,9 @@ def poison_train(msg: Message, context: Context, honest: ClientApp, cfg: dict) -
     return Message(content=content, reply_to=msg)
 
 
-def hostile_client_app(cfg: dict) -> ClientApp:
+def hostile_client_app(cfg: dict, state_dir: Path | None = None) -> ClientApp:
     """headway's ClientApp, except that partitions ATTACKERS send :func:`poison_train`'s replies."""
-    honest = honest_client_app(cfg)
+    honest = honest_client_app(cfg, state_dir=state_dir)
     app = ClientApp()
 
     @app.train()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,9 +42,9 @@ def lie_inside_the_mask(msg: Message, out: Message) -> Message:
     return Message(content=out.content, reply_to=msg)
 
 
-def lying_client_app(cfg: dict) -> ClientApp:
+def lying_client_app(cfg: dict, state_dir: Path | None = None) -> ClientApp:
     """headway's ClientApp, except that partition LIAR lies inside its masked vector in round LYING_ROUND."""
-    honest = honest_client_app(cfg)
+    honest = honest_client_app(cfg, state_dir=state_dir)
     app = ClientApp()
 
     @app.train()
