@@ -16,7 +16,7 @@ from core.config import LOCAL, body_for, fit_body, resolve_settings
 from core.data import Dataset, to_tensors
 from core.labels import check_label_column
 from core.models import Net, build_model, resolve_device
-from core.noise import corrupt, noise_assignment
+from core.noise import corrupt, noise_assignment, parse_client_transform, transform
 from core.partition import make_partition
 from core.run_data import load_node_data, load_run_dataset
 from core.settings import Settings
@@ -104,8 +104,11 @@ def _make_env(
     kind = noise_assignment(cfg.client_noise, cfg.num_clients, cfg.seed).get(partition_id)
     if kind is not None:  # a low-quality client: its training data only, deterministically from the seed
         x_raw = corrupt(x_raw, kind, np.random.default_rng([int(cfg.seed), partition_id, seeds.NOISE]))
+    x_test = test[0]
+    if (turn := parse_client_transform(cfg.client_transform).get(partition_id)) is not None:  # another domain: train and test alike
+        x_raw, x_test = transform(x_raw, turn), transform(x_test, turn)
     xtr, ytr = to_tensors(ds, x_raw, train[1])
-    xte, yte = to_tensors(ds, *test)
+    xte, yte = to_tensors(ds, x_test, test[1])
     device = resolve_device(cfg.device)
     if cfg.inputs == "features":  # the frozen extractor's features stand in for the inputs (noise applied before)
         from core.extractors import configured_features

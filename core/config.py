@@ -132,6 +132,7 @@ def _check_combinations(cfg: Settings, import_bodies: bool = True) -> None:
         parse_client_noise(cfg.client_noise)
     except ValueError as exc:
         raise ConfigError(f"run-config key 'client-noise': {exc}") from None
+    _check_joining(cfg)
     method = METHODS[cfg.algorithm]
     most = max_replies(cfg)
     if cfg.min_replies > most:
@@ -266,6 +267,32 @@ def max_replies(cfg: Settings) -> int:
     return n if METHODS[cfg.algorithm].every_client else min(n, sample_size(n, cfg.fraction_train))
 
 
+def _check_joining(cfg: Settings) -> None:
+    """The join and client-transform keys (core/joining.py, core/noise.py): ConfigError in one line naming the key."""
+    from core.joining import join_problem
+    from core.noise import parse_client_transform
+
+    try:
+        problem = join_problem(
+            cfg.join_clients,
+            cfg.join_round,
+            cfg.num_clients,
+            cfg.num_server_rounds,
+            cfg.dataset == LOCAL,
+            cfg.client_sampling == "data-ratio",
+        )
+        turned = parse_client_transform(cfg.client_transform)
+    except ValueError as exc:
+        raise ConfigError(str(exc) if str(exc).startswith("run-config key") else f"run-config key 'client-transform': {exc}") from None
+    if problem is not None:
+        raise ConfigError(problem)
+    outside = sorted(p for p in turned if p >= cfg.num_clients)
+    if outside:
+        raise ConfigError(
+            f"run-config key 'client-transform': partition id {outside[0]} is outside 0..{cfg.num_clients - 1} (num-clients={cfg.num_clients})"
+        )
+
+
 def check_against_spec(cfg: Settings, spec: Any) -> None:
     """Checks that need the data set's spec (a ``core.data.DatasetSpec``); ConfigError naming the key."""
     if cfg.partition == "dominant" and spec.task != "classification":
@@ -283,6 +310,10 @@ def check_against_spec(cfg: Settings, spec: Any) -> None:
         raise ConfigError(
             f"run-config key 'inputs' is 'features', but fedpft-extractor {cfg.fedpft.extractor!r} takes images and "
             f"data set '{cfg.dataset}' is tabular: use fedpft-extractor=identity, or inputs=raw"
+        )
+    if cfg.client_transform and not (image and spec.input_shape[1] == spec.input_shape[2]):
+        raise ConfigError(
+            f"run-config key 'client-transform' turns square images, and data set '{cfg.dataset}' has inputs of shape {tuple(spec.input_shape)}"
         )
     for kind, _ in parse_client_noise(cfg.client_noise):
         if (kind in IMAGE_KINDS) != image:

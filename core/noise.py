@@ -14,6 +14,11 @@ Tabular kinds (standardized float features):
 - ``polluted``: every feature replaced by a value drawn uniformly from [−5, 5] standard
   deviations, independent of the target (a sensor sending invalid readings).
 - ``noisy``: Gaussian noise of one standard deviation added to every reading.
+
+``client-transform`` is another scenario: a comma list ``partition:kind`` that changes the
+named clients' train AND test images alike (a device whose data comes from another domain,
+LG-FedAvg's rotated MNIST, Table 3). Kinds: ``rotate90``, ``rotate180``, ``rotate270``
+(counter-clockwise, square images of any data set) and ``hflip``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from core import seeds
 IMAGE_KINDS = ("irrelevant", "blur", "salt-pepper")
 TABULAR_KINDS = ("polluted", "noisy")
 KINDS = IMAGE_KINDS + TABULAR_KINDS
+TRANSFORMS = {"rotate90": 1, "rotate180": 2, "rotate270": 3, "hflip": 0}  # kind -> quarter turns (hflip: none, a mirror)
 SALT_PEPPER_DENSITY = 0.3
 BLUR_SIGMA = 1.5
 
@@ -93,3 +99,31 @@ def corrupt(x: np.ndarray, kind: str, rng: np.random.Generator) -> np.ndarray:
     if kind == "noisy":
         return (x + rng.normal(0.0, 1.0, size=x.shape)).astype(x.dtype)
     raise ValueError(f"unknown client-noise kind {kind!r}")
+
+
+def parse_client_transform(text: str) -> dict[int, str]:
+    """``"100:rotate90,7:hflip"`` -> {100: "rotate90", 7: "hflip"}, checked (one line saying what is wrong)."""
+    out: dict[int, str] = {}
+    for item in (p.strip() for p in str(text).split(",")):
+        if not item:
+            continue
+        pid, sep, kind = (t.strip() for t in item.partition(":"))
+        if not sep or kind not in TRANSFORMS or not pid.isdigit():
+            raise ValueError(
+                f"client-transform item {item!r}: expected partition-id:kind with kind one of {', '.join(TRANSFORMS)} (e.g. '100:rotate90')"
+            )
+        if int(pid) in out:
+            raise ValueError(f"client-transform names partition {int(pid)} twice")
+        out[int(pid)] = kind
+    return out
+
+
+def transform(x: np.ndarray, kind: str) -> np.ndarray:
+    """``x`` (images, n×C×H×W, square) rotated counter-clockwise or mirrored as ``kind`` says; a new array."""
+    if x.ndim != 4 or x.shape[2] != x.shape[3]:
+        raise ValueError(
+            f"client-transform kind {kind!r} is for square images (n×C×H×W); this data set's inputs are {x.dtype} {x.shape[1:]}"
+        )
+    if kind == "hflip":
+        return np.ascontiguousarray(x[:, :, :, ::-1])
+    return np.ascontiguousarray(np.rot90(x, k=TRANSFORMS[kind], axes=(2, 3)))

@@ -357,6 +357,31 @@ class CommonSettings:
             "comma list kind:fraction of clients whose training data is corrupted: irrelevant, blur, salt-pepper (images), polluted, noisy (tabular)",
         )
     )
+    client_transform: str = setting(
+        Key(
+            "",
+            "comma list partition-id:kind of clients whose train and test images are transformed (another domain, e.g. LG-FedAvg's "
+            "rotated MNIST: '100:rotate90'); kinds rotate90, rotate180, rotate270 (counter-clockwise), hflip; square images only",
+        )
+    )
+    # new devices joining a running federation (LG-FedAvg Table 3; core/joining.py)
+    join_clients: str = setting(
+        Key(
+            "",
+            "comma list of partition ids that take no part (not registered, sampled or evaluated) until round join-round + 1, "
+            "then join with their own data and a fresh local model; empty: every client from round 1",
+        )
+    )
+    join_round: int = setting(non_negative("the last round before join-clients join (they take part from round join-round + 1)", 0))
+    join_fraction_old: float = setting(
+        Key(
+            -1.0,
+            "after the join each round trains every joined client plus this fraction of the others (0: the joined ones alone); "
+            "-1: fraction-train",
+            check=lambda v: v == -1 or 0 <= v <= 1,
+            rule="in [0, 1], or -1 for fraction-train",
+        )
+    )
     # robustness testing: chosen clients corrupt their training replies
     fault_clients: str = setting(Key("", "comma list of partition ids whose replies are corrupted (robustness tests)"))
     fault_mode: str = setting(Key("nan", "how faulty clients corrupt replies (see README, Robustness testing)", choices=FAULT_MODES))

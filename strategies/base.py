@@ -44,6 +44,7 @@ from flwr.serverapp import Grid
 from core import protocol as P
 from core.config import body_names, fit_body
 from core.data import DatasetSpec
+from core.joining import parse_partition_ids
 from core.methods import METHODS
 from core.models import BODIES, build_model, common_width, is_custom_body
 from core.settings import Settings
@@ -51,7 +52,7 @@ from core.training import predict, task_metrics
 from strategies.aggregation import Aggregation, aggregation_for
 from strategies.arrays import same_arrays
 from strategies.engine import Engine
-from strategies.evaluation import evaluation_figures
+from strategies.evaluation import evaluation_figures, group_accuracies
 from strategies.participants import participants, train_counts
 from strategies.replies import Layout, Reply
 from strategies.services import Services
@@ -259,8 +260,11 @@ class HeadwayStrategy(Generic[M]):
         return None, None
 
     def aggregate_evaluate(self, server_round: int, replies: list[Reply]) -> dict[str, float]:
-        """Sample-weighted mean of clients' local test metrics: Σ correct / Σ examples."""
-        return evaluation_figures(replies, self.spec.task, self.eval_metrics)
+        """Sample-weighted mean of clients' local test metrics: Σ correct / Σ examples (join-clients: also per group)."""
+        out = evaluation_figures(replies, self.spec.task, self.eval_metrics)
+        if self.settings.join_clients and self.spec.task == "classification":
+            out.update(group_accuracies(replies, parse_partition_ids(self.settings.join_clients)))
+        return out
 
     def evaluate_round(self, server_round: int, state: ServerState[M], engine: Engine) -> dict[str, float]:
         """Every available client scores the server's ``state`` on its own test split: the round's figures."""

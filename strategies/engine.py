@@ -22,6 +22,7 @@ from flwr.serverapp import Grid
 from typing_extensions import TypeVar
 
 from core import protocol as P
+from core.joining import join_plan, split_joined
 from core.sampling import draw_with_replacement, sample_positions, sample_size
 from core.settings import Settings
 from strategies.meter import RoundMeter, short_reason
@@ -113,6 +114,8 @@ class Engine:
         self.registry = ClientRegistry(settings.num_clients)
         # admit: why a node's declared body cannot take part in this run, or None
         self.registrar = Registrar(self, grid, settings, services, self.registry, admit)
+        # join-clients: partitions left out until round join-round + 1 (derived from the round number: a resumed run agrees)
+        self.join = join_plan(settings.join_clients, settings.join_round, settings.join_fraction_old, settings.fraction_train)
         self.clock = clock
         self.wire = WireMeter()
         self.meter = RoundMeter()
@@ -122,21 +125,39 @@ class Engine:
 
     # ----- rounds -----------------------------------------------------------------
     def begin_round(self, server_round: int) -> None:
-        """Start a round: fresh meter and deadlines; register nodes that are new."""
+        """Start a round: fresh meter and deadlines; register nodes that are new (join-clients: hold those whose round has not come)."""
         self.round = server_round
         self.missed = set()
         self.wire.clear()
         connected = set(self.grid.get_node_ids())
         self.registry.release_conflicts(connected)
+        self.registry.release_held(connected, everyone=self.join.joined(server_round))
+        before = {c.partition_id for c in self.registry.clients.values()}
         new = [
             n
             for n in sorted(connected)
-            if (n not in self.registry.clients or self.registry.rejoining(n)) and n not in self.registry.refused
+            if (n not in self.registry.clients or self.registry.rejoining(n))
+            and n not in self.registry.refused
+            and n not in self.registry.held
         ]
         if new:
             self.register(new)
+        if self.join.active:
+            self.hold_joiners(server_round)
+            self.meter.joined = sorted(
+                c.partition_id
+                for c in self.registry.clients.values()
+                if c.partition_id in self.join.partitions and c.partition_id not in before
+            )
         self.meter.absent = sorted(c.partition_id for n, c in self.registry.clients.items() if n not in connected)
         self.meter.registered = len(self.registry.clients)
+
+    def hold_joiners(self, server_round: int) -> None:
+        """Registered nodes whose partition joins after this round leave the registry for :attr:`ClientRegistry.held`:
+        not sampled, evaluated or counted, and not asked again until their round comes."""
+        for node, info in list(self.registry.clients.items()):
+            if self.join.waiting(info.partition_id, server_round):
+                self.registry.hold(node)
 
     def end_round(self) -> RoundMeter:
         """The finished round's meter (and a fresh one for what follows)."""
@@ -210,9 +231,20 @@ class Engine:
         nodes = self.nodes()
         if not nodes:
             return []
-        k = sample_size(len(nodes), fraction)
         w = None if weights is None else [float(weights.get(n, 0.0)) for n in nodes]
+        if self.join.joined(self.round):
+            return [nodes[i] for i in self.after_join(nodes, w)]
+        k = sample_size(len(nodes), fraction)
         return [nodes[i] for i in sample_positions(len(nodes), k, self.services.sampling, w)]
+
+    def after_join(self, nodes: list[int], weights: list[float] | None) -> list[int]:
+        """Positions in ``nodes`` a round after the join trains: every joined client, and ``join-fraction-old``
+        of the others drawn as :meth:`sample` draws (none for a fraction of 0)."""
+        joined, others = split_joined([self.partition_of(n) for n in nodes], self.join.partitions)
+        k = self.join.old_count(len(others))
+        w = None if weights is None else [weights[i] for i in others]
+        picked = sample_positions(len(others), k, self.services.sampling, w) if k else []
+        return sorted(joined + [others[i] for i in picked])
 
     def draw(self, fraction: float, weights: Mapping[int, float]) -> dict[int, int]:
         """K = max(1, round(N·fraction)) draws with replacement ∝ ``weights`` (keyed by node

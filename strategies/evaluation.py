@@ -32,3 +32,18 @@ def evaluation_figures(replies: list[Reply], task: str, eval_metrics: tuple[str,
         if have:
             out["accuracy_" + name[len(P.CORRECT) + 1 :]] = sum(r.metrics[name] for r in have) / sum(r.examples for r in have)
     return out
+
+
+def group_accuracies(replies: list[Reply], joining: frozenset[int]) -> dict[str, float]:
+    """join-clients runs: the sample-weighted accuracy of the joined clients' replies (``accuracy_joined``) and of
+    the others' (``accuracy_old``), each where that group scored (LG-FedAvg Table 3: rotated and normal MNIST)."""
+    out: dict[str, float] = {}
+    for name, group in (
+        ("joined", [r for r in replies if r.partition_id in joining]),
+        ("old", [r for r in replies if r.partition_id not in joining]),
+    ):
+        counted = [r for r in group if r.count and P.CORRECT in r.metrics]
+        total = sum(r.examples for r in counted)
+        if total:
+            out[f"accuracy_{name}"] = sum(r.metrics[P.CORRECT] for r in counted) / total
+    return out

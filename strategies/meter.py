@@ -39,6 +39,7 @@ class RoundMeter:
     selected: set[int] = field(default_factory=set)  # partition ids sent a training message
     failed: dict[int, str] = field(default_factory=dict)  # partition id -> why its training reply was not used (first reason)
     registered: int = 0  # clients registered at the round's start (connected or not)
+    joined: list[int] | None = None  # join-clients runs: partition ids registered for the first time this round
 
     def add(self, phase: str, down: int = 0, up: int = 0, values_down: int = 0, values_up: int = 0) -> None:
         """Count bytes of ``phase``: on the wire (``down``, ``up``) and of the array values alone."""

@@ -74,6 +74,8 @@ class ClientRegistry:
         self.displaced: dict[int, int] = {}  # node id -> the partition id that moved away from it
         # a resumed run: partition id -> the client a checkpoint had registered there, until a node registers as it again
         self.returning: dict[int, ClientInfo] = {}
+        # join-clients: node id -> partition id of nodes that registered before their partition's round (not asked again until it comes)
+        self.held: dict[int, int] = {}
 
     def claim(self, node_id: int, partition_id: object, body: object, connected: Collection[int]) -> str | None:
         """Register ``node_id`` as ``partition_id``; the reason it cannot be, or None.
@@ -194,6 +196,15 @@ class ClientRegistry:
             f"declared ({_counts(declared)} against {_counts(info.declared or {})}), so it cannot take that index "
             "(a restarted node must come back with the same data folder)"
         )
+
+    def hold(self, node_id: int) -> None:
+        """Move registered ``node_id`` out of the run until :meth:`release_held` lets it register again."""
+        info = self.clients.pop(node_id)
+        self.held[node_id] = info.partition_id
+
+    def release_held(self, connected: Collection[int], everyone: bool) -> None:
+        """Forget held nodes that left (``connected`` lacks them), or all of them (``everyone``: their round has come), so they register afresh."""
+        self.held = {} if everyone else {n: p for n, p in self.held.items() if n in connected}
 
     def forget(self, node_id: int) -> None:
         """Drop ``node_id`` so that it registers again (a dataset=local node that restarted and lost its schema)."""

@@ -53,6 +53,8 @@ def round_record(
         "seconds": seconds,
         "elapsed_seconds": elapsed,
     }
+    if meter.joined is not None:  # join-clients runs: who joined the running federation this round
+        record["joined"] = list(meter.joined)
     record.update(phase_bytes(meter))
     if meter.rejected_bytes_up:
         record["rejected_bytes_up"] = meter.rejected_bytes_up

@@ -1,0 +1,143 @@
+"""New devices joining a running federation (join-clients, join-round, join-fraction-old) and the
+per-client image transform (client-transform): LG-FedAvg's Table 3 as a capability."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import MessageType
+
+from core.config import ConfigError, resolve_settings
+from core.joining import JoinPlan, parse_partition_ids
+from core.noise import parse_client_transform, transform
+from strategies.base import Step
+from strategies.evaluation import group_accuracies
+from strategies.replies import Reply
+from strategies.round_record import round_record
+from tests.fakes import FakeGrid, engine_for, make_strategy
+
+JOIN = {"num-clients": 6, "join-clients": "4,5", "join-round": 2, "num-server-rounds": 5}
+
+
+def partitions(engine, nodes):
+    return sorted(engine.partition_of(n) for n in nodes)
+
+
+def test_joiners_are_neither_registered_nor_sampled_until_their_round(task_identity):
+    s = make_strategy("fedavg", **JOIN)
+    grid = FakeGrid(6)
+    engine = engine_for(s, grid, server_round=1)
+    assert sorted(c.partition_id for c in engine.registry.clients.values()) == [0, 1, 2, 3]
+    assert engine.meter.joined == [] and engine.meter.registered == 4
+    assert partitions(engine, engine.sample(1.0)) == [0, 1, 2, 3]
+    engine.end_round()
+    asked = len(grid.sent)
+    engine.begin_round(2)  # held: not asked again before their round
+    assert len(grid.sent) == asked and partitions(engine, engine.nodes()) == [0, 1, 2, 3]
+    engine.begin_round(3)
+    assert engine.meter.joined == [4, 5]
+    assert partitions(engine, engine.nodes()) == [0, 1, 2, 3, 4, 5]
+    engine.begin_round(4)
+    assert engine.meter.joined == []  # joined once, not every round after
+
+
+def test_after_the_join_a_round_trains_the_joined_plus_a_share_of_the_others(task_identity):
+    s = make_strategy("fedavg", **{**JOIN, "join-fraction-old": 0.0})
+    engine = engine_for(s, FakeGrid(6), server_round=3)
+    assert partitions(engine, engine.sample(s.settings.fraction_train)) == [4, 5]  # C = 0: only the joined ones
+    s = make_strategy("fedavg", **{**JOIN, "join-fraction-old": 0.5})
+    engine = engine_for(s, FakeGrid(6), server_round=3)
+    chosen = partitions(engine, engine.sample(s.settings.fraction_train))
+    assert len(chosen) == 4 and chosen[-2:] == [4, 5]  # both joined and round(4 · 0.5) = 2 of the others
+    s = make_strategy("fedavg", **{**JOIN, "fraction-train": 0.25})  # default: fraction-train of the others
+    engine = engine_for(s, FakeGrid(6), server_round=3)
+    assert len(engine.sample(s.settings.fraction_train)) == 3
+
+
+def test_a_run_without_join_keys_samples_and_records_as_before(task_identity):
+    s = make_strategy("fedavg", **{"num-clients": 6})
+    engine = engine_for(s, FakeGrid(6))
+    assert engine.meter.joined is None and len(engine.nodes()) == 6
+    record = round_record(1, Step(None, 0), {}, engine.end_round(), 0.0, 0.0, {})
+    assert "joined" not in record
+
+
+def test_the_round_record_names_who_joined(task_identity):
+    s = make_strategy("fedavg", **JOIN)
+    engine = engine_for(s, FakeGrid(6), server_round=3)
+    record = round_record(3, Step(None, 0), {}, engine.end_round(), 0.0, 0.0, {})
+    assert record["joined"] == [4, 5]
+
+
+def test_group_accuracies_split_joined_from_old_clients():
+    def scored(pid: int, correct: float, n: int) -> Reply:
+        return Reply(node_id=pid, partition_id=pid, arrays={}, count=n, metrics={"correct": correct}, payload=None)
+
+    out = group_accuracies([scored(0, 9, 10), scored(1, 1, 10), scored(4, 3, 4)], frozenset({4}))
+    assert out == {"accuracy_joined": 0.75, "accuracy_old": 0.5}
+
+
+@pytest.mark.parametrize(
+    "cfg, says",
+    [
+        ({"join-clients": "4,x"}, "run-config key 'join-clients': 'x' is not a partition id"),
+        ({"join-clients": "9"}, "partition id 9 is outside 0..5"),
+        ({"join-clients": "1", "join-round": 7}, "the join-clients would never take part"),
+        ({"join-clients": "0,1,2,3,4,5"}, "names every partition"),
+        ({"join-clients": "1", "client-sampling": "data-ratio"}, "client-sampling=uniform"),
+        ({"join-fraction-old": 2.0}, "join-fraction-old"),
+        ({"client-transform": "5:rotate45"}, "run-config key 'client-transform': client-transform item '5:rotate45'"),
+        ({"client-transform": "8:rotate90"}, "partition id 8 is outside 0..5"),
+    ],
+)
+def test_bad_join_and_transform_specs_are_refused_in_one_line(cfg, says):
+    with pytest.raises(ConfigError) as err:
+        resolve_settings({"num-clients": 6, "num-server-rounds": 5, **cfg})
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_join_plan_and_partition_ids():
+    assert parse_partition_ids(" 100, 7 ,") == {7, 100}
+    plan = JoinPlan(frozenset({7}), after=3, fraction_old=0.1)
+    assert plan.waiting(7, 3) and not plan.waiting(7, 4) and not plan.waiting(1, 1)
+    assert plan.old_count(100) == 10 and plan.old_count(0) == 0
+    assert JoinPlan(frozenset({7}), 3, 0.0).old_count(100) == 0
+
+
+def test_rotate90_turns_train_and_test_images_counter_clockwise():
+    x = np.arange(2 * 1 * 3 * 3, dtype=np.uint8).reshape(2, 1, 3, 3)
+    out = transform(x, "rotate90")
+    assert out.shape == x.shape and out[0, 0, 0].tolist() == [2, 5, 8]  # the right column becomes the top row
+    assert np.array_equal(transform(transform(out, "rotate90"), "rotate180"), x)
+    assert parse_client_transform("100:rotate90") == {100: "rotate90"}
+    with pytest.raises(ValueError, match="square images"):
+        transform(np.zeros((1, 1, 2, 3), np.uint8), "rotate90")
+
+
+def test_client_transform_reaches_only_the_named_clients_train_and_test_data():
+    from client.env import client_env
+
+    run = {"dataset": "cifar10", "num-clients": 4, "partition": "iid", "train-fraction": 0.01, "client-transform": "3:rotate90"}
+    plain = client_env(run, {"partition-id": 3, "num-partitions": 4})
+    turned = client_env({**run, "client-transform": "2:rotate90,3:rotate90"}, {"partition-id": 3, "num-partitions": 4})
+    other = client_env({**run, "client-transform": "2:rotate90"}, {"partition-id": 3, "num-partitions": 4})
+    assert torch_equal(turned.x_train, plain.x_train) and torch_equal(turned.x_test, plain.x_test)
+    assert torch_equal(other.x_train.rot90(1, (2, 3)), plain.x_train) and torch_equal(other.x_test.rot90(1, (2, 3)), plain.x_test)
+
+
+def torch_equal(a, b) -> bool:
+    return bool((a == b).all())
+
+
+def test_a_joining_device_trains_only_after_its_round_in_a_cifar10_run(task_identity):
+    """Other data set than Table 3's: three CIFAR-10 clients, the third joins after round 1 with C = 0."""
+    s = make_strategy(
+        "lg-fedavg",
+        **{"dataset": "cifar10", "num-clients": 3, "join-clients": "2", "join-round": 1, "join-fraction-old": 0.0, "num-server-rounds": 3},
+    )
+    grid = FakeGrid(3)
+    engine = engine_for(s, grid, server_round=1)
+    assert 2 not in partitions(engine, engine.sample(1.0))
+    engine.begin_round(2)
+    trained = [m.metadata.dst_node_id - 101 for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]
+    assert trained == [] and partitions(engine, engine.sample(1.0)) == [2]
