@@ -194,11 +194,27 @@ class FedLogSettings:
     )
 
 
+def _layer_spec_form(value: str) -> bool:
+    """lg-global-layers' form: a whole number > 0, or patterns none of which is empty (checked against the body in the strategy)."""
+    text = str(value).strip()
+    if text.isdigit():
+        return int(text) > 0
+    return bool(text) and all(p.strip() for p in text.split(","))
+
+
 @dataclass(frozen=True)
 class LGFedAvgSettings:
     """lg-fedavg's own run-config keys (lg-*)."""
 
-    global_layers: int = setting(positive("LG-FedAvg: top layers that are global and averaged (1 or 2 in FedLog's Table 1)", 1))
+    global_layers: str = setting(
+        Key(
+            "1",
+            "LG-FedAvg: the global (averaged) layers: a whole number k is the top k layers (1 or 2 in FedLog's Table 1); "
+            "else a comma list of glob patterns over layer names, e.g. 'convs.*' (the paper's two convolutions; docs/methods.md)",
+            check=_layer_spec_form,
+            rule="a whole number > 0 or a comma list of layer-name patterns",
+        )
+    )
     warmup_rounds: int = setting(non_negative("LG-FedAvg: first rounds run as FedAvg on the whole model before bodies go local", 0))
     new_test: bool = setting(
         Key(

@@ -16,10 +16,10 @@ import torch
 from flwr.app import MessageType
 
 from core import protocol as P
-from core.config import ConfigError, body_names
+from core.config import ConfigError, body_names, fit_body
 from core.data import DatasetSpec
-from core.layers import top_layers
-from core.models import Net
+from core.layers import is_top_k, match_layers, select
+from core.models import Net, build_model
 from core.settings import Settings
 from core.training import ensemble_logits, task_metrics
 from strategies.engine import Engine
@@ -43,7 +43,29 @@ class LGFedAvg(LayerSharing):
             raise ConfigError(
                 "lg-fedavg: warm-up rounds average whole models, so every client must run the same body: set lg-warmup-rounds=0 or leave 'bodies' empty"
             )
+        self._check_global_layers(settings, spec)
         super().__init__(settings, spec, services)
+
+    def _check_global_layers(self, settings: Settings, spec: DatasetSpec) -> None:
+        """lg-global-layers against the run body and every body in ``bodies``: one line naming the pattern, the body
+        and its layers when a pattern names no layer, every layer, or layers whose names or shapes differ between bodies."""
+        layer_spec = settings.lg_fedavg.global_layers
+        if is_top_k(layer_spec):  # the top-k shorthand: layer sharing's own checks, as before patterns
+            return
+        settings = fit_body(settings, spec.input_shape)  # 'auto' as the run will build it
+        shapes: dict[str, dict[str, tuple[int, ...]]] = {}
+        for body in dict.fromkeys([settings.body, *body_names(settings)]):
+            model = build_model(body, spec.input_shape, settings.feature_dim, spec.num_classes, settings.seed, settings.body_dropout)
+            try:
+                chosen = match_layers(model, layer_spec)
+            except ValueError as exc:
+                raise ConfigError(f"lg-fedavg: run-config key 'lg-global-layers' = {layer_spec!r} on body {body!r}: {exc}") from None
+            shapes[body] = {k: tuple(v.shape) for k, v in select(model.state_dict(), chosen).items()}
+            if (first := next(iter(shapes))) != body and shapes[body] != shapes[first]:
+                raise ConfigError(
+                    f"lg-fedavg: run-config key 'lg-global-layers' = {layer_spec!r} names layers {', '.join(chosen)} of body {body!r} "
+                    f"({shapes[body]}), which differ from those of body {first!r} ({shapes[first]}): the global layers must agree"
+                )
 
     def body_problem(self, body: str) -> str | None:
         """As layer sharing's, but warm-up rounds average whole models: then only the run body."""
@@ -52,10 +74,10 @@ class LGFedAvg(LayerSharing):
         return super().body_problem(body)
 
     def shared_layers(self, model: Net, server_round: int) -> list[str] | None:
-        """Every layer in warm-up rounds, then the top ``lg-global-layers``."""
+        """Every layer in warm-up rounds, then the layers ``lg-global-layers`` names (top k, or by pattern)."""
         if server_round <= self.settings.lg_fedavg.warmup_rounds:
             return None
-        return top_layers(model, self.settings.lg_fedavg.global_layers)
+        return match_layers(model, self.settings.lg_fedavg.global_layers)
 
     def upload_layout(self, engine: Engine, node: int) -> Layout:
         """A client's whole model, shaped as its registered body's."""

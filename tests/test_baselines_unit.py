@@ -98,7 +98,7 @@ def test_lg_fedavg_logs_its_own_run_config_keys(caplog):
     with caplog.at_level("DEBUG", logger="headway"):  # DEBUG: `headway run --verbose` shows it
         s.summary()
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("strategy lg-fedavg"))
-    assert "'lg-global-layers': 2" in line and "'lg-warmup-rounds': 0" in line and "'lg-new-test': True" in line
+    assert "'lg-global-layers': '2'" in line and "'lg-warmup-rounds': 0" in line and "'lg-new-test': True" in line
 
 
 def test_layer_sharing_runs_fedavg_init(monkeypatch):
