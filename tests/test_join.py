@@ -141,3 +141,41 @@ def test_a_joining_device_trains_only_after_its_round_in_a_cifar10_run(task_iden
     engine.begin_round(2)
     trained = [m.metadata.dst_node_id - 101 for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]
     assert trained == [] and partitions(engine, engine.sample(1.0)) == [2]
+
+
+JOIN_RUN = [
+    "algorithm=lg-fedavg",
+    "dataset=mnist",
+    "partition=iid",
+    "num-clients=4",
+    "train-fraction=0.02",
+    "local-epochs=1",
+    "num-server-rounds=3",
+    "lg-warmup-rounds=1",
+    "join-clients=3",
+    "join-round=1",
+    "join-fraction-old=0.0",
+    "client-transform=3:rotate90",
+]
+
+
+@pytest.mark.system
+def test_a_run_killed_at_the_join_resumes_to_the_unbroken_runs_rounds(tmp_path, data_dir):
+    """Killed after the join round's record and before its checkpoint: the resumed process holds partition 3 out of
+    nothing (the join follows from the round number), re-runs round 2 with it joining, and ends as the unbroken run."""
+    import signal
+
+    from tests.test_resume_simulation import headway_run, resume, rounds, sets
+
+    config = sets(*JOIN_RUN)
+    assert headway_run(["--out", str(tmp_path / "unbroken"), *config], tmp_path / "unbroken.log") == 0
+    rc = headway_run(["--out", str(tmp_path / "killed"), *config], tmp_path / "killed.log", kill="record:2")
+    assert rc == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-2000:]
+    assert resume(tmp_path / "killed", tmp_path) == 0, (tmp_path / "resume-killed.log").read_text()[-3000:]
+    a, b = rounds(tmp_path / "unbroken"), rounds(tmp_path / "killed")
+    assert [r["joined"] for r in a] == [[], [3], []]
+    assert [r["selected"] for r in a] == [[0, 1, 2], [3], [3]]  # C = 0: the joined device alone after the join
+    assert "accuracy_joined" not in a[0] and "accuracy_joined" in a[2]
+    for x, y in zip(a, b, strict=True):
+        same = ("round", "accuracy", "accuracy_joined", "accuracy_old", "selected", "joined", "bytes_down", "bytes_up")
+        assert {k: y.get(k) for k in same} == {k: x.get(k) for k in same}
