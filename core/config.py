@@ -133,6 +133,7 @@ def _check_combinations(cfg: Settings, import_bodies: bool = True) -> None:
     except ValueError as exc:
         raise ConfigError(f"run-config key 'client-noise': {exc}") from None
     _check_joining(cfg)
+    _check_goals(cfg)
     method = METHODS[cfg.algorithm]
     most = max_replies(cfg)
     if cfg.min_replies > most:
@@ -291,6 +292,25 @@ def _check_joining(cfg: Settings) -> None:
         raise ConfigError(
             f"run-config key 'client-transform': partition id {outside[0]} is outside 0..{cfg.num_clients - 1} (num-clients={cfg.num_clients})"
         )
+
+
+def _check_goals(cfg: Settings) -> None:
+    """goal-accuracy and lg-warmup-goal decide at the end of an evaluated round (core/goal.py): ConfigError in one line
+    where no round before the last would be scored in time."""
+    for name, goal in (("goal-accuracy", cfg.goal_accuracy), ("lg-warmup-goal", cfg.lg_fedavg.warmup_goal)):
+        if goal <= 0:
+            continue
+        if cfg.client_evaluation == "with-next-train":
+            raise ConfigError(
+                f"run-config key '{name}' is decided from a round's own scores, but client-evaluation=with-next-train reports them "
+                "a round later: set client-evaluation=exchange"
+            )
+        if not cfg.eval_every:
+            raise ConfigError(
+                f"run-config key '{name}' is checked on evaluated rounds, but eval-every=0 scores only the last: set eval-every=1"
+            )
+    if (cfg.lg_fedavg.warmup_goal > 0 or cfg.lg_fedavg.rounds > 0) and cfg.algorithm != "lg-fedavg":
+        raise ConfigError(f"run-config keys 'lg-warmup-goal' and 'lg-rounds' apply to algorithm=lg-fedavg, not {cfg.algorithm!r}")
 
 
 def check_against_spec(cfg: Settings, spec: Any) -> None:

@@ -216,6 +216,16 @@ class LGFedAvgSettings:
         )
     )
     warmup_rounds: int = setting(non_negative("LG-FedAvg: first rounds run as FedAvg on the whole model before bodies go local", 0))
+    warmup_goal: float = setting(
+        Key(
+            0.0,
+            "LG-FedAvg: the warm-up (FedAvg on whole models) ends after the first evaluated round whose accuracy reaches this "
+            "(lg-warmup-rounds > 0 caps it); 0: lg-warmup-rounds alone",
+            check=lambda v: 0 <= v <= 1,
+            rule="in [0, 1]",
+        )
+    )
+    rounds: int = setting(non_negative("LG-FedAvg: the run ends this many rounds after the warm-up ended; 0: at num-server-rounds", 0))
     new_test: bool = setting(
         Key(
             True,

@@ -277,6 +277,15 @@ class CommonSettings:
         )
     )
     target_accuracy: float = setting(Key(0.0, "accuracy for bytes_to_target; 0: none", check=lambda v: 0 <= v <= 1, rule="in [0, 1]"))
+    goal_accuracy: float = setting(
+        Key(
+            0.0,
+            "the run stops after the first evaluated round whose accuracy reaches this (summary.json: goal_round), with its final "
+            "evaluation; 0: run num-server-rounds",
+            check=lambda v: 0 <= v <= 1,
+            rule="in [0, 1]",
+        )
+    )
     device: str = setting(Key("auto", "torch device of clients", choices=DEVICES))
     round_timeout: float = setting(
         positive("deadline in seconds of each exchange of a round; a client that misses it is not waited for again that round", 600.0)

@@ -129,7 +129,8 @@ def run_server(
     ckpt = point.checkpoint
     if ckpt is not None and (problem := resume_problem(ckpt, strategy.settings, out / point.source)):
         raise ConfigError(problem)
-    done = complete_summary(out, ckpt.round) if ckpt is not None and ckpt.round >= cfg.num_server_rounds and ckpt.pending is None else None
+    ended = ckpt is not None and (ckpt.round >= cfg.num_server_rounds or ckpt.state.end is not None)  # all rounds, or stopped at a goal
+    done = complete_summary(out, ckpt.round) if ckpt is not None and ended and ckpt.pending is None else None
     if ckpt is not None and done is not None:
         log.info("the run in %s is already complete (%s); nothing to do", out, plural(ckpt.round, "round"))
         return done

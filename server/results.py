@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.goal import first_round_reaching
 from core.rounds import clients_note, eval_note, short_rounds
 from core.settings import Settings
 from server.tracking import EVENT_FILE_GLOB, Trackers
@@ -234,6 +235,8 @@ class Recorder:
             "failures": sum(r.get("failures", 0) for r in self.rounds) + unfinished_failures,
             "wall_seconds": time.monotonic() - self.started,
         }
+        if self.cfg.goal_accuracy > 0:  # the round the run stopped at its goal (core/goal.py); null: never reached
+            summary["goal_round"] = first_round_reaching(self.rounds, self.cfg.goal_accuracy)
         summary.update(values_totals(self.rounds, self.round_to_target))
         summary.update(short_rounds(self.rounds))  # core.rounds: rounds that ran without some client
         summary.update(global_progress(self.rounds, self.cfg.target_accuracy))

@@ -44,6 +44,7 @@ from flwr.serverapp import Grid
 from core import protocol as P
 from core.config import body_names, fit_body
 from core.data import DatasetSpec
+from core.goal import reached
 from core.joining import parse_partition_ids
 from core.methods import METHODS
 from core.models import BODIES, build_model, common_width, is_custom_body
@@ -271,6 +272,11 @@ class HeadwayStrategy(Generic[M]):
         contents = self.configure_evaluate(server_round, state, engine)
         replies = engine.exchange(P.PHASE_EVALUATE, contents, MessageType.EVALUATE, self.eval_layout(), split="test")
         return self.aggregate_evaluate(server_round, replies)
+
+    def evaluated(self, server_round: int, state: ServerState[M], figures: Mapping[str, Any]) -> tuple[ServerState[M], dict[str, Any]]:
+        """After round ``server_round``'s evaluation ``figures`` (empty when it was not scored): the state the next round starts
+        from and what the round's record adds; ``stop`` among them ends the run after this round (here: ``goal-accuracy`` reached)."""
+        return state, ({"stop": "goal-accuracy"} if reached(figures, self.settings.goal_accuracy) else {})
 
     def final_evaluation(self, state: ServerState[M], engine: Engine) -> dict[str, float]:
         """Extra evaluation after the last round (default: none), such as LG-FedAvg's new test."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
@@ -77,8 +78,8 @@ class ModelAveraging(HeadwayStrategy[M]):
             return f"registration names body {body!r}, but {self.name} averages whole models of body {self.settings.body!r}: every client must run it"
         return None
 
-    def shared(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
-        """The part of the server's arrays exchanged in ``server_round`` (FedAvg: all)."""
+    def shared(self, server_round: int, arrays: ArrayRecord, method: Any = None) -> ArrayRecord:
+        """The part of the server's arrays exchanged in ``server_round`` under method state ``method`` (FedAvg: all)."""
         return arrays
 
     def train_layout(self, ctx: TrainRound[M]) -> Layout:
@@ -132,7 +133,7 @@ class FedAvg(ModelAveraging[FedAvgState]):
         self, server_round: int, state: ServerState[FedAvgState], engine: Engine
     ) -> tuple[TrainRound[FedAvgState], dict[int, RecordDict]]:
         """The shared part of the model to ``fraction-train`` of the clients (data-ratio: drawn ∝ n_k)."""
-        sent = self.shared(server_round, state.arrays)
+        sent = self.shared(server_round, state.arrays, state.method)
         content = self.content(server_round, sent)
         if self.settings.client_sampling == "data-ratio":
             draws = engine.draw(self.settings.fraction_train, self.data_ratio(engine, state.method))

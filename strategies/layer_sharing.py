@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
+from typing import Any
 
 from flwr.app import ArrayRecord, RecordDict
 
@@ -88,6 +89,11 @@ class LayerSharing(FedAvg):
         """Layers averaged in ``server_round``; None means every layer."""
         raise NotImplementedError
 
+    def round_layers(self, model: Net, server_round: int, method: Any) -> list[str] | None:
+        """Layers averaged in ``server_round`` given the server's method state (LG-FedAvg: a warm-up that ends at a goal);
+        default: :meth:`shared_layers`, decided by the round alone."""
+        return self.shared_layers(model, server_round)
+
     def _model(self, body: str) -> Net:
         return build_model(
             body, self.spec.input_shape, self.settings.feature_dim, self.spec.num_classes, self.settings.seed, self.settings.body_dropout
@@ -103,13 +109,15 @@ class LayerSharing(FedAvg):
     def initial_arrays(self) -> ArrayRecord:
         """The layers of the run body's seeded initial model shared in round 1: a round that keeps the
         model (too few replies for a robust rule) leaves the server holding them, never the local layers."""
-        return self.shared(1, ArrayRecord(self.template.state_dict()))
+        return self.shared(1, ArrayRecord(self.template.state_dict()), self.initial_method_state())
 
     def configure_evaluate(self, server_round: int, state: ServerState[FedAvgState], engine: Engine) -> dict[int, RecordDict]:
         """As every strategy's, sending only the layers shared in ``server_round``: the local ones are each client's own."""
-        return super().configure_evaluate(server_round, replace(state, arrays=self.shared(server_round, state.arrays)), engine)
+        return super().configure_evaluate(
+            server_round, replace(state, arrays=self.shared(server_round, state.arrays, state.method)), engine
+        )
 
-    def shared(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
-        """The layers :meth:`shared_layers` names for ``server_round``."""
-        layers = self.shared_layers(self.template, server_round)
+    def shared(self, server_round: int, arrays: ArrayRecord, method: Any = None) -> ArrayRecord:
+        """The layers :meth:`round_layers` names for ``server_round`` under method state ``method``."""
+        layers = self.round_layers(self.template, server_round, method)
         return arrays if layers is None else to_record(select(to_numpy(arrays), layers))

@@ -11,6 +11,9 @@ test*), counting those bytes in the ``upload`` phase.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from flwr.app import MessageType
@@ -18,6 +21,7 @@ from flwr.app import MessageType
 from core import protocol as P
 from core.config import ConfigError, body_names, fit_body
 from core.data import DatasetSpec
+from core.goal import lg_rounds_over, warming_up, warmup_end_after
 from core.layers import is_top_k, match_layers, select
 from core.models import Net, build_model
 from core.settings import Settings
@@ -32,6 +36,24 @@ from strategies.state import ServerState
 log = logging.getLogger("headway")
 
 
+@dataclass(frozen=True)
+class LGFedAvgState(FedAvgState):
+    """FedAvg's state and the round the warm-up ended at (None: it has not, or there is none): the warm-up may end at a
+    goal accuracy, so the rounds that follow share the global layers whatever their number, also after a resume."""
+
+    warmup_end: int | None = None
+
+
+def lg_state(method: FedAvgState) -> LGFedAvgState:
+    """``method`` as LG-FedAvg's state (one saved before it kept a warm-up end: that of a run with none ended)."""
+    return method if isinstance(method, LGFedAvgState) else LGFedAvgState(counts=method.counts)
+
+
+def has_warmup(settings: Settings) -> bool:
+    """Whether the run starts with warm-up rounds that average whole models (a count or a goal)."""
+    return settings.lg_fedavg.warmup_rounds > 0 or settings.lg_fedavg.warmup_goal > 0
+
+
 class LGFedAvg(LayerSharing):
     """LG-FedAvg's server (this module's docstring): averages the global top layers; bodies stay local and may differ."""
 
@@ -39,9 +61,10 @@ class LGFedAvg(LayerSharing):
     mixed_bodies = True  # only the top layers are shared, so bodies may differ below them
 
     def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
-        if settings.lg_fedavg.warmup_rounds > 0 and len(body_names(settings)) > 1:
+        if has_warmup(settings) and len(body_names(settings)) > 1:
             raise ConfigError(
-                "lg-fedavg: warm-up rounds average whole models, so every client must run the same body: set lg-warmup-rounds=0 or leave 'bodies' empty"
+                "lg-fedavg: warm-up rounds average whole models, so every client must run the same body: set lg-warmup-rounds=0 "
+                "and lg-warmup-goal=0, or leave 'bodies' empty"
             )
         self._check_global_layers(settings, spec)
         super().__init__(settings, spec, services)
@@ -69,7 +92,7 @@ class LGFedAvg(LayerSharing):
 
     def body_problem(self, body: str) -> str | None:
         """As layer sharing's, but warm-up rounds average whole models: then only the run body."""
-        if self.settings.lg_fedavg.warmup_rounds > 0:  # warm-up rounds average whole models
+        if has_warmup(self.settings):  # warm-up rounds average whole models
             return FedAvg.body_problem(self, body)
         return super().body_problem(body)
 
@@ -78,6 +101,40 @@ class LGFedAvg(LayerSharing):
         if server_round <= self.settings.lg_fedavg.warmup_rounds:
             return None
         return match_layers(model, self.settings.lg_fedavg.global_layers)
+
+    def initial_method_state(self) -> LGFedAvgState:
+        """FedAvg's, with no warm-up ended yet."""
+        return LGFedAvgState()
+
+    def round_layers(self, model: Net, server_round: int, method: Any) -> list[str] | None:
+        """Every layer while the warm-up lasts (:func:`core.goal.warming_up`: a count, or until the goal), then the global layers."""
+        lg = self.settings.lg_fedavg
+        if warming_up(server_round, getattr(method, "warmup_end", None), lg.warmup_goal, lg.warmup_rounds):
+            return None
+        return self.shared_layers(model, lg.warmup_rounds + 1)  # the global layers, as after a counted warm-up
+
+    def evaluated(
+        self, server_round: int, state: ServerState[FedAvgState], figures: Mapping[str, Any]
+    ) -> tuple[ServerState[FedAvgState], dict[str, Any]]:
+        """As every method's (goal-accuracy), and the warm-up's end: after the round that reaches ``lg-warmup-goal`` or
+        the ``lg-warmup-rounds`` cap (kept in the method state); ``lg-rounds`` rounds later the run stops."""
+        state, notes = super().evaluated(server_round, state, figures)
+        lg = self.settings.lg_fedavg
+        before = lg_state(state.method).warmup_end
+        end = warmup_end_after(server_round, figures, before, lg.warmup_goal, lg.warmup_rounds)
+        if end != before:
+            state = replace(state, method=replace(lg_state(state.method), warmup_end=end))
+            notes = {**notes, "warmup_ended": True}
+            log.info("lg-fedavg: warm-up ends after round %d; only the global layers are averaged from now on", server_round)
+        if "stop" not in notes and lg_rounds_over(server_round, end, lg.warmup_goal, lg.warmup_rounds, lg.rounds):
+            notes = {**notes, "stop": "lg-rounds"}
+        return state, notes
+
+    def summary_extra(self, engine: Engine, state: ServerState[FedAvgState] | None) -> dict[str, Any]:
+        """``warmup_rounds_used``: the round the warm-up ended at (a run with a warm-up; null when it never ended)."""
+        if not has_warmup(self.settings):
+            return {}
+        return {"warmup_rounds_used": None if state is None else lg_state(state.method).warmup_end}
 
     def upload_layout(self, engine: Engine, node: int) -> Layout:
         """A client's whole model, shaped as its registered body's."""
@@ -90,8 +147,8 @@ class LGFedAvg(LayerSharing):
         test = self.services.data.test_tensors() if self.settings.lg_fedavg.new_test else None
         if test is None:
             return {}
-        last = self.settings.num_server_rounds
-        content = self.content(last, self.shared(last, state.arrays), **{P.PHASE: P.PHASE_UPLOAD})
+        last = self.settings.num_server_rounds if state.end is None else state.end  # the round the run stopped at
+        content = self.content(last, self.shared(last, state.arrays, state.method), **{P.PHASE: P.PHASE_UPLOAD})
         replies = engine.exchange(
             P.PHASE_UPLOAD, {n: content for n in engine.nodes()}, MessageType.EVALUATE, lambda node: self.upload_layout(engine, node)
         )

@@ -93,10 +93,14 @@ class RoundLoop(Generic[M]):
         """Run rounds ``first`` to ``num_rounds`` from ``state`` (``first`` > 1: a state saved after round ``first`` - 1,
         whose sampling stream goes on where it stopped, and ``pending``: that round's record still waiting for the
         scores round ``first``'s train replies carry, as :meth:`Pending.plain` gave it; ``elapsed``: the seconds the run
-        had used before, where records' elapsed_seconds go on from); returns the server's last state. Raises :class:`RoundFailed` when round 1 (or the work before it) gets no valid reply."""
+        had used before, where records' elapsed_seconds go on from); returns the server's last state. The run stops early
+        after a round whose :meth:`evaluated` decision says ``stop`` (a goal reached): that round gets the final evaluation,
+        and the state's ``end`` keeps it, so a run resumed from its checkpoint stops there too. Raises :class:`RoundFailed` when round 1 (or the work before it) gets no valid reply."""
         strategy, engine, settings = self.strategy, self.engine, self.strategy.settings
         strategy.summary()
         self.state = state
+        if state.end is not None:  # a checkpoint of the round the run stopped at (a goal reached): nothing more to run
+            return state
         if state.sampling is not None:
             engine.services.sampling.bit_generator.state = state.sampling
         started = time.monotonic() - elapsed
@@ -132,7 +136,12 @@ class RoundLoop(Generic[M]):
                 due = rnd == num_rounds or bool(every and rnd % every == 0)
                 carried = due and scores_with_train(settings, rnd + 1)
                 evaluation = strategy.evaluate_round(rnd, self.state, engine) if due and not carried else {}
-                if rnd == num_rounds:
+                self.state, decided = strategy.evaluated(rnd, self.state, evaluation)
+                if "stop" in decided:  # the run ends with this round: the state says so, for a resume from its checkpoint
+                    self.state = replace(self.state, end=rnd)
+                    log.info("round %d: %s reached; the run stops after it", rnd, decided["stop"])
+                evaluation.update(decided)
+                if rnd == num_rounds or self.state.end is not None:
                     evaluation.update(strategy.final_evaluation(self.state, engine))
                 evaluation.update(strategy.global_evaluation(self.state))
                 # whether the server's state moved this round: new arrays, or (no arrays to return, e.g. FedPFT's chain) a quorum of
@@ -158,6 +167,8 @@ class RoundLoop(Generic[M]):
                     self.emit(done, {})
                 if self.on_checkpoint is not None:  # the state, draws and records of round rnd are all in: it can be resumed after
                     self.on_checkpoint(rnd, self.state, None if waiting_round is None else waiting_round.plain())
+                if self.state.end is not None:
+                    break
         except BaseException:
             if waiting_round is not None:  # the round after it failed: its record still goes out, without the scores it waited for
                 self.emit(waiting_round, {"eval_missing_partitions": waiting_round.expected})

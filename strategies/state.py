@@ -34,6 +34,9 @@ class ServerState(Generic[M]):
     # the seeded sampling stream's position (numpy's ``bit_generator.state``, a plain dict) after the last round,
     # so a restored state draws the clients the unbroken run would have; None before round 1
     sampling: dict[str, Any] | None = None
+    # the round after which the run stopped early (a goal reached: strategies' ``evaluated`` hook), so a run resumed
+    # from a checkpoint of that round stops there too; None: it runs num-server-rounds
+    end: int | None = None
 
     def advance(self, step: Step[M]) -> ServerState[M]:
         """The state after ``step``: its new arrays and method state, each kept where the step made none."""
@@ -41,14 +44,15 @@ class ServerState(Generic[M]):
             self.arrays if step.arrays is None else step.arrays,
             self.method if step.method is None else step.method,
             self.sampling,
+            self.end,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled with its arrays as numpy arrays by name: a record that went out in a message holds Flower's
         transport chunks (memoryviews), which do not pickle; the arrays come back with the same names, dtypes and bytes."""
-        return (_restored, (to_numpy(self.arrays), self.method, self.sampling))
+        return (_restored, (to_numpy(self.arrays), self.method, self.sampling, self.end))
 
 
-def _restored(arrays: dict[str, Any], method: Any, sampling: dict[str, Any] | None) -> ServerState[Any]:
-    """A pickled :class:`ServerState` back (see :meth:`ServerState.__reduce__`)."""
-    return ServerState(to_record(arrays), method, sampling)
+def _restored(arrays: dict[str, Any], method: Any, sampling: dict[str, Any] | None, end: int | None = None) -> ServerState[Any]:
+    """A pickled :class:`ServerState` back (see :meth:`ServerState.__reduce__`; one pickled before ``end`` existed has none)."""
+    return ServerState(to_record(arrays), method, sampling, end)
