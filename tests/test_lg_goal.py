@@ -152,3 +152,16 @@ def test_the_goal_functions():
     assert lg_rounds_over(2, None, 0.0, 0, 2) and not lg_rounds_over(5, 2, 0.9, 0, 0)
     records = [{"round": 1, "accuracy": 0.5}, {"round": 2, "accuracy": None}, {"round": 3, "accuracy": 0.975}]
     assert first_round_reaching(records, 0.975) == 3 and first_round_reaching(records, 0.99) is None
+
+
+def test_summary_says_the_goal_round_and_null_when_never_reached(tmp_path):
+    from server.results import Recorder
+
+    def summary(goal: float) -> dict:
+        rec = Recorder(tmp_path / str(goal), resolve_settings({"algorithm": "fedavg", "goal-accuracy": goal}))
+        for rnd, acc in ((1, 0.5), (2, None), (3, 0.8)):
+            rec.round({"round": rnd, "accuracy": acc, "bytes_down": 10, "bytes_up": 10, "clients": 2, "failures": 0, "seconds": 0.1})
+        return rec.finish({})
+
+    assert summary(0.8)["goal_round"] == 3 and summary(0.9)["goal_round"] is None
+    assert "goal_round" not in summary(0.0)
