@@ -238,6 +238,7 @@ class Recorder:
         if self.cfg.goal_accuracy > 0:  # the round the run stopped at its goal (core/goal.py); null: never reached
             summary["goal_round"] = first_round_reaching(self.rounds, self.cfg.goal_accuracy)
         summary.update(values_totals(self.rounds, self.round_to_target))
+        summary.update(params_totals(self.rounds))
         summary.update(short_rounds(self.rounds))  # core.rounds: rounds that ran without some client
         summary.update(global_progress(self.rounds, self.cfg.target_accuracy))
         if self.cfg.client_noise:
@@ -286,6 +287,16 @@ def progress(rounds: list[dict[str, Any]], total: int, elapsed: float) -> str:
     recent = rounds[1:][-5:]
     pace = sum(float(r.get("seconds") or 0.0) for r in recent) / len(recent)
     return f"{shown}, about {format_duration(pace * (total - done))} left"
+
+
+def params_totals(rounds: list[dict[str, Any]]) -> dict[str, int | None]:
+    """Parameters (array elements) communicated in the run: the training exchanges both ways plus LG-FedAvg's
+    one new-test upload (the paper counts it, its footnote 1), evaluation left out; None for results written before."""
+    if not rounds or any("params_down" not in r for r in rounds):
+        return {"params_communicated": None}
+    train = sum(r["params_down"] + r["params_up"] for r in rounds)
+    upload = sum(r.get("params_upload_up", 0) for r in rounds)  # the models sent up once (the request's layers: training's)
+    return {"params_communicated": train + upload, "params_communicated_training": train}
 
 
 def values_totals(rounds: list[dict[str, Any]], round_to_target: int | None) -> dict[str, int | None]:

@@ -25,7 +25,7 @@ from core import protocol as P
 from core.joining import join_plan, split_joined
 from core.sampling import draw_with_replacement, sample_positions, sample_size
 from core.settings import Settings
-from strategies.meter import RoundMeter, short_reason
+from strategies.meter import RoundMeter, array_elements, short_reason
 from strategies.registration import ClientRegistry, Registrar
 from strategies.replies import Layout, Problem, Rejection, Reply, decode
 from strategies.services import Services, example_cap
@@ -271,7 +271,12 @@ class Engine:
         messages = [Message(content=c, dst_node_id=n, message_type=kind, group_id=str(self.round)) for n, c in contents.items()]
         if phase in SELECTING_PHASES:
             self.meter.selected.update(c.partition_id for n, c in self.registry.clients.items() if n in contents)
-        self.meter.add(phase, down=sum(self.wire.message(m) for m in messages), values_down=sum(self.wire.values(m) for m in messages))
+        self.meter.add(
+            phase,
+            down=sum(self.wire.message(m) for m in messages),
+            values_down=sum(self.wire.values(m) for m in messages),
+            params_down=sum(array_elements(m) for m in messages),
+        )
         started = self.clock()
         replies = list(self.grid.send_and_receive(messages, timeout=max(timeout, 0.0)))
         waited = self.clock() - started
@@ -301,7 +306,7 @@ class Engine:
         Everything computed from the reply (its size, its layout, its values) is behind one
         guard: a reply that trips any of it is a rejected reply, never a crash."""
         node = reply.metadata.src_node_id
-        nbytes, values, scored, step = 0, 0, 0, "measured"
+        nbytes, values, params, scored, step = 0, 0, 0, 0, "measured"
         decoded: Reply[T] | None
         problem: Problem | None
         try:
@@ -315,6 +320,7 @@ class Engine:
                 most_test = self._most(node, pid, "test") if this.scores is not None else math.inf
                 decoded, problem = decode(reply, this, pid, most, nbytes, most_test)
                 values = self.wire.values(reply) if decoded is not None else 0
+                params = array_elements(reply) if decoded is not None else 0
                 scored = self.wire.record_bytes(reply, P.SCORES) if decoded is not None and decoded.scores is not None else 0
         except Exception as exc:
             decoded, problem = None, f"reply cannot be {step}: {type(exc).__name__}: {short_reason(str(exc))}"
@@ -327,7 +333,7 @@ class Engine:
             self._fail(phase, node, str(problem))
             self.registry.failed(node)
             return None
-        self.meter.add(phase, up=nbytes - scored, values_up=values)
+        self.meter.add(phase, up=nbytes - scored, values_up=values, params_up=params)
         if scored:  # test scores a train reply carried (client-evaluation=with-next-train): evaluation traffic, not the method's
             self.meter.add(P.PHASE_EVALUATE, up=scored)
         self.registry.seen(node, self.round)

@@ -56,6 +56,7 @@ def round_record(
     if meter.joined is not None:  # join-clients runs: who joined the running federation this round
         record["joined"] = list(meter.joined)
     record.update(phase_bytes(meter))
+    record.update(meter.params_record())  # parameters (array elements) communicated, the papers' count (issue 41)
     if meter.rejected_bytes_up:
         record["rejected_bytes_up"] = meter.rejected_bytes_up
     record.update({f"rejected_{name}s": values for name, values in meter.rejected_figures.items()})

@@ -13,6 +13,7 @@ from core.config import ConfigError, resolve, resolve_settings
 from core.data import SPECS
 from core.layers import layer_names, match_layers, select, top_layers
 from core.models import build_model
+from server.results import params_totals
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 from tests.test_secure_aggregation import Clients
 
@@ -154,3 +155,20 @@ def test_secagg_plus_sums_a_pattern_split_to_the_weighted_mean(task_identity):
     mean_delta = sum(counts[p] * 0.001 * (p + 1) for p in range(clients)) / sum(counts.values())
     for k, v in sent.items():
         np.testing.assert_allclose(step.arrays[k].numpy(), v + mean_delta, rtol=1e-5, atol=1e-6)
+
+
+def test_parameters_communicated_count_the_array_elements_each_way(task_identity):
+    """rounds.jsonl's params_down/params_up: 2,872 parameters to each of the 3 selected clients and back from
+    the 2 whose replies were valid (a refused reply moves none); the summary adds the new test's upload."""
+    s = _lenet()
+
+    def answer_with(pid, msg):
+        sent = {k: v.numpy() for k, v in msg.content["arrays"].items()}
+        return reply(sent, None if pid == 2 else 10, pid)
+
+    engine = engine_for(s, FakeGrid(3, answer_with))
+    s.train_round(1, s.initial_state(), engine)
+    assert engine.meter.params_record() == {"params_down": 3 * 2872, "params_up": 2 * 2872}
+    rounds = [{"params_down": 3 * 2872, "params_up": 2 * 2872}, {"params_down": 1, "params_up": 2, "params_upload_up": 100}]
+    assert params_totals(rounds) == {"params_communicated": 5 * 2872 + 3 + 100, "params_communicated_training": 5 * 2872 + 3}
+    assert params_totals([{"params_up": 1}]) == {"params_communicated": None}  # results written before the count
