@@ -14,6 +14,7 @@ import torch
 from core import seeds
 from core.config import LOCAL, body_for, fit_body, resolve_settings
 from core.data import Dataset, to_tensors
+from core.fairness import encode_protected, parse_protected
 from core.labels import check_label_column
 from core.models import Net, build_model, resolve_device
 from core.noise import corrupt, noise_assignment, parse_client_transform, transform
@@ -36,6 +37,10 @@ class ClientEnv:
     x_test: torch.Tensor
     y_test: torch.Tensor
     device: torch.device
+    # protected-columns: P of the training and test rows, (n, m) float 0/1, one column per protected column; None when
+    # the run names none. Held here only: no reply, registration or log carries them.
+    p_train: torch.Tensor | None = None
+    p_test: torch.Tensor | None = None
 
     @property
     def outputs(self) -> int:
@@ -79,7 +84,8 @@ def _env(cfg: Settings, partition_id: int, body_override: str) -> ClientEnv:
     if not 0 <= partition_id < part.num_clients:
         raise ValueError(f"partition-id {partition_id} is outside 0..{part.num_clients - 1} (num-clients={cfg.num_clients})")
     tr, te = part.train[partition_id], part.test[partition_id]
-    return _make_env(cfg, partition_id, body_override, ds, (ds.x_train[tr], ds.y_train[tr]), (ds.x_test[te], ds.y_test[te]))
+    env = _make_env(cfg, partition_id, body_override, ds, (ds.x_train[tr], ds.y_train[tr]), (ds.x_test[te], ds.y_test[te]))
+    return with_protected(env, tr, te)
 
 
 @lru_cache(maxsize=8)
@@ -88,7 +94,26 @@ def _local_env(cfg: Settings, data: str, schema_json: str, slot: int, body_overr
     agreed schema; ``slot`` is the client index the server gave it at registration; ``limits``
     are the node's own reader limits (its --node-config)."""
     ds = load_node_data(data, cfg, schema_json, limits)
-    return _make_env(cfg, slot, body_override, ds, (ds.x_train, ds.y_train), (ds.x_test, ds.y_test))
+    env = _make_env(cfg, slot, body_override, ds, (ds.x_train, ds.y_train), (ds.x_test, ds.y_test))
+    return with_protected(env, np.arange(len(ds.y_train)), np.arange(len(ds.y_test)))
+
+
+def with_protected(env: ClientEnv, train_rows: np.ndarray, test_rows: np.ndarray) -> ClientEnv:
+    """``env`` with P of its rows (``protected-columns``, encoded by :func:`core.fairness.encode_protected`
+    against the loaded training rows); unchanged when the run names no protected column."""
+    specs = parse_protected(env.cfg.protected_columns)
+    if not specs:
+        return env
+    ds = env.data
+
+    def targets(attrs: dict[str, np.ndarray], rows: np.ndarray) -> torch.Tensor:
+        cols = [encode_protected(attrs[s.column][rows], s, ds.attrs_train[s.column]) for s in specs]
+        return torch.from_numpy(np.stack(cols, axis=1).astype(np.float32))
+
+    missing = [s.column for s in specs if s.column not in ds.attrs_train]
+    if missing:
+        raise ValueError(f"run-config key 'protected-columns' names {missing}, which data set {ds.name!r} does not hold as row attributes")
+    return replace(env, p_train=targets(ds.attrs_train, train_rows), p_test=targets(ds.attrs_test, test_rows))
 
 
 def _make_env(

@@ -68,6 +68,17 @@ ADULT_COLUMNS = (
 )
 ADULT_NUMERIC = ("age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week")
 ADULT_PROTECTED = ("race", "sex")
+# levels of each categorical column in adult.data's training rows (the one-hot width; tests/test_fairness.py checks them)
+ADULT_LEVELS = {
+    "workclass": 9,
+    "education": 16,
+    "marital-status": 7,
+    "occupation": 15,
+    "relationship": 6,
+    "race": 5,
+    "sex": 2,
+    "native-country": 42,
+}
 
 
 class DatasetMissingError(FileNotFoundError):
@@ -101,6 +112,7 @@ class Dataset:
     attrs_test: dict[str, np.ndarray] = field(default_factory=dict)
     natural_column: str = ""
     augment: bool = False  # random crop + flip for training images
+    protected: tuple[str, ...] = ()  # attrs that are protected columns (protected-columns): never features, never sent
 
     @property
     def is_image(self) -> bool:
@@ -249,15 +261,17 @@ def _read_adult(path: Path) -> list[list[str]]:
     return rows
 
 
-def load_uci_adult(root: Path) -> Dataset:
-    """UCI Adult (adult.data, adult.test): income above 50K from census columns, encoded as numbers."""
+def load_uci_adult(root: Path, protected: tuple[str, ...] = ()) -> Dataset:
+    """UCI Adult (adult.data, adult.test): income above 50K from census columns, encoded as numbers; the
+    ``protected`` categorical columns are left out of the features (kept only as row attributes)."""
+    _check_protectable("uci-adult", protected)
     files = ("adult.data", "adult.test")
     found = _find(root, ("uci-adult", "adult", ""), files)
     if found is None:
         raise DatasetMissingError("uci-adult", [root / "uci-adult", root / "adult", root], files)
     train, test = _read_adult(found / files[0]), _read_adult(found / files[1])
     cols = {c: i for i, c in enumerate(ADULT_COLUMNS)}
-    categorical = [c for c in ADULT_COLUMNS if c not in ADULT_NUMERIC and c != "income"]
+    categorical = [c for c in ADULT_COLUMNS if c not in ADULT_NUMERIC and c != "income" and c not in protected]
     levels = {c: sorted({r[cols[c]] for r in train}) for c in categorical}
 
     def encode(rows: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
@@ -279,8 +293,22 @@ def load_uci_adult(root: Path) -> Dataset:
     mean, std = xtr[:, : len(ADULT_NUMERIC)].mean(0), xtr[:, : len(ADULT_NUMERIC)].std(0) + 1e-8
     for x in (xtr, xte):
         x[:, : len(ADULT_NUMERIC)] = (x[:, : len(ADULT_NUMERIC)] - mean) / std
-    attrs = lambda rows: {c: np.array([r[cols[c]] for r in rows]) for c in ADULT_PROTECTED}  # noqa: E731
-    return Dataset("uci-adult", "classification", 2, (xtr.shape[1],), xtr, ytr, xte, yte, attrs(train), attrs(test), natural_column="race")
+    kept = tuple(dict.fromkeys((*ADULT_PROTECTED, *protected)))
+    attrs = lambda rows: {c: np.array([r[cols[c]] for r in rows]) for c in kept}  # noqa: E731
+    return Dataset(
+        "uci-adult",
+        "classification",
+        2,
+        (xtr.shape[1],),
+        xtr,
+        ytr,
+        xte,
+        yte,
+        attrs(train),
+        attrs(test),
+        natural_column="race",
+        protected=tuple(protected),
+    )
 
 
 def load_uci_gas_turbine(root: Path, test_share: float = 0.2, seed: int = 0) -> Dataset:
@@ -346,21 +374,50 @@ LOADERS: dict[str, Callable[..., Dataset]] = {
 SEEDED_SPLIT = ("uci-gas-turbine",)
 
 
+# Built-in tables that can name protected columns (protected-columns), and the loader argument that drops them.
+PROTECTABLE = ("uci-adult",)
+
+
 @lru_cache(maxsize=4)
-def _cached(name: str, root: str, seed: int) -> Dataset:
+def _cached(name: str, root: str, seed: int, protected: tuple[str, ...] = ()) -> Dataset:
     if name == "circle":
         return make_circle(seed=seed)
+    if protected:
+        return LOADERS[name](Path(root), protected=protected)
     if name in SEEDED_SPLIT:
         return LOADERS[name](Path(root), seed=seed)
     return LOADERS[name](Path(root))
 
 
-def load_dataset(name: str, configured_dir: str = "", seed: int = 0) -> Dataset:
-    """Load a data set by name (cached per process: simulation workers reuse it)."""
+def load_dataset(name: str, configured_dir: str = "", seed: int = 0, protected: tuple[str, ...] = ()) -> Dataset:
+    """Load a data set by name (cached per process: simulation workers reuse it); ``protected``: columns left out of the features."""
     if name != "circle" and name not in LOADERS:
         raise ValueError(f"unknown data set {name!r}; allowed: circle, {', '.join(LOADERS)}")
+    _check_protectable(name, protected)
     seeded = name == "circle" or name in SEEDED_SPLIT
-    return _cached(name, str(data_dir(configured_dir)), seed if seeded else 0)  # one copy of a published split
+    return _cached(name, str(data_dir(configured_dir)), seed if seeded else 0, tuple(protected))  # one copy of a published split
+
+
+def _check_protectable(name: str, protected: tuple[str, ...]) -> None:
+    """ValueError in one line when built-in ``name`` cannot name ``protected`` columns."""
+    if protected and name not in PROTECTABLE:
+        raise ValueError(
+            f"run-config key 'protected-columns' is set, but built-in {name!r} has no categorical columns to protect: "
+            f"use {', '.join(PROTECTABLE)} or a table of your own (dataset = a CSV or Parquet path)"
+        )
+    if bad := [c for c in protected if c not in ADULT_LEVELS]:
+        raise ValueError(
+            f"run-config key 'protected-columns' names {bad}, which uci-adult has no categorical column for; allowed: {', '.join(ADULT_LEVELS)}"
+        )
+
+
+def builtin_spec(name: str, protected: tuple[str, ...] = ()) -> DatasetSpec:
+    """A built-in's spec; with ``protected`` (uci-adult) the one-hot blocks of those columns left out (levels of adult.data's training rows)."""
+    spec = SPECS[name]
+    if not protected:
+        return spec
+    _check_protectable(name, protected)
+    return DatasetSpec(spec.task, spec.num_classes, (spec.input_shape[0] - sum(ADULT_LEVELS[c] for c in protected),))
 
 
 def to_tensors(ds: Dataset, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

@@ -97,6 +97,9 @@ class LGFedAvgRecords:
     """LG-FedAvg's new test."""
 
     phase_upload: str = "upload-model"  # a client sends its whole local model once
+    class_auc: str = "class-auc"  # metric: ROC AUC of the classifier's class-1 probability on the local test split (2 classes)
+    adv_auc: str = "adv-auc"  # metric: ROC AUC of the local adversary r_k reading P from the representation (protected-columns)
+    posthoc_adv_auc: str = "posthoc-adv-auc"  # metric: the same for a fresh adversary fitted on the frozen representations
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,30 @@ class LGFedAvgSettings:
             True,
             "LG-FedAvg: after the last round clients upload their models once and the server scores their logit ensemble on the whole test set",
         )
+    )
+    adversary_weight: float = setting(
+        non_negative(
+            "LG-FedAvg: λ of Eq. 6: each client's model minimises its task loss minus λ times the loss of a local adversary that reads "
+            "protected-columns from the body's output (trained alternately, never sent); 0: the adversary is trained and scored but not fought",
+            0.0,
+        )
+    )
+    adversary_steps: int = setting(
+        positive(
+            "LG-FedAvg: adversary steps on each batch's detached representation before the model's step on it (Louppe et al. keep the "
+            "adversary near its optimum; the authors run a whole epoch of adversary steps per classifier step)",
+            5,
+        )
+    )
+    aux_model: bool = setting(
+        Key(
+            False,
+            "LG-FedAvg §3 Eqs 1-3: each client also trains a local auxiliary head a_k on the body's output and minimises "
+            "L_f(a_k) + lg-aux-weight · L_g (the global model's loss); the aux head stays local",
+        )
+    )
+    aux_weight: float = setting(
+        non_negative("LG-FedAvg: λ of Eq. 3, the global loss's weight beside the local auxiliary loss (lg-aux-model)", 1.0)
     )
 
 
@@ -438,7 +465,12 @@ def _fedlog_secure_rules(cfg: Settings) -> None:
 
 
 def _lg_fedavg_rules(cfg: Settings) -> None:
-    """Under secure-aggregation no client may send its whole model: lg-new-test must be off."""
+    """Under secure-aggregation no client may send its whole model: lg-new-test must be off. An adversary needs protected columns."""
+    if cfg.lg_fedavg.adversary_weight > 0 and not cfg.protected_columns:
+        raise ConfigError(
+            f"run-config key 'lg-adversary-weight' is {cfg.lg_fedavg.adversary_weight:g}, but 'protected-columns' is empty: "
+            'name the columns the adversary must not read (e.g. protected-columns = "race,sex" on uci-adult)'
+        )
     if cfg.secure_aggregation != "off" and cfg.lg_fedavg.new_test:
         raise ConfigError(
             "run-config key 'lg-new-test' must be false with secure-aggregation: the new test has every client upload its "

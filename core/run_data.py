@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.config import LOCAL, ConfigError, dataset_kind
-from core.data import SPECS, Dataset, DatasetSpec, load_dataset, spec_of
+from core.data import Dataset, DatasetSpec, builtin_spec, load_dataset, spec_of
+from core.fairness import parse_protected
 from core.settings import Settings
 
 if TYPE_CHECKING:  # core.sources is imported when a user source is read
@@ -55,12 +56,17 @@ def _whole_source(path: str, opts: Any) -> tuple[Dataset, Any]:
     return encode(raw, schema, opts, source_name(path)), schema
 
 
+def protected_names(cfg: Settings) -> tuple[str, ...]:
+    """The columns ``protected-columns`` names (without their levels)."""
+    return tuple(p.column for p in parse_protected(cfg.protected_columns))
+
+
 def load_run_dataset(cfg: Settings) -> Dataset:
     """The whole data set of a run that one machine holds: a built-in, or the user's source
     at the path ``dataset`` (read, its class names and scaling fixed from all of it, encoded)."""
     kind = dataset_kind(cfg.dataset)
     if kind == "builtin":
-        return load_dataset(cfg.dataset, cfg.data_dir, cfg.seed)
+        return load_dataset(cfg.dataset, cfg.data_dir, cfg.seed, protected_names(cfg))
     if kind == "path":
         return _whole_source(str(Path(cfg.dataset).expanduser()), source_options(cfg))[0]
     raise ConfigError(
@@ -79,7 +85,10 @@ def run_spec(cfg: Settings, schema: Any = None) -> DatasetSpec:
     once), or with ``dataset=local`` the nodes' agreed ``schema``."""
     kind = dataset_kind(cfg.dataset)
     if kind == "builtin":
-        return SPECS[cfg.dataset]
+        try:
+            return builtin_spec(cfg.dataset, protected_names(cfg))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if kind == "path":
         return spec_of(load_run_dataset(cfg))
     if schema is None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from core.aggregate import AGGREGATIONS
+from core.fairness import protected_problem
 from core.methods import (
     ALGORITHMS,
     METHODS,
@@ -166,6 +167,16 @@ class CommonSettings:
     )
     client_size_std: float = setting(non_negative("standard deviation of clients' local data sizes (with client-size-mean)", 0.0))
     natural_column: str = setting(Key("", "column that names a client's source (natural); empty: the data set's own"))
+    protected_columns: str = setting(
+        Key(
+            "",
+            "comma list of a table's protected columns, each 'column' or 'column=level' (P = 1 where it holds that level; default: "
+            "uci-adult's White and Male, else the column's most common level): never features, never sent; the client holds them as P "
+            "for LG-FedAvg's adversary (lg-adversary-weight)",
+            check=lambda v: protected_problem(v) is None,
+            rule="a comma list of 'column' or 'column=level', each column once",
+        )
+    )
     server_holdout: int = setting(
         non_negative(
             "training rows kept from every client before partitioning (FedProf uses fedprof-val-size instead); set it equal to compare a method with FedProf on the same client data",

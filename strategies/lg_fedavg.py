@@ -23,6 +23,7 @@ from core.config import ConfigError, body_names, fit_body
 from core.data import DatasetSpec
 from core.goal import lg_rounds_over, warming_up, warmup_end_after
 from core.layers import is_top_k, match_layers, select
+from core.methods import LG_FEDAVG_RECORDS
 from core.models import Net, build_model
 from core.settings import Settings
 from core.training import ensemble_logits, task_metrics
@@ -34,6 +35,17 @@ from strategies.services import Services
 from strategies.state import ServerState
 
 log = logging.getLogger("headway")
+FAIR_METRICS = (LG_FEDAVG_RECORDS.class_auc, LG_FEDAVG_RECORDS.adv_auc, LG_FEDAVG_RECORDS.posthoc_adv_auc)
+
+
+def fair_figures(replies: list[Reply]) -> dict[str, float]:
+    """Each AUC of :data:`FAIR_METRICS` as the sample-weighted mean over the counted replies that carry it (``adv-auc`` -> ``adv_auc``)."""
+    out: dict[str, float] = {}
+    for name in FAIR_METRICS:
+        have = [r for r in replies if r.count and name in r.metrics]
+        if have:
+            out[name.replace("-", "_")] = sum(r.metrics[name] * r.examples for r in have) / sum(r.examples for r in have)
+    return out
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,21 @@ class LGFedAvg(LayerSharing):
         if not has_warmup(self.settings):
             return {}
         return {"warmup_rounds_used": None if state is None else lg_state(state.method).warmup_end}
+
+    def eval_layout(self) -> Layout:
+        """As every strategy's, and a client may add Table 4's AUCs (protected-columns), each in [0, 1]."""
+        layout = super().eval_layout()
+        return replace(layout, optional=(*layout.optional, *FAIR_METRICS), check=self._check_fair_scores)
+
+    def _check_fair_scores(self, arrays: dict, reply: Reply) -> tuple[None, str | None]:
+        for name in FAIR_METRICS:
+            if name in reply.metrics and not 0 <= reply.metrics[name] <= 1:
+                return None, f"metric {name!r} is {reply.metrics[name]:g}, not an AUC in [0, 1]"
+        return self._check_scores(arrays, reply)
+
+    def aggregate_evaluate(self, server_round: int, replies: list[Reply]) -> dict[str, float]:
+        """As every strategy's, with the sample-weighted means of the AUCs the replies carry (``class_auc``, ``adv_auc``, ``posthoc_adv_auc``)."""
+        return {**super().aggregate_evaluate(server_round, replies), **fair_figures(replies)}
 
     def upload_layout(self, engine: Engine, node: int) -> Layout:
         """A client's whole model, shaped as its registered body's."""

@@ -141,6 +141,9 @@ def encode(raw: RawSource, schema: DataSchema, opts: SourceOptions, name: str) -
     if opts.natural_column and raw.train.attrs is not None:
         attrs_train = {opts.natural_column: np.array(raw.train.attrs, dtype=str)}
         attrs_test = {opts.natural_column: np.array(raw.test.attrs or [], dtype=str)}
+    for col in opts.protected_columns:  # held by the node as P, never encoded as features
+        attrs_train[col] = np.array(raw.train.protected.get(col, []), dtype=str)
+        attrs_test[col] = np.array(raw.test.protected.get(col, []), dtype=str)
     return Dataset(
         name,
         "classification",
@@ -153,6 +156,7 @@ def encode(raw: RawSource, schema: DataSchema, opts: SourceOptions, name: str) -
         attrs_train,
         attrs_test,
         natural_column=opts.natural_column,
+        protected=tuple(opts.protected_columns),
     )
 
 

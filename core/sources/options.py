@@ -25,6 +25,7 @@ class SourceOptions:
     seed: int = 0  # [seed]
     natural_column: str = ""  # [natural-column] a table column kept as a per-row attribute, not a feature
     classes: tuple[str, ...] = ()  # [classes] the run's class list (fixed order = indices); empty: sorted union
+    protected_columns: tuple[str, ...] = ()  # [protected-columns] table columns held as protected attributes: never features, never sent
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,16 @@ def _class_list(value: Any) -> tuple[str, ...]:
     return names
 
 
+def _protected_list(value: Any) -> tuple[str, ...]:
+    """The [protected-columns] key's column names (their levels are the client's business: core.fairness)."""
+    from core.fairness import ProtectedError, parse_protected
+
+    try:
+        return tuple(p.column for p in parse_protected(str(value or "")))
+    except ProtectedError as exc:
+        raise SourceError(str(exc)) from None
+
+
 def options_from_config(cfg: Mapping[str, Any]) -> SourceOptions:
     """The source options of a run config (keys it lacks keep their defaults); SourceError naming a bad key."""
     opts = SourceOptions(
@@ -94,6 +105,7 @@ def options_from_config(cfg: Mapping[str, Any]) -> SourceOptions:
         seed=_option(cfg, "seed", 0, int, "an integer"),
         natural_column=_option(cfg, "natural-column", "", str, "a column name").strip(),
         classes=_class_list(cfg.get("classes", ())),
+        protected_columns=_protected_list(cfg.get("protected-columns", "")),
     )
     if not 0 <= opts.image_size <= MAX_IMAGE_SIZE:
         raise SourceError(

@@ -46,6 +46,7 @@ class RawSplit:
     x: Any
     image_info: list[tuple[str, tuple[int, int]]] = field(default_factory=list)  # (PIL mode, (h, w)) of each listed image
     attrs: list[str] | None = None  # the natural column's value of each row
+    protected: dict[str, list[str]] = field(default_factory=dict)  # protected-columns: each one's value of each row (never a feature)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -60,7 +61,11 @@ class RawSplit:
         else:
             x = pick(self.x)
         return RawSplit(
-            pick(self.labels), x, pick(self.image_info) if self.image_info else [], pick(self.attrs) if self.attrs is not None else None
+            pick(self.labels),
+            x,
+            pick(self.image_info) if self.image_info else [],
+            pick(self.attrs) if self.attrs is not None else None,
+            {c: pick(v) for c, v in self.protected.items()},
         )
 
 
@@ -142,9 +147,9 @@ def _has_class_folders(root: Path) -> bool:
 
 def _read_image_folder(root: Path, opts: SourceOptions, limits: ReaderLimits) -> tuple[str, str, RawSplit, RawSplit | None]:
     """ROOT/train/<class>/* (and ROOT/test/<class>/*), or ROOT/<class>/* as training rows only."""
-    if opts.natural_column:
+    if opts.natural_column or opts.protected_columns:
         raise SourceError(
-            f"{root}: run-config key 'natural-column' is {opts.natural_column!r}, but an image folder has no columns: leave it empty"
+            f"{root}: run-config key 'natural-column' or 'protected-columns' is set, but an image folder has no columns: leave them empty"
         )
     if (root / "train").is_dir():
         train = _image_files(root / "train", limits)
@@ -287,9 +292,16 @@ def _table_split(columns: Mapping[str, Sequence[Any]], where: str, opts: SourceO
         raise SourceError(f"{where}: no label column '{opts.label_column}' (columns found: {found}): set run-config key 'label-column'")
     if opts.natural_column and opts.natural_column not in columns:
         raise SourceError(f"{where}: no column '{opts.natural_column}' for run-config key 'natural-column' (columns found: {found})")
+    if missing := [c for c in opts.protected_columns if c not in columns]:
+        raise SourceError(f"{where}: no column {missing} for run-config key 'protected-columns' (columns found: {found})")
+    if opts.label_column in opts.protected_columns:
+        raise SourceError(
+            f"{where}: run-config key 'protected-columns' names the label column '{opts.label_column}': protect other columns"
+        )
     labels = _labels_of(columns[opts.label_column], where)
     attrs = [_label_name(v) for v in columns[opts.natural_column]] if opts.natural_column else None
-    named = (opts.label_column, opts.natural_column) if opts.natural_column else (opts.label_column,)
+    protected = {c: [_label_name(v) for v in columns[c]] for c in opts.protected_columns}
+    named = (opts.label_column, *((opts.natural_column,) if opts.natural_column else ()), *opts.protected_columns)
     index = _index_columns(columns, named, where)
     x = {c: v for c, v in columns.items() if c not in (*named, *index)}
     if not x:
@@ -298,7 +310,7 @@ def _table_split(columns: Mapping[str, Sequence[Any]], where: str, opts: SourceO
         problem = _control_problem(str(col), "column name") or _text_problem(values, f"column '{col}'")
         if problem:
             raise SourceError(f"{where}: {problem}")
-    return RawSplit(labels, x, attrs=attrs)
+    return RawSplit(labels, x, attrs=attrs, protected=protected)
 
 
 def _row_numbers(values: Sequence[Any]) -> np.ndarray | None:
@@ -438,9 +450,9 @@ def _npz_split(data: Any, xkey: str, ykey: str, where: str, limits: ReaderLimits
 
 def _read_npz(file: Path, opts: SourceOptions, limits: ReaderLimits) -> tuple[str, str, RawSplit, RawSplit | None]:
     """An .npz with x_train, y_train and optionally x_test, y_test (no pickled objects)."""
-    if opts.natural_column:
+    if opts.natural_column or opts.protected_columns:
         raise SourceError(
-            f"{file}: run-config key 'natural-column' is {opts.natural_column!r}, but an npz has no named columns: leave it empty"
+            f"{file}: run-config key 'natural-column' or 'protected-columns' is set, but an npz has no named columns: leave them empty"
         )
     try:
         with np.load(file, allow_pickle=False) as data:
@@ -527,9 +539,9 @@ def _hf_split(ds: Any, where: str, opts: SourceOptions, hf: Any, root: Path, lim
     labels = _labels_of(values, where)
     image_col = next((c for c, f in features.items() if isinstance(f, hf.Image)), None)
     if image_col is not None:
-        if opts.natural_column:
+        if opts.natural_column or opts.protected_columns:
             raise SourceError(
-                f"{where}: run-config key 'natural-column' applies to tables; this dataset holds images in column '{image_col}'"
+                f"{where}: run-config keys 'natural-column' and 'protected-columns' apply to tables; this dataset holds images in column '{image_col}'"
             )
         images = _hf_images(ds, image_col, where, root, limits, hf)
         return "image", RawSplit(labels, images.x, images.image_info)
