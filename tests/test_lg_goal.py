@@ -165,3 +165,29 @@ def test_summary_says_the_goal_round_and_null_when_never_reached(tmp_path):
 
     assert summary(0.8)["goal_round"] == 3 and summary(0.9)["goal_round"] is None
     assert "goal_round" not in summary(0.0)
+
+
+@pytest.mark.system
+def test_a_real_run_killed_after_a_checkpoint_resumes_and_stops_where_the_unbroken_one_did(tmp_path, data_dir):
+    """Real `headway run` processes: LG-FedAvg whose warm-up ends at round 1 (any score reaches 0.01) and lg-rounds=2 ends
+    after round 3 of 6; killed after round 2's checkpoint, or after round 3's (the stop) before its summary."""
+    import json
+    import signal
+
+    from tests.test_resume_simulation import TINY, assert_same_rounds, headway_run, resume, rounds, sets
+
+    config = sets(*TINY, "algorithm=lg-fedavg", "num-server-rounds=6", "lg-warmup-goal=0.01", "lg-rounds=2")
+    unbroken = tmp_path / "unbroken"
+    assert headway_run(["--out", str(unbroken), *config], tmp_path / "unbroken.log") == 0
+    records = rounds(unbroken)
+    assert [r["round"] for r in records] == [1, 2, 3] and records[0]["warmup_ended"] and records[-1]["stop"] == "lg-rounds"
+    assert "new_test_accuracy" in records[-1]
+    summary = json.loads((unbroken / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["warmup_rounds_used"] == 1
+    for kill in ("checkpoint:2", "checkpoint:3"):
+        killed = tmp_path / kill.replace(":", "-")
+        assert headway_run(["--out", str(killed), *config], tmp_path / f"{killed.name}.log", kill=kill) == -signal.SIGKILL
+        assert resume(killed, tmp_path) == 0, (tmp_path / f"resume-{killed.name}.log").read_text()[-3000:]
+        assert_same_rounds(unbroken, killed)
+        again = json.loads((killed / "summary.json").read_text())
+        assert again["status"] == "complete" and again["rounds"] == 3 and again["warmup_rounds_used"] == 1
