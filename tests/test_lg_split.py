@@ -172,3 +172,23 @@ def test_parameters_communicated_count_the_array_elements_each_way(task_identity
     rounds = [{"params_down": 3 * 2872, "params_up": 2 * 2872}, {"params_down": 1, "params_up": 2, "params_upload_up": 100}]
     assert params_totals(rounds) == {"params_communicated": 5 * 2872 + 3 + 100, "params_communicated_training": 5 * 2872 + 3}
     assert params_totals([{"params_up": 1}]) == {"params_communicated": None}  # results written before the count
+
+
+@pytest.mark.system
+def test_a_simulated_cifar10_run_with_the_papers_split_sends_the_convolutions_and_counts_them(tmp_path, data_dir):
+    """The paper's split through Flower's simulation on CIFAR-10 (LeNet-5, 3 clients, 2 rounds): every training message
+    carries the two convolutions (2,872 parameters) each way; the new test's upload counts every whole model once."""
+    from tests.test_simulation import run
+
+    cfg, summary, rounds = run(
+        tmp_path,
+        data_dir,
+        **{"dataset": "cifar10", "body": "lenet5", "algorithm": "lg-fedavg", "lg-global-layers": "convs.*"},
+        **{"num-clients": 3, "num-server-rounds": 2, "train-fraction": 0.02},
+    )
+    whole = sum(v.numel() for v in build_model("lenet5", (3, 32, 32), 0, 10).state_dict().values())
+    for r in rounds:
+        assert r["clients"] == 3 and r["failures"] == 0
+        assert r["params_down"] == r["params_up"] == 3 * 2872 and r["params_eval_down"] == 3 * 2872
+    assert rounds[-1]["params_upload_up"] == 3 * whole and rounds[-1]["new_test_models"] == 3
+    assert summary["params_communicated"] == 2 * 2 * 3 * 2872 + 3 * whole
