@@ -184,7 +184,7 @@ class Engine:
     # ----- who takes part ---------------------------------------------------------
     def wait_for_clients(self) -> list[int]:
         """Before round 1: wait up to ``sample-timeout`` for ``min-available-clients``
-        (0: ``num-clients``) to connect; returns the connected node ids. Says at once how many
+        (0: ``num-clients``, less the ``join-clients``, which join later) to connect; returns the connected node ids. Says at once how many
         are expected and connected, again each time the count changes (at most every
         :data:`WAIT_REPORT_EVERY` seconds otherwise), with what to change if it never adds up.
         Once per engine: later calls (``waited`` set) return the connected nodes at once."""
@@ -193,6 +193,8 @@ class Engine:
         self.waited = True
         s = self.settings
         key, wanted = ("min-available-clients", s.min_available_clients) if s.min_available_clients else ("num-clients", s.num_clients)
+        if not s.min_available_clients and self.join.active:  # the join-clients' nodes may well connect only when their round comes
+            key, wanted = "min-available-clients", s.num_clients - len(self.join.partitions)
         limit = float(s.sample_timeout)
         start = self.clock()
         said: tuple[int, float] | None = None  # (count, when) of the last line

@@ -11,6 +11,7 @@ from core.config import ConfigError, resolve_settings
 from core.joining import JoinPlan, parse_partition_ids
 from core.noise import parse_client_transform, transform
 from strategies.base import Step
+from strategies.engine import Engine
 from strategies.evaluation import group_accuracies
 from strategies.replies import Reply
 from strategies.round_record import round_record
@@ -179,3 +180,11 @@ def test_a_run_killed_at_the_join_resumes_to_the_unbroken_runs_rounds(tmp_path, 
     for x, y in zip(a, b, strict=True):
         same = ("round", "accuracy", "accuracy_joined", "accuracy_old", "selected", "joined", "bytes_down", "bytes_up")
         assert {k: y.get(k) for k in same} == {k: x.get(k) for k in same}
+
+
+def test_before_round_1_the_server_waits_for_the_old_clients_only(task_identity):
+    """Deployment: the joining device's node may connect only when its round comes; round 1 must not wait for it."""
+    s = make_strategy("fedavg", **{**JOIN, "sample-timeout": 30.0})
+    grid = FakeGrid(4)  # partitions 0..3 connected, 4 and 5 not yet
+    engine = Engine(grid, s.settings, s.services, clock=grid.clock, sleep=lambda dt: setattr(grid, "now", grid.now + dt))
+    assert len(engine.wait_for_clients()) == 4 and grid.now == 0.0  # no wait: all 4 old clients are there
