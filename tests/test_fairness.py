@@ -228,3 +228,23 @@ def test_aux_head_trains_and_stays_local():
     reply, _, state = _rounds(env, 1)
     assert "lg-aux-head" in state.array_records and "lg-adversary" not in state.array_records
     assert not any("aux" in k for k in reply.array_records[P.ARRAYS])
+
+
+# ------------------------------------------------------------------ the server: AUCs are untrusted numbers
+def test_server_pools_aucs_and_refuses_one_outside_0_1(task_identity, data_dir):
+    from flwr.app import MetricRecord
+
+    from tests.fakes import FakeGrid, engine_for, make_strategy
+
+    s = make_strategy("lg-fedavg", **{"data-dir": data_dir})
+
+    def answer(pid, msg):
+        adv = 7.0 if pid == 2 else 0.5 + 0.1 * pid  # client 2 claims an impossible AUC
+        met = {"partition-id": pid, "num-examples": 100 * (pid + 1), "correct": 80, "adv-auc": adv, "class-auc": 0.9}
+        return RecordDict({"metrics": MetricRecord(met)})
+
+    engine = engine_for(s, FakeGrid(3, answer))
+    out = s.evaluate_round(1, s.initial_state(), engine)
+    assert out["eval_clients"] == 2 and "not an AUC in [0, 1]" in engine.meter.failures[0]
+    assert out["adv_auc"] == pytest.approx((0.5 * 100 + 0.6 * 200) / 300) and out["class_auc"] == pytest.approx(0.9)
+    assert "posthoc_adv_auc" not in out
