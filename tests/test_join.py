@@ -188,3 +188,18 @@ def test_before_round_1_the_server_waits_for_the_old_clients_only(task_identity)
     grid = FakeGrid(4)  # partitions 0..3 connected, 4 and 5 not yet
     engine = Engine(grid, s.settings, s.services, clock=grid.clock, sleep=lambda dt: setattr(grid, "now", grid.now + dt))
     assert len(engine.wait_for_clients()) == 4 and grid.now == 0.0  # no wait: all 4 old clients are there
+
+
+def test_a_joining_node_that_connects_late_is_admitted_when_it_first_appears(task_identity):
+    s = make_strategy("fedavg", **JOIN)
+    grid = FakeGrid(6)
+    grid.nodes, grid.bodies = grid.nodes[:4], ["mnist-cnn"] * 6  # partitions 4 and 5 not connected yet
+    engine = engine_for(s, grid, server_round=1)
+    grid.nodes.append(105)  # partition 4 connects in round 2, before its round: held
+    engine.begin_round(2)
+    assert 105 in engine.registry.held and partitions(engine, engine.nodes()) == [0, 1, 2, 3]
+    engine.begin_round(3)
+    assert engine.meter.joined == [4]
+    grid.nodes.append(106)  # partition 5 connects in round 4, after the join round: admitted at once
+    engine.begin_round(4)
+    assert engine.meter.joined == [5] and partitions(engine, engine.nodes()) == [0, 1, 2, 3, 4, 5]
