@@ -209,6 +209,7 @@ def test_with_weight_zero_the_reply_does_not_depend_on_p():
         assert torch.equal(v, b.array_records[P.ARRAYS].to_torch_state_dict()[k])
 
 
+@pytest.mark.system  # two small real trainings (~10 s on a busy 2-core machine)
 @needs_data
 def test_adversary_auc_falls_with_weight():
     """A small real run (one adult client, 3 rounds): λ = 30 (the authors') brings the adversary and the post-hoc AUC toward 0.5."""
@@ -248,3 +249,31 @@ def test_server_pools_aucs_and_refuses_one_outside_0_1(task_identity, data_dir):
     assert out["eval_clients"] == 2 and "not an AUC in [0, 1]" in engine.meter.failures[0]
     assert out["adv_auc"] == pytest.approx((0.5 * 100 + 0.6 * 200) / 300) and out["class_auc"] == pytest.approx(0.9)
     assert "posthoc_adv_auc" not in out
+
+
+@pytest.mark.system  # two small real trainings (~10 s on a busy 2-core machine)
+@needs_data
+def test_fairness_on_a_user_csv_with_its_own_protected_column(tmp_path):
+    """The capability off uci-adult: a table from the gas-turbine data, its ambient-temperature band protected (not a feature)."""
+    path = _gas_turbine_csv(tmp_path)
+    scores = {}
+    for weight in (0.0, 30.0):
+        cfg = {
+            "algorithm": "lg-fedavg",
+            "dataset": str(path),
+            "label-column": "co_high",
+            "protected-columns": "ambient=hot",
+            "lg-adversary-weight": weight,
+            "num-clients": 2,
+            "partition": "iid",
+            "local-epochs": 1,
+            "batch-size": 32,
+            "lr": 0.01,
+        }
+        env = client_env(cfg, {"partition-id": 0, "num-partitions": 2})
+        assert env.x_train.shape[1] == 8 and env.p_train is not None
+        _, reply, _ = _rounds(env, 3)
+        scores[weight] = {k: float(v) for k, v in reply.metric_records[P.METRICS].items()}  # type: ignore[arg-type]
+    assert scores[0.0]["adv-auc"] > 0.65  # the band is readable from the other sensors' representation...
+    assert scores[30.0]["adv-auc"] < scores[0.0]["adv-auc"] - 0.05  # ...less so against the adversary
+    assert scores[30.0]["posthoc-adv-auc"] < scores[0.0]["posthoc-adv-auc"]
