@@ -55,7 +55,7 @@ def test_the_client_trains_its_whole_model_keeps_it_and_sends_no_layer(data_dir)
     client, state = LocalOnlyClient(), RecordDict()
     start = {k: v.clone() for k, v in env.build_model().state_dict().items()}
     out = client.train(env, _train_message(1), state)
-    assert len(out.array_records[P.ARRAYS]) == 0 and out.metric_records[P.METRICS][P.NUM_EXAMPLES] > 0
+    assert len(out.array_records[P.ARRAYS]) == 0 and float(out.metric_records[P.METRICS][P.NUM_EXAMPLES]) > 0  # type: ignore[arg-type]
     kept = state.array_records[PERSONAL].to_torch_state_dict()
     assert all(not torch.equal(kept[k], start[k]) for k in start if k.endswith("weight"))  # every layer trained, body and head
     again = client.train(env, _train_message(2), state)  # the next round starts from the kept model
