@@ -80,6 +80,13 @@ def pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.2f}"
 
 
+def goal_cell(arm: str, goal_round: int | None) -> str:
+    """The round the goal was reached at (FedAvg: the run's; LG-FedAvg: its warm-up's); local only has no goal."""
+    if arm == "local-only":
+        return "–"
+    return "not reached" if goal_round is None else str(goal_round)
+
+
 def params_cell(r: dict[str, Any]) -> str:
     """Parameters communicated: the run's own count, else array-value bytes / 4 (float32), marked ≈."""
     if not r["params_from_bytes"]:
@@ -91,7 +98,7 @@ def table(root: Path, dataset: str, keys: list[tuple[str, int]], goal: float, lg
     """The markdown table of every finished run under ``root`` beside the paper's numbers."""
     lines = [
         f"{dataset}: goal {100 * goal:g} % (paper {100 * GOALS[dataset]:g} %), {lg_rounds} LG rounds after the warm-up, "
-        f"at most {max_rounds} rounds a run. Paper cells in brackets.",
+        f"at most {max_rounds} rounds a run (local only: as many as its results folder's config.json says). Paper cells in brackets.",
         "",
         "| arm | seed | local test | new test | FedAvg rounds | LG rounds | goal round | params communicated | wire bytes | seconds |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -104,7 +111,7 @@ def table(root: Path, dataset: str, keys: list[tuple[str, int]], goal: float, lg
         p = PAPER[(dataset, arm)]
         lines.append(
             f"| {arm} | {seed} | {pct(r['local'])} ({p[0]}) | {pct(r['new'])} ({p[1]}) | {r['fedavg_rounds']} ({p[2]}) | "
-            f"{r['lg_rounds']} ({p[3]}) | {r['goal'] if r['goal'] is not None else 'not reached'} | {params_cell(r)} ({p[4]}) | "
+            f"{r['lg_rounds']} ({p[3]}) | {goal_cell(arm, r['goal'])} | {params_cell(r)} ({p[4]}) | "
             f"{r['wire_bytes']:.3g} | {r['seconds']:.0f} |"
         )
     if any(row(root / f"{a}-s{s}")["params_from_bytes"] for a, s in keys if finished(root / f"{a}-s{s}")):
