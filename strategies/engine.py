@@ -155,9 +155,11 @@ class Engine:
     def hold_joiners(self, server_round: int) -> None:
         """Registered nodes whose partition joins after this round leave the registry for :attr:`ClientRegistry.held`:
         not sampled, evaluated or counted, and not asked again until their round comes."""
-        for node, info in list(self.registry.clients.items()):
-            if self.join.waiting(info.partition_id, server_round):
-                self.registry.hold(node)
+        held = [info.partition_id for info in self.registry.clients.values() if self.join.waiting(info.partition_id, server_round)]
+        for node in [n for n, info in self.registry.clients.items() if info.partition_id in held]:
+            self.registry.hold(node)
+        if held:
+            log.info("join-clients: partition(s) %s held out until round %d", ", ".join(map(str, sorted(held))), self.join.after + 1)
 
     def end_round(self) -> RoundMeter:
         """The finished round's meter (and a fresh one for what follows)."""
