@@ -19,10 +19,12 @@ LG-FedAvg's warm-up is capped (``lg-warmup-rounds``) at ``--max-rounds`` minus i
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
 from benchmarks.runner import add_run_arguments, finished, load_run, results_root, simulate
+from core.goal import first_round_reaching
 from core.methods import METHODS
 
 CONFIGS = {"mnist": "benchmarks/configs/lg-table1-mnist.toml", "cifar10": "benchmarks/configs/lg-table1-cifar10.toml"}
@@ -67,13 +69,19 @@ def row(folder: Path) -> dict[str, Any]:
         "new": last.get("new_test_accuracy", last.get("global_accuracy")),
         "fedavg_rounds": fedavg_rounds if algorithm != "local-only" else 0,
         "lg_rounds": summary["rounds"] - (warmup or 0) if algorithm == "lg-fedavg" else 0,
-        "goal": summary.get("goal_round") if algorithm == "fedavg" else warmup,
+        "goal": summary.get("goal_round") if algorithm == "fedavg" else warmup_goal_round(folder, rounds, warmup),
         "params": params,
         "params_from_bytes": params is None,
         "value_bytes": summary.get("total_values_bytes"),
         "wire_bytes": summary.get("total_bytes"),
         "seconds": summary.get("wall_seconds") or 0.0,
     }
+
+
+def warmup_goal_round(folder: Path, rounds: list[dict[str, Any]], warmup: int | None) -> int | None:
+    """The warm-up round that reached ``lg-warmup-goal`` (None: the warm-up ended at its cap, or never)."""
+    goal = float(json.loads((folder / "config.json").read_text()).get("lg-warmup-goal") or 0.0)
+    return first_round_reaching([r for r in rounds if r["round"] <= (warmup or 0)], goal)
 
 
 def pct(value: float | None) -> str:
