@@ -30,15 +30,15 @@ def _answer(pid: int, msg) -> RecordDict | None:
     if msg.metadata.message_type == MessageType.EVALUATE:
         if config.get(P.PHASE) == P.PHASE_UPLOAD:
             return None  # no new test: the ensemble is not what these tests check
-        correct = min(10, 2 * int(config[P.ROUND]))
+        correct = min(10, 2 * P.as_int(config[P.ROUND]))
         return RecordDict({P.METRICS: MetricRecord({P.NUM_EXAMPLES: 10, P.CORRECT: correct, P.PARTITION_ID: pid})})
     return reply({k: v + (0.001 * np.abs(v)).astype(v.dtype) for k, v in sent.items()}, 10, pid)
 
 
-def _run(algorithm: str, rounds: int, state=None, first: int = 1, **cfg: Any):
+def _run(algorithm: str, rounds: int, state=None, first: int = 1, cfg: dict[str, Any] | None = None):
     """Run ``algorithm`` on a fake grid from ``state`` (default: its initial one) at round ``first``: the records,
     the grid (every message sent), the states after each round, and the last state."""
-    s = make_strategy(algorithm, **{"num-clients": CLIENTS, "num-server-rounds": rounds, "fraction-train": 0.5, **cfg})
+    s = make_strategy(algorithm, **{"num-clients": CLIENTS, "num-server-rounds": rounds, "fraction-train": 0.5, **(cfg or {})})
     grid = FakeGrid(CLIENTS, _answer)
     records: list[dict] = []
     states: dict[int, bytes] = {}
@@ -57,12 +57,12 @@ def _train_arrays(grid: FakeGrid) -> dict[int, set[str]]:
     out: dict[int, set[str]] = {}
     for msg in grid.sent:
         if msg.metadata.message_type == MessageType.TRAIN:
-            out.setdefault(int(msg.content["config"][P.ROUND]), set()).update(msg.content["arrays"])
+            out.setdefault(P.as_int(msg.content["config"][P.ROUND]), set()).update(msg.content["arrays"])
     return out
 
 
 def test_the_run_stops_after_the_first_round_that_reaches_the_goal():
-    _, records, grid, states, last = _run("fedavg", 8, **{"goal-accuracy": 0.6})
+    _, records, grid, states, last = _run("fedavg", 8, cfg={"goal-accuracy": 0.6})
     assert [r["round"] for r in records] == [1, 2, 3]
     assert records[-1]["accuracy"] == pytest.approx(0.6) and records[-1]["stop"] == "goal-accuracy"
     assert "stop" not in records[1] and last.end == 3 and max(states) == 3
@@ -76,7 +76,9 @@ def test_without_a_goal_the_run_goes_to_num_server_rounds():
 
 
 def test_the_warm_up_ends_at_its_goal_then_only_the_global_layers_go_and_lg_rounds_end_the_run():
-    s, records, grid, _, last = _run("lg-fedavg", 10, **{"lg-warmup-goal": 0.4, "lg-rounds": 2, "lg-global-layers": 2, "lg-new-test": True})
+    s, records, grid, _, last = _run(
+        "lg-fedavg", 10, cfg={"lg-warmup-goal": 0.4, "lg-rounds": 2, "lg-global-layers": 2, "lg-new-test": True}
+    )
     whole = set(s.template.state_dict())
     global_layers = set(s.shared(3, s.initial_arrays(), last.method))
     assert global_layers < whole
@@ -92,28 +94,28 @@ def test_the_warm_up_ends_at_its_goal_then_only_the_global_layers_go_and_lg_roun
 
 
 def test_lg_warmup_rounds_caps_a_warm_up_whose_goal_is_not_reached():
-    _, records, grid, _, last = _run("lg-fedavg", 4, **{"lg-warmup-goal": 0.9, "lg-warmup-rounds": 1, "lg-new-test": False})
+    _, records, grid, _, last = _run("lg-fedavg", 4, cfg={"lg-warmup-goal": 0.9, "lg-warmup-rounds": 1, "lg-new-test": False})
     sent = _train_arrays(grid)
     assert len(sent[1]) > len(sent[2]) == len(sent[3])  # round 1 whole models, then the global layers
     assert last.method.warmup_end == 1 and records[0].get("warmup_ended") is True and last.end is None
 
 
 def test_a_counted_warm_up_without_a_goal_is_unchanged():
-    _, _, grid, _, last = _run("lg-fedavg", 3, **{"lg-warmup-rounds": 2, "lg-new-test": False})
+    _, _, grid, _, last = _run("lg-fedavg", 3, cfg={"lg-warmup-rounds": 2, "lg-new-test": False})
     sent = _train_arrays(grid)
     assert sent[1] == sent[2] and len(sent[3]) < len(sent[2]) and last.method.warmup_end == 2
 
 
 def test_a_resumed_run_stops_where_the_unbroken_one_did():
     keys = {"lg-warmup-goal": 0.4, "lg-rounds": 2, "lg-new-test": False, "goal-accuracy": 0.95}
-    _, unbroken, _, states, whole = _run("lg-fedavg", 10, **keys)
-    _, resumed, _, _, again = _run("lg-fedavg", 10, pickle.loads(states[1]), 2, **keys)  # warm-up not yet ended
+    _, unbroken, _, states, whole = _run("lg-fedavg", 10, cfg=keys)
+    _, resumed, _, _, again = _run("lg-fedavg", 10, pickle.loads(states[1]), 2, cfg=keys)  # warm-up not yet ended
     assert [r["round"] for r in resumed] == [2, 3, 4] and resumed[-1]["stop"] == unbroken[-1]["stop"] == "lg-rounds"
     assert [r["selected"] for r in resumed] == [r["selected"] for r in unbroken[1:]]
     assert (again.end, again.method.warmup_end) == (whole.end, whole.method.warmup_end) == (4, 2)
     for name in whole.arrays:
         np.testing.assert_array_equal(again.arrays[name].numpy(), whole.arrays[name].numpy())
-    _, after_end, grid, _, same = _run("lg-fedavg", 10, pickle.loads(states[4]), 5, **keys)  # the checkpoint of the stop round
+    _, after_end, grid, _, same = _run("lg-fedavg", 10, pickle.loads(states[4]), 5, cfg=keys)  # the checkpoint of the stop round
     assert after_end == [] and grid.sent == [] and same.end == 4
 
 
@@ -150,7 +152,7 @@ def test_the_goal_functions():
     assert warmup_end_after(1, {"accuracy": 1.0}, None, 0.0, 0) is None  # no warm-up: nothing ends
     assert not lg_rounds_over(9, None, 0.9, 0, 2) and lg_rounds_over(4, 2, 0.9, 0, 2) and not lg_rounds_over(3, 2, 0.9, 0, 2)
     assert lg_rounds_over(2, None, 0.0, 0, 2) and not lg_rounds_over(5, 2, 0.9, 0, 0)
-    records = [{"round": 1, "accuracy": 0.5}, {"round": 2, "accuracy": None}, {"round": 3, "accuracy": 0.975}]
+    records: list[dict[str, Any]] = [{"round": 1, "accuracy": 0.5}, {"round": 2, "accuracy": None}, {"round": 3, "accuracy": 0.975}]
     assert first_round_reaching(records, 0.975) == 3 and first_round_reaching(records, 0.99) is None
 
 
