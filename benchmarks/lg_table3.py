@@ -12,8 +12,10 @@ layers are the two convolutions from the join on). Normal accuracy is the old de
         --warmup-rounds 5 --warmup-fraction 1.0 --join-rounds 100 --tag short
 
 The paper trains until 98 % average test accuracy before the join; here the join comes after a fixed count
-of warm-up rounds (``--warmup-rounds``): the table says what each run reached then. The new device holds its
-share of the 101-way split (about 594 train and 99 test images iid), not the paper's 3,000 and 500.
+of warm-up rounds (``--warmup-rounds``): the table says what each run reached then. The new device holds the
+paper's 3,000 training and 500 test images (``partition-sizes``, drawn apart from the old devices' rows, which
+split the rest); ``--new-device-rows share`` gives it its 1/101 share instead (about 594 and 99 iid), as the
+first shortened runs had.
 """
 
 from __future__ import annotations
@@ -45,12 +47,20 @@ PAPER = {
     ("iid", 0.1, "lg-fedavg"): (97.66, 93.16),
 }
 PAPER_JOIN_ROUNDS = 500
+PAPER_NEW_DEVICE_ROWS = "3000/500"  # training/test images of the new device (§4.3)
 
 
 def overrides(
-    method: str, partition: str, fraction_old: float, warmup: int, warmup_fraction: float, after: int, seed: int
+    method: str,
+    partition: str,
+    fraction_old: float,
+    warmup: int,
+    warmup_fraction: float,
+    after: int,
+    seed: int,
+    new_device_rows: str = PAPER_NEW_DEVICE_ROWS,
 ) -> dict[str, Any]:
-    """One run's run-config keys on top of :data:`CONFIG`."""
+    """One run's run-config keys on top of :data:`CONFIG` (``new_device_rows`` 'share': the new device's 1/101 share)."""
     out: dict[str, Any] = {
         **PARTITIONS[partition],
         **METHODS[method],
@@ -62,6 +72,8 @@ def overrides(
         "eval-every": warmup,  # scored when the new device joins and at the end
         "global-eval": False,
     }
+    if new_device_rows != "share":
+        out["partition-sizes"] = f"{NEW_DEVICE}:{new_device_rows}"
     if out["algorithm"] == "lg-fedavg":
         out["lg-warmup-rounds"] = warmup
     return out
@@ -86,10 +98,12 @@ def pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.2f}"
 
 
-def table(root: Path, keys: list[tuple[str, float, str, int]], warmup: int, after: int) -> str:
+def table(root: Path, keys: list[tuple[str, float, str, int]], warmup: int, after: int, rows: str = PAPER_NEW_DEVICE_ROWS) -> str:
     """The markdown table of every finished run under ``root`` beside the paper's numbers."""
+    held = "its 1/101 share" if rows == "share" else f"{rows} training/test images"
     lines = [
-        f"Warm-up (FedAvg) {warmup} rounds, then {after} rounds after the join (paper: until 98 %, then {PAPER_JOIN_ROUNDS}).",
+        f"Warm-up (FedAvg) {warmup} rounds, then {after} rounds after the join (paper: until 98 %, then {PAPER_JOIN_ROUNDS}); "
+        f"the new device holds {held} (paper: {PAPER_NEW_DEVICE_ROWS}).",
         "",
         "| data | C | method | seed | acc. at join | normal | rotated | paper normal | paper rotated | minutes |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -117,6 +131,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup-rounds", type=int, default=100, help="FedAvg rounds before the new device joins (paper: until 98 %%)")
     p.add_argument("--warmup-fraction", type=float, default=0.1, help="fraction-train of the warm-up (paper: C = 0.1)")
     p.add_argument("--join-rounds", type=int, default=PAPER_JOIN_ROUNDS, help="rounds after the join (paper: 500)")
+    p.add_argument(
+        "--new-device-rows",
+        default=PAPER_NEW_DEVICE_ROWS,
+        help="the new device's training/test images, or 'share' for its 1/101 share (paper: 3000/500)",
+    )
     add_run_arguments(p)
     args = p.parse_args(argv)
     if args.join_rounds < PAPER_JOIN_ROUNDS and not args.tag and not args.summarize_only:
@@ -129,10 +148,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.summarize_only:
             break
         out = root / f"{partition}-c{c:g}" / f"{method}-s{seed}"
-        simulate(CONFIG, out, overrides(method, partition, c, args.warmup_rounds, args.warmup_fraction, args.join_rounds, seed), args.set)
-        (root / "table.md").write_text(table(root, keys, args.warmup_rounds, args.join_rounds))  # as runs finish
+        keys_of = overrides(method, partition, c, args.warmup_rounds, args.warmup_fraction, args.join_rounds, seed, args.new_device_rows)
+        simulate(CONFIG, out, keys_of, args.set)
+        (root / "table.md").write_text(table(root, keys, args.warmup_rounds, args.join_rounds, args.new_device_rows))  # as runs finish
     root.mkdir(parents=True, exist_ok=True)
-    text = table(root, keys, args.warmup_rounds, args.join_rounds)
+    text = table(root, keys, args.warmup_rounds, args.join_rounds, args.new_device_rows)
     (root / "table.md").write_text(text)
     print(text)
 

@@ -163,6 +163,8 @@ def _check_combinations(cfg: Settings, import_bodies: bool = True) -> None:
         raise ConfigError("run-config key 'client-size-std' needs 'client-size-mean' > 0: the sizes are drawn from N(mean, std²)")
     if cfg.client_size_mean > 0 and cfg.partition not in ("iid", "dominant"):
         raise ConfigError(f"run-config key 'client-size-mean' applies to partition iid or dominant, not {cfg.partition!r}")
+    if cfg.partition_sizes:
+        _check_partition_sizes(cfg)
     if cfg.client_evaluation != "exchange":
         _check_scores_with_train(cfg, method)
     if cfg.secure_aggregation != "off":
@@ -291,6 +293,22 @@ def _check_joining(cfg: Settings) -> None:
     if outside:
         raise ConfigError(
             f"run-config key 'client-transform': partition id {outside[0]} is outside 0..{cfg.num_clients - 1} (num-clients={cfg.num_clients})"
+        )
+
+
+def _check_partition_sizes(cfg: Settings) -> None:
+    """partition-sizes (core/partition.py) in one line: its form, the partition ids against num-clients, the scheme."""
+    from core.partition import parse_partition_sizes, sizes_problem
+
+    try:
+        problem = sizes_problem(cfg.partition_sizes, cfg.num_clients, cfg.partition)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if problem is not None:
+        raise ConfigError(problem)
+    if cfg.dataset == LOCAL and parse_partition_sizes(cfg.partition_sizes):
+        raise ConfigError(
+            "run-config key 'partition-sizes' splits a data set the run loads; dataset='local' nodes hold their own: leave it empty"
         )
 
 

@@ -210,6 +210,80 @@ def natural(src_train: np.ndarray, src_test: np.ndarray, num_clients: int) -> Sp
     return [np.flatnonzero(src_train == s) for s in sources], [np.flatnonzero(src_test == s) for s in sources]
 
 
+FIXED_SIZES = 0x66697865  # the stream of partition-sizes' draw (apart from the scheme's, so other runs split as before)
+SIZES_KEY = "partition-sizes"
+
+
+def parse_partition_sizes(text: str) -> dict[int, tuple[int, int]]:
+    """``"100:3000/500"`` -> {100: (3000, 500)}: partition id -> (training rows, test rows); ValueError naming the
+    key for anything else (a partition named twice, no training rows, a negative count)."""
+    out: dict[int, tuple[int, int]] = {}
+    for item in (t.strip() for t in str(text).split(",")):
+        if not item:
+            continue
+        pid, _, counts = (t.strip() for t in item.partition(":"))
+        train, _, test = (t.strip() for t in counts.partition("/"))
+        if not (pid.isdigit() and train.isdigit() and test.isdigit()):
+            raise ValueError(f"run-config key '{SIZES_KEY}': {item!r} is not partition-id:train/test (e.g. '100:3000/500')")
+        if int(pid) in out:
+            raise ValueError(f"run-config key '{SIZES_KEY}' names partition {int(pid)} twice")
+        if int(train) == 0:
+            raise ValueError(f"run-config key '{SIZES_KEY}': partition {int(pid)} would get no training rows; give it at least 1")
+        out[int(pid)] = (int(train), int(test))
+    return out
+
+
+def sizes_problem(text: str, num_clients: int, scheme: str) -> str | None:
+    """Why ``partition-sizes`` cannot run with this num-clients and partition scheme (one line), or None."""
+    sizes = parse_partition_sizes(text)
+    if not sizes:
+        return None
+    outside = sorted(p for p in sizes if p >= num_clients)
+    if outside:
+        return f"run-config key '{SIZES_KEY}': partition id {outside[0]} is outside 0..{num_clients - 1} (num-clients={num_clients})"
+    if len(sizes) == num_clients:
+        return f"run-config key '{SIZES_KEY}' names every partition: leave at least one to split the rest by partition={scheme!r}"
+    if scheme == "natural":
+        return f"run-config key '{SIZES_KEY}' does not combine with partition='natural' (one client per source): use another partition"
+    return None
+
+
+def take_fixed(
+    pool: np.ndarray, test_pool: np.ndarray, sizes: dict[int, tuple[int, int]], others: int, rng: np.random.Generator
+) -> tuple[dict[int, tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
+    """Draw each named partition's training rows from ``pool`` and test rows from ``test_pool`` at random, without
+    overlap; returns them and what is left of both pools for the ``others`` clients. ValueError when a pool is too small."""
+    need_train, need_test = sum(t for t, _ in sizes.values()), sum(e for _, e in sizes.values())
+    if need_train + others > len(pool):
+        raise ValueError(
+            f"run-config key '{SIZES_KEY}' asks for {need_train} training rows, but the pool holds {len(pool)} and the other "
+            f"{others} clients need at least one each: ask for fewer rows"
+        )
+    if need_test > len(test_pool):
+        raise ValueError(
+            f"run-config key '{SIZES_KEY}' asks for {need_test} test rows, but the data set has {len(test_pool)}: ask for fewer"
+        )
+    train_order, test_order = rng.permutation(pool), rng.permutation(test_pool)
+    fixed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    i = j = 0
+    for pid in sorted(sizes):
+        t, e = sizes[pid]
+        fixed[pid] = (np.sort(train_order[i : i + t]), np.sort(test_order[j : j + e]))
+        i, j = i + t, j + e
+    return fixed, np.sort(train_order[i:]), np.sort(test_order[j:])
+
+
+def interleave(fixed: dict[int, tuple[np.ndarray, np.ndarray]], train: list[np.ndarray], test: list[np.ndarray]) -> Split:
+    """Every partition id's rows in order: the named ones from ``fixed``, the others from the scheme's lists in turn."""
+    out_train, out_test = [], []
+    rest = iter(zip(train, test))
+    for pid in range(len(fixed) + len(train)):
+        t, e = fixed[pid] if pid in fixed else next(rest)
+        out_train.append(t)
+        out_test.append(e)
+    return out_train, out_test
+
+
 def server_holdout(cfg: Settings) -> int:
     """Training rows the server keeps for itself before partitioning, as the run's method
     declares (core/methods.py): FedProf's validation set D^V (``fedprof-val-size``), the others
@@ -233,6 +307,7 @@ def make_partition(ds: Dataset, cfg: Settings) -> Partition:
         cfg.dominant_class_fraction,
         cfg.client_size_mean,
         cfg.client_size_std,
+        cfg.partition_sizes,
     )
 
 
@@ -250,6 +325,7 @@ def _make_partition(
     dominant_fraction: float = 0.6,
     size_mean: float = 0.0,
     size_std: float = 0.0,
+    fixed_sizes: str = "",
 ) -> Partition:
     rng = np.random.default_rng(seed)
     classification = ds.task == "classification"
@@ -262,25 +338,35 @@ def _make_partition(
             raise ValueError(f"a server holdout of {holdout} rows leaves no training rows for clients ({len(pool)} in {ds.name})")
         validation = np.sort(np.random.default_rng([seed, seeds.SERVER_HOLDOUT]).choice(len(pool), size=holdout, replace=False))
         pool = np.setdiff1d(pool, validation)
+    named = parse_partition_sizes(fixed_sizes)
+    test_pool = np.arange(len(ds.y_test))
+    fixed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    if named:  # drawn from their own stream before the scheme splits what is left over the other clients
+        problem = sizes_problem(fixed_sizes, num_clients, scheme)
+        if problem:
+            raise ValueError(problem)
+        others = num_clients - len(named)
+        fixed, pool, test_pool = take_fixed(pool, test_pool, named, others, np.random.default_rng([seed, FIXED_SIZES]))
+        num_clients = others
     labels = ds.y_train[pool] if classification else np.zeros(len(pool))
     keep = pool[subsample(labels, fraction, rng, classification)]
     sizes = client_sizes(num_clients, size_mean, size_std, len(keep), seed)
     if scheme == "dominant" and sizes is not None and sizes.sum() < len(keep):  # the drawn sizes take only part of the rows
         keep = keep[subsample(ds.y_train[keep], sizes.sum() / len(keep), rng, True)]
-    y_train = ds.y_train[keep]
+    y_train, y_test = ds.y_train[keep], ds.y_test[test_pool]
     if scheme == "iid" and sizes is not None:  # exactly the drawn sizes; rows beyond their sum stay unused
         train = [np.sort(p) for p in np.split(rng.permutation(len(keep)), np.cumsum(sizes))[:num_clients]]
-        test = iid(len(ds.y_test), num_clients, rng)
+        test = iid(len(y_test), num_clients, rng)
     elif scheme == "iid":
-        train, test = iid(len(keep), num_clients, rng), iid(len(ds.y_test), num_clients, rng)
+        train, test = iid(len(keep), num_clients, rng), iid(len(y_test), num_clients, rng)
     elif scheme == "dominant":
-        train, test = dominant(y_train, ds.y_test, num_clients, ds.num_classes, dominant_fraction, sizes, rng)
+        train, test = dominant(y_train, y_test, num_clients, ds.num_classes, dominant_fraction, sizes, rng)
     elif scheme == "pathological":
-        train, test = pathological(y_train, ds.y_test, num_clients, ds.num_classes, per_client, rng)
+        train, test = pathological(y_train, y_test, num_clients, ds.num_classes, per_client, rng)
     elif scheme == "shards":
-        train, test = shards(y_train, ds.y_test, num_clients, ds.num_classes, per_client, rng)
+        train, test = shards(y_train, y_test, num_clients, ds.num_classes, per_client, rng)
     elif scheme == "dirichlet":
-        train, test = dirichlet(y_train, ds.y_test, num_clients, ds.num_classes, alpha, rng)
+        train, test = dirichlet(y_train, y_test, num_clients, ds.num_classes, alpha, rng)
     elif scheme == "natural":
         col = column or ds.natural_column
         if not col or col not in ds.attrs_train:
@@ -291,5 +377,8 @@ def _make_partition(
         train, test = natural(ds.attrs_train[col][keep], ds.attrs_test[col], num_clients)
     else:
         raise ValueError(f"unknown partition {scheme!r}")
+    train, test = [keep[t] for t in train], [test_pool[t] for t in test]  # row ids of the data set
+    if fixed:
+        train, test = interleave(fixed, train, test)
     check_filled([len(t) for t in train])
-    return Partition(tuple(keep[t] for t in train), tuple(test), validation)
+    return Partition(tuple(train), tuple(test), validation)

@@ -167,6 +167,13 @@ class CommonSettings:
     )
     client_size_std: float = setting(non_negative("standard deviation of clients' local data sizes (with client-size-mean)", 0.0))
     natural_column: str = setting(Key("", "column that names a client's source (natural); empty: the data set's own"))
+    partition_sizes: str = setting(
+        Key(
+            "",
+            "comma list partition-id:train/test of partitions given exactly that many training and test rows, drawn at random "
+            "(seeded) before the others split the rest by `partition` (e.g. LG-FedAvg's new device: '100:3000/500'); empty: none",
+        )
+    )
     protected_columns: str = setting(
         Key(
             "",
