@@ -203,3 +203,22 @@ def test_a_joining_node_that_connects_late_is_admitted_when_it_first_appears(tas
     grid.nodes.append(106)  # partition 5 connects in round 4, after the join round: admitted at once
     engine.begin_round(4)
     assert engine.meter.joined == [5] and partitions(engine, engine.nodes()) == [0, 1, 2, 3, 4, 5]
+
+
+def test_the_table3_new_device_holds_the_papers_3000_training_and_500_test_images(data_dir):
+    """benchmarks/lg_table3.py's default: partition 100 gets exactly 3,000/500 MNIST images (not its 1/101 share), rotated."""
+    import tomllib
+
+    from benchmarks.lg_table3 import CONFIG, overrides
+    from client.env import client_env
+
+    with open(CONFIG, "rb") as f:
+        base = tomllib.load(f)["run-config"]
+    run = {**base, **overrides("lg-fedavg", "iid", 0.0, 5, 0.1, 10, 0), "data-dir": data_dir}
+    new = client_env(run, {"partition-id": 100, "num-partitions": 101})
+    old = client_env(run, {"partition-id": 0, "num-partitions": 101})
+    assert (len(new.y_train), len(new.y_test)) == (3000, 500)
+    assert (len(old.y_train), len(old.y_test)) == (570, 95)  # the other 100 split the rest: 57,000 and 9,500
+    shared = {**base, **overrides("lg-fedavg", "iid", 0.0, 5, 0.1, 10, 0, "share"), "data-dir": data_dir}
+    share = client_env(shared, {"partition-id": 100, "num-partitions": 101})
+    assert len(share.y_train) < 600
