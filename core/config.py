@@ -327,12 +327,27 @@ def _check_goals(cfg: Settings) -> None:
             raise ConfigError(
                 f"run-config key '{name}' is checked on evaluated rounds, but eval-every=0 scores only the last: set eval-every=1"
             )
+    if cfg.lg_fedavg.rounds > 0 and cfg.client_evaluation == "with-next-train":
+        raise ConfigError(
+            "run-config key 'lg-rounds' ends the run early, but client-evaluation=with-next-train scores a round with the next "
+            "round's replies, which never come after the last: set client-evaluation=exchange"
+        )
+    lg = cfg.lg_fedavg
+    if cfg.algorithm == "lg-fedavg" and lg.warmup_goal <= 0 and lg.warmup_rounds >= cfg.num_server_rounds:
+        raise ConfigError(
+            f"run-config key 'lg-warmup-rounds' is {lg.warmup_rounds}, but the run has {cfg.num_server_rounds} rounds: every round would be "
+            "a FedAvg warm-up round; lower it or raise num-server-rounds"
+        )
     if (cfg.lg_fedavg.warmup_goal > 0 or cfg.lg_fedavg.rounds > 0) and cfg.algorithm != "lg-fedavg":
         raise ConfigError(f"run-config keys 'lg-warmup-goal' and 'lg-rounds' apply to algorithm=lg-fedavg, not {cfg.algorithm!r}")
 
 
 def check_against_spec(cfg: Settings, spec: Any) -> None:
     """Checks that need the data set's spec (a ``core.data.DatasetSpec``); ConfigError naming the key."""
+    if cfg.lg_fedavg.ensemble == "probabilities" and spec.task != "classification":
+        raise ConfigError(
+            f"run-config key 'lg-ensemble' is 'probabilities', but this data set's task is {spec.task}: use 'logits' or 'median'"
+        )
     if cfg.partition == "dominant" and spec.task != "classification":
         raise ConfigError(
             f"run-config key 'partition' is 'dominant', which needs class labels; data set '{cfg.dataset}' is a regression task: use iid"

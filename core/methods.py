@@ -205,6 +205,9 @@ def _layer_spec_form(value: str) -> bool:
     return bool(text) and all(p.strip() for p in text.split(","))
 
 
+ENSEMBLES = ("logits", "probabilities", "median")  # how the new test combines models (core.training.ensemble_outputs)
+
+
 @dataclass(frozen=True)
 class LGFedAvgSettings:
     """lg-fedavg's own run-config keys (lg-*)."""
@@ -233,6 +236,15 @@ class LGFedAvgSettings:
         Key(
             True,
             "LG-FedAvg: after the last round clients upload their models once and the server scores their logit ensemble on the whole test set",
+        )
+    )
+    ensemble: str = setting(
+        Key(
+            "logits",
+            "LG-FedAvg and local-only: how the new test combines the uploaded models' outputs. logits: their mean (the paper's; one client "
+            "with extreme logits decides every prediction); probabilities: the mean softmax (one client moves a class by at most 1/K); "
+            "median: coordinate-wise, which no minority of clients can move arbitrarily",
+            choices=ENSEMBLES,
         )
     )
     adversary_weight: float = setting(

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from core.data import augment_batch
+from core.methods import ENSEMBLES
 
 CPU = torch.device("cpu")  # the default device of training and prediction
 Out = TypeVar("Out")  # what a training forward pass gives its loss: logits, or (features, logits)
@@ -117,16 +118,23 @@ def task_metrics(task: str, outputs: torch.Tensor, y: torch.Tensor) -> dict[str,
 
 
 @torch.no_grad()
-def ensemble_logits(models: Iterable[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor, batch_size: int = 1000) -> torch.Tensor:
-    """The mean of every model's logits over ``x`` (LG-FedAvg's new-test ensemble)."""
-    total, count = None, 0
-    for model in models:
-        out = predict(model, x, batch_size)
-        total = out if total is None else total + out
-        count += 1
-    if total is None:
+def ensemble_outputs(
+    models: Iterable[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor, rule: str = "logits", batch_size: int = 1000
+) -> torch.Tensor:
+    """Every model's outputs over ``x`` combined by ``rule`` (LG-FedAvg's new test): ``logits``, their mean (the paper's);
+    ``probabilities``, the log of the mean softmax, where one model moves a class's probability by at most 1/K however
+    extreme its logits; ``median``, the coordinate-wise median, which no minority of models can move arbitrarily."""
+    if rule not in ENSEMBLES:
+        raise ValueError(f"unknown ensemble rule {rule!r}; allowed: {', '.join(ENSEMBLES)}")
+    outs = [predict(model, x, batch_size) for model in models]
+    if not outs:
         raise ValueError("an ensemble needs at least one model")
-    return total / count
+    stacked = torch.stack(outs)
+    if rule == "median":
+        return stacked.median(dim=0).values
+    if rule == "probabilities":
+        return torch.log(torch.softmax(stacked, dim=-1).mean(dim=0))
+    return stacked.mean(dim=0)
 
 
 class trainable_only:

@@ -4,8 +4,9 @@
 Optionally the first ``lg-warmup-rounds`` rounds are plain FedAvg on the whole model, as
 the paper warm-starts from FedAvg. Clients are scored on their own test splits with
 their own body (the paper's *local test*); after the last round every client uploads its
-model once and the server scores the ensemble (mean logits) on the whole test set (*new
-test*), counting those bytes in the ``upload`` phase.
+model once and the server scores the ensemble on the whole test set (*new test*,
+:mod:`strategies.new_test`; outputs combined by ``lg-ensemble``, mean logits by default),
+counting those bytes in the ``upload`` phase.
 """
 
 from __future__ import annotations
@@ -15,10 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
-from flwr.app import MessageType
-
-from core import protocol as P
 from core.config import ConfigError, body_names, fit_body
 from core.data import DatasetSpec
 from core.goal import lg_rounds_over, warming_up, warmup_end_after
@@ -26,11 +23,11 @@ from core.layers import is_top_k, match_layers, select
 from core.methods import LG_FEDAVG_RECORDS
 from core.models import Net, build_model
 from core.settings import Settings
-from core.training import ensemble_logits, task_metrics
 from strategies.engine import Engine
 from strategies.fedavg import FedAvg, FedAvgState
 from strategies.layer_sharing import LayerSharing
-from strategies.replies import ArraySpec, Layout, Reply
+from strategies.new_test import new_test
+from strategies.replies import Layout, Reply
 from strategies.services import Services
 from strategies.state import ServerState
 
@@ -163,30 +160,9 @@ class LGFedAvg(LayerSharing):
         """As every strategy's, with the sample-weighted means of the AUCs the replies carry (``class_auc``, ``adv_auc``, ``posthoc_adv_auc``)."""
         return {**super().aggregate_evaluate(server_round, replies), **fair_figures(replies)}
 
-    def upload_layout(self, engine: Engine, node: int) -> Layout:
-        """A client's whole model, shaped as its registered body's."""
-        model = self._model(engine.registry.clients[node].body)
-        specs = {k: ArraySpec(tuple(v.shape), str(v.numpy().dtype)) for k, v in model.state_dict().items()}
-        return Layout(specs, count=False, check=lambda arrays, reply: (arrays, None))
-
     def final_evaluation(self, state: ServerState[FedAvgState], engine: Engine) -> dict[str, float]:
-        """New test: collect every client's model once and score their logit ensemble."""
-        test = self.services.data.test_tensors() if self.settings.lg_fedavg.new_test else None
-        if test is None:
+        """New test (:mod:`strategies.new_test`): every client's model once, their outputs combined by ``lg-ensemble``."""
+        if not self.settings.lg_fedavg.new_test:
             return {}
         last = self.settings.num_server_rounds if state.end is None else state.end  # the round the run stopped at
-        content = self.content(last, self.shared(last, state.arrays, state.method), **{P.PHASE: P.PHASE_UPLOAD})
-        replies = engine.exchange(
-            P.PHASE_UPLOAD, {n: content for n in engine.nodes()}, MessageType.EVALUATE, lambda node: self.upload_layout(engine, node)
-        )
-        models = [self._uploaded(engine, r) for r in replies]
-        if not models:
-            return {}
-        s = task_metrics(self.spec.task, ensemble_logits(models, test[0]), test[1])
-        log.info("lg-fedavg new test: ensemble of %d local models, accuracy %.4f", len(models), s["accuracy"])
-        return {"new_test_accuracy": s["accuracy"], "new_test_models": float(len(models))}
-
-    def _uploaded(self, engine: Engine, reply: Reply) -> Net:
-        model = self._model(engine.registry.clients[reply.node_id].body)
-        model.load_state_dict({k: torch.as_tensor(v) for k, v in reply.arrays.items()})
-        return model.eval()
+        return new_test(self, engine, self.shared(last, state.arrays, state.method), last, self.settings.lg_fedavg.ensemble)

@@ -3,25 +3,24 @@ model on its own data and nothing is averaged; the server sends only config (no 
 back only counts and a loss. A layer-sharing method that shares no layer.
 
 Clients are scored on their own test splits with their own models (*local test*); after the last
-round every client uploads its model once and the server scores the ensemble (mean logits) on the
-whole test set (*new test*), as for LG-FedAvg, counting those bytes in the ``upload`` phase.
+round every client uploads its model once and the server scores the ensemble (``lg-ensemble``) on the
+whole test set (*new test*, :mod:`strategies.new_test`), as for LG-FedAvg, counting those bytes in the ``upload`` phase.
 """
 
 from __future__ import annotations
 
 import logging
 
-import torch
-from flwr.app import ArrayRecord, MessageType
+from flwr.app import ArrayRecord
 
 from core import protocol as P
 from core.models import Net
-from core.training import ensemble_logits, task_metrics
 from strategies.base import Step, TrainRound, mean_finite
 from strategies.engine import Engine
 from strategies.fedavg import FedAvgState
 from strategies.layer_sharing import LayerSharing
-from strategies.replies import ArraySpec, Layout, Reply
+from strategies.new_test import new_test
+from strategies.replies import Reply
 from strategies.state import ServerState
 
 log = logging.getLogger("headway")
@@ -41,29 +40,7 @@ class LocalOnly(LayerSharing):
         """Nothing to average: the server keeps no arrays and the round counts the clients whose replies came valid, and their mean loss."""
         return Step(ArrayRecord(), len(replies), {"loss": mean_finite([r.metrics.get(P.LOSS, float("nan")) for r in replies])})
 
-    def upload_layout(self, engine: Engine, node: int) -> Layout:
-        """A client's whole model, shaped as its registered body's."""
-        model = self._model(engine.registry.clients[node].body)
-        specs = {k: ArraySpec(tuple(v.shape), str(v.numpy().dtype)) for k, v in model.state_dict().items()}
-        return Layout(specs, count=False, check=lambda arrays, reply: (arrays, None))
-
     def final_evaluation(self, state: ServerState[FedAvgState], engine: Engine) -> dict[str, float]:
-        """New test: collect every client's model once and score their logit ensemble on the whole test set."""
-        test = self.services.data.test_tensors()
-        if test is None:
-            return {}
-        content = self.content(self.settings.num_server_rounds, state.arrays, **{P.PHASE: P.PHASE_UPLOAD})
-        replies = engine.exchange(
-            P.PHASE_UPLOAD, {n: content for n in engine.nodes()}, MessageType.EVALUATE, lambda node: self.upload_layout(engine, node)
-        )
-        models = [self._uploaded(engine, r) for r in replies]
-        if not models:
-            return {}
-        s = task_metrics(self.spec.task, ensemble_logits(models, test[0]), test[1])
-        log.info("local-only new test: ensemble of %d local models, accuracy %.4f", len(models), s["accuracy"])
-        return {"new_test_accuracy": s["accuracy"], "new_test_models": float(len(models))}
-
-    def _uploaded(self, engine: Engine, reply: Reply) -> Net:
-        model = self._model(engine.registry.clients[reply.node_id].body)
-        model.load_state_dict({k: torch.as_tensor(v) for k, v in reply.arrays.items()})
-        return model.eval()
+        """New test (:mod:`strategies.new_test`): every client's model once, their outputs combined by ``lg-ensemble``."""
+        last = self.settings.num_server_rounds if state.end is None else state.end  # the round the run stopped at
+        return new_test(self, engine, state.arrays, last, self.settings.lg_fedavg.ensemble)

@@ -140,6 +140,8 @@ class RoundLoop(Generic[M]):
                 if "stop" in decided:  # the run ends with this round: the state says so, for a resume from its checkpoint
                     self.state = replace(self.state, end=rnd)
                     log.info("round %d: %s reached; the run stops after it", rnd, decided["stop"])
+                    if not due:  # a last round is always scored (lg-rounds may end the run between eval-every rounds)
+                        evaluation = strategy.evaluate_round(rnd, self.state, engine)
                 evaluation.update(decided)
                 if rnd == num_rounds or self.state.end is not None:
                     evaluation.update(strategy.final_evaluation(self.state, engine))

@@ -17,7 +17,7 @@ from core.data import SPECS
 from core.layers import layer_names, select, top_layers
 from core.models import build_model
 from core.prototypes import average_prototypes, class_prototypes, nearest_prototype, prototype_problem
-from core.training import ensemble_logits
+from core.training import ensemble_outputs
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 MNIST = SPECS["mnist"]
@@ -162,7 +162,31 @@ def test_ensemble_is_the_mean_of_the_models_logits():
     x = torch.randn(7, 4)
     with torch.no_grad():
         expected = sum(m(x) for m in models) / 3
-    assert torch.allclose(ensemble_logits(models, x, batch_size=2), expected, atol=1e-6)
+    assert torch.allclose(ensemble_outputs(models, x, batch_size=2), expected, atol=1e-6)
+
+
+def test_one_model_with_extreme_logits_decides_the_logit_ensemble_but_not_the_probability_or_median_ones():
+    """The new test's rules (lg-ensemble) against an upload whose head bias is 1e6 on class 2: the paper's mean of
+    logits answers 2 everywhere; the mean softmax (the liar adds at most 1/K to a class) and the median follow the two
+    confident honest models."""
+    torch.manual_seed(0)
+    honest = torch.nn.Linear(4, 3)
+    liar = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        honest.weight *= 20  # confident: its top class holds most of the probability
+        liar.bias[2] = 1e6
+    x = torch.randn(50, 4)
+    with torch.no_grad():
+        truth = honest(x).argmax(1)
+    models = [honest, honest, liar]
+    assert (ensemble_outputs(models, x, "logits").argmax(1) == 2).all()
+    assert torch.equal(ensemble_outputs(models, x, "median").argmax(1), truth)
+    probabilities = ensemble_outputs(models, x, "probabilities").exp()
+    with torch.no_grad():
+        assert (probabilities - torch.softmax(honest(x), 1)).abs().max() <= 1 / 3 + 1e-6  # one of K = 3 moves a class by 1/3 at most
+    assert (probabilities.argmax(1) == truth).float().mean() > 0.9  # it wins only where the honest models are unsure
+    with pytest.raises(ValueError, match="unknown ensemble rule"):
+        ensemble_outputs(models, x, "vote")
 
 
 def _env(data_dir, algorithm, pid=0, **cfg):
@@ -249,7 +273,7 @@ def test_lg_new_test_scores_the_ensemble_of_uploaded_models_and_rejects_bad_uplo
     out = s.final_evaluation(s.initial_state(ArrayRecord()), engine)
     ds = load_dataset("mnist", data_dir, 0)
     x, y = to_tensors(ds, ds.x_test, ds.y_test)
-    expected = task_metrics("classification", ensemble_logits([m.eval() for m in models], x), y)["accuracy"]
+    expected = task_metrics("classification", ensemble_outputs([m.eval() for m in models], x), y)["accuracy"]
     assert out["new_test_models"] == 2 and out["new_test_accuracy"] == pytest.approx(expected)
     assert len(engine.meter.failures) == 1 and "array names differ" in engine.meter.failures[0]
     assert engine.meter.phase("upload-model")[1] > 2 * 21840 * 4  # two whole models came up

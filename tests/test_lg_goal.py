@@ -106,6 +106,12 @@ def test_a_counted_warm_up_without_a_goal_is_unchanged():
     assert sent[1] == sent[2] and len(sent[3]) < len(sent[2]) and last.method.warmup_end == 2
 
 
+def test_lg_rounds_ending_the_run_between_scored_rounds_still_scores_the_last_one():
+    _, records, _, _, last = _run("lg-fedavg", 8, cfg={"lg-warmup-rounds": 1, "lg-rounds": 2, "eval-every": 2, "lg-new-test": False})
+    assert [r["round"] for r in records] == [1, 2, 3] and records[-1]["stop"] == "lg-rounds" and last.end == 3
+    assert records[-1]["accuracy"] is not None  # round 3 is not an eval-every round, but it is the last
+
+
 def test_a_resumed_run_stops_where_the_unbroken_one_did():
     keys = {"lg-warmup-goal": 0.4, "lg-rounds": 2, "lg-new-test": False, "goal-accuracy": 0.95}
     _, unbroken, _, states, whole = _run("lg-fedavg", 10, cfg=keys)
@@ -134,6 +140,8 @@ def test_an_old_pickled_state_without_an_end_loads_as_running():
         ({"goal-accuracy": 0.9, "client-evaluation": "with-next-train"}, "set client-evaluation=exchange"),
         ({"algorithm": "lg-fedavg", "lg-warmup-goal": 0.9, "eval-every": 0}, "set eval-every=1"),
         ({"algorithm": "fedavg", "lg-rounds": 5}, "apply to algorithm=lg-fedavg"),
+        ({"algorithm": "lg-fedavg", "lg-rounds": 2, "client-evaluation": "with-next-train"}, "'lg-rounds' ends the run early"),
+        ({"algorithm": "lg-fedavg", "lg-warmup-rounds": 4, "num-server-rounds": 4}, "every round would be a FedAvg warm-up round"),
     ],
 )
 def test_bad_goal_values_are_refused_in_one_line(keys, words):
