@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -22,6 +23,8 @@ from core.partition import make_partition
 from core.run_data import load_node_data, load_run_dataset
 from core.settings import Settings
 from core.sources import ReaderLimits, limits_from_node_config
+
+log = logging.getLogger("headway")
 
 
 @dataclass
@@ -113,7 +116,21 @@ def with_protected(env: ClientEnv, train_rows: np.ndarray, test_rows: np.ndarray
     missing = [s.column for s in specs if s.column not in ds.attrs_train]
     if missing:
         raise ValueError(f"run-config key 'protected-columns' names {missing}, which data set {ds.name!r} does not hold as row attributes")
-    return replace(env, p_train=targets(ds.attrs_train, train_rows), p_test=targets(ds.attrs_test, test_rows))
+    p_test = targets(ds.attrs_test, test_rows)
+    for column in constant_columns(p_test, [s.column for s in specs]):
+        log.warning(
+            "client %d: protected column %r is the same on all %d of its test rows, so its adversary AUC cannot be computed here "
+            "(an AUC needs test rows with P = 1 and with P = 0): its adversary and post-hoc AUCs leave that column out (absent when it is the only one)",
+            env.partition_id,
+            column,
+            len(p_test),
+        )
+    return replace(env, p_train=targets(ds.attrs_train, train_rows), p_test=p_test)
+
+
+def constant_columns(p: torch.Tensor, names: list[str]) -> list[str]:
+    """The protected columns whose P does not vary over the rows of ``p`` (no AUC can be computed on them)."""
+    return [name for j, name in enumerate(names) if len(p) == 0 or bool((p[:, j] == p[0, j]).all())]
 
 
 def _make_env(

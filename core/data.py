@@ -306,7 +306,7 @@ def load_uci_adult(root: Path, protected: tuple[str, ...] = ()) -> Dataset:
         yte,
         attrs(train),
         attrs(test),
-        natural_column="race",
+        natural_column=NATURAL_COLUMNS["uci-adult"],
         protected=tuple(protected),
     )
 
@@ -347,7 +347,7 @@ def load_uci_gas_turbine(root: Path, test_share: float = 0.2, seed: int = 0) -> 
         y[test],
         {"year": src[~test]},
         {"year": src[test]},
-        natural_column="year",
+        natural_column=NATURAL_COLUMNS["uci-gas-turbine"],
     )
 
 
@@ -376,6 +376,9 @@ SEEDED_SPLIT = ("uci-gas-turbine",)
 
 # Built-in tables that can name protected columns (protected-columns), and the loader argument that drops them.
 PROTECTABLE = ("uci-adult",)
+
+# The column that splits a built-in table under partition=natural when natural-column is empty.
+NATURAL_COLUMNS = {"uci-adult": "race", "uci-gas-turbine": "year"}
 
 
 @lru_cache(maxsize=4)

@@ -60,12 +60,39 @@ def parse_protected(value: str) -> tuple[Protected, ...]:
     return tuple(out)
 
 
+# Without a named level P is "the most common value against the rest". Above this many distinct values a column is
+# a measurement (a sensor, an age, an id), not a category: its most common value marks almost no row, so P is near
+# all zeros. 50 admits every categorical column of the paper's table (Adult's native-country has the most: 42).
+MAX_DEFAULT_LEVELS = 50
+
+
 def encode_protected(values: Sequence[str] | np.ndarray, spec: Protected, reference: Sequence[str] | np.ndarray) -> np.ndarray:
     """P of one column as 0/1 float32: 1 where the value equals ``spec.level``, else where it equals the most
     common value of ``reference`` (the training rows). A multi-valued column (race) is thus one level against the rest."""
     vals = np.asarray(values, dtype=str)
-    level = spec.level or DEFAULT_LEVELS.get(spec.column, "") or _most_common(np.asarray(reference, dtype=str))
-    return (vals == level).astype(np.float32)
+    return (vals == protected_level(spec, reference)).astype(np.float32)
+
+
+def protected_level(spec: Protected, reference: Sequence[str] | np.ndarray) -> str:
+    """The level that makes P = 1 over the training rows ``reference``; ProtectedError (one line) for a named level
+    that no training row holds (P would be all zeros) or, with no level named, a column of too many distinct values."""
+    ref = np.asarray(reference, dtype=str)
+    if spec.level:
+        if len(ref) and not (ref == spec.level).any():
+            raise ProtectedError(
+                f"run-config key 'protected-columns' names level {spec.level!r} of column {spec.column!r}, which none of "
+                f"the {len(ref)} training rows holds (P would be 0 everywhere): name a level the column holds"
+            )
+        return spec.level
+    if spec.column in DEFAULT_LEVELS:
+        return DEFAULT_LEVELS[spec.column]
+    if (distinct := len(np.unique(ref))) > MAX_DEFAULT_LEVELS:
+        raise ProtectedError(
+            f"run-config key 'protected-columns' names column {spec.column!r}, which has {distinct} distinct values (more than "
+            f"{MAX_DEFAULT_LEVELS}: a measurement, not a category), so 'its most common value' would mark almost no row: "
+            f"bin it into a category column first, or name a level ({spec.column}=LEVEL)"
+        )
+    return _most_common(ref)
 
 
 def _most_common(values: np.ndarray) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.config import LOCAL, ConfigError, dataset_kind
-from core.data import Dataset, DatasetSpec, builtin_spec, load_dataset, spec_of
+from core.data import NATURAL_COLUMNS, Dataset, DatasetSpec, builtin_spec, load_dataset, spec_of
 from core.fairness import parse_protected
 from core.settings import Settings
 
@@ -61,9 +61,30 @@ def protected_names(cfg: Settings) -> tuple[str, ...]:
     return tuple(p.column for p in parse_protected(cfg.protected_columns))
 
 
+def natural_split_problem(cfg: Settings) -> str | None:
+    """Why ``partition=natural`` cannot split clients by the column it would use (``natural-column``, else a
+    built-in's own): a protected column, so P would be constant on every client and no AUC computable; else None."""
+    if cfg.partition != "natural" or cfg.dataset == LOCAL:
+        return None
+    column = cfg.natural_column or NATURAL_COLUMNS.get(str(cfg.dataset), "")
+    if column not in protected_names(cfg):
+        return None
+    return (
+        f"run-config key 'protected-columns' names column {column!r}, by which partition=natural splits the clients "
+        "(P would be the same on every client and the adversary's AUC undefined): set natural-column to another column, or choose another partition"
+    )
+
+
+def check_natural_split(cfg: Settings) -> None:
+    """ConfigError (one line) from :func:`natural_split_problem`."""
+    if problem := natural_split_problem(cfg):
+        raise ConfigError(problem)
+
+
 def load_run_dataset(cfg: Settings) -> Dataset:
     """The whole data set of a run that one machine holds: a built-in, or the user's source
     at the path ``dataset`` (read, its class names and scaling fixed from all of it, encoded)."""
+    check_natural_split(cfg)
     kind = dataset_kind(cfg.dataset)
     if kind == "builtin":
         return load_dataset(cfg.dataset, cfg.data_dir, cfg.seed, protected_names(cfg))
@@ -83,6 +104,7 @@ def local_spec(schema: Any) -> DatasetSpec:
 def run_spec(cfg: Settings, schema: Any = None) -> DatasetSpec:
     """What models of the run take in and put out: a built-in's spec, a user source's (read
     once), or with ``dataset=local`` the nodes' agreed ``schema``."""
+    check_natural_split(cfg)
     kind = dataset_kind(cfg.dataset)
     if kind == "builtin":
         try:

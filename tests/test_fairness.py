@@ -12,14 +12,15 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from client.env import client_env
+import client.env as client_env_module
+from client.env import ClientEnv, client_env, with_protected
 from client.procedures.lg_fedavg import LGFedAvgClient
 from core import fairness
 from core import protocol as P
 from core.config import ConfigError, resolve_settings
-from core.data import ADULT_LEVELS, SPECS, builtin_spec, load_dataset
+from core.data import ADULT_LEVELS, SPECS, Dataset, builtin_spec, load_dataset
 from core.layers import select, top_layers
-from core.run_data import load_run_dataset, node_profile, run_spec
+from core.run_data import load_run_dataset, natural_split_problem, node_profile, run_spec
 
 
 @pytest.fixture(autouse=True)
@@ -56,6 +57,78 @@ def test_encoding_one_level_against_the_rest():
     assert fairness.encode_protected(race, fairness.Protected("race", "Black"), race).tolist() == [0, 1, 0, 0]
     band = np.array(["cold", "hot", "hot"])
     assert fairness.encode_protected(band, fairness.Protected("band"), band).tolist() == [0, 1, 1]  # most common level
+
+
+def _one_line_refusal(err: pytest.ExceptionInfo[fairness.ProtectedError], *words: str) -> None:
+    message = str(err.value)
+    assert "\n" not in message and "'protected-columns'" in message and all(w in message for w in words), message
+
+
+def test_named_level_no_training_row_holds_refused():
+    """A level that never occurs (temp_band=tepid) would make P all zeros: refused, naming the column and the level."""
+    band = np.array(["cold", "mild", "hot"])
+    with pytest.raises(fairness.ProtectedError) as err:
+        fairness.encode_protected(band, fairness.Protected("temp_band", "tepid"), band)
+    _one_line_refusal(err, "'temp_band'", "'tepid'", "name a level the column holds")
+    assert fairness.encode_protected(band, fairness.Protected("temp_band", "mild"), band).tolist() == [0, 1, 0]
+
+
+def test_many_valued_column_refused_unless_a_level_is_named():
+    """A continuous sensor (AT): 'its most common value against the rest' marks almost no row; refused, with what to do."""
+    sensor = np.array([f"{t / 10:.1f}" for t in range(fairness.MAX_DEFAULT_LEVELS + 1)])
+    with pytest.raises(fairness.ProtectedError) as err:
+        fairness.encode_protected(sensor, fairness.Protected("AT"), sensor)
+    _one_line_refusal(err, "'AT'", f"{len(sensor)} distinct values", "bin it into a category column", "AT=LEVEL")
+    assert fairness.encode_protected(sensor, fairness.Protected("AT", "0.3"), sensor).sum() == 1  # a named level is the user's call
+    few = sensor[: fairness.MAX_DEFAULT_LEVELS]
+    assert fairness.encode_protected(few, fairness.Protected("AT"), few).sum() == 1  # at the limit: still a category
+    country = np.array([str(i) for i in range(ADULT_LEVELS["native-country"])])
+    fairness.encode_protected(country, fairness.Protected("native-country"), country)  # the paper's most-levelled column passes
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"dataset": "uci-adult", "partition": "natural", "protected-columns": "race"},  # adult's own natural column
+        {"dataset": "data/t.csv", "partition": "natural", "natural-column": "ambient", "protected-columns": "ambient=hot"},
+    ],
+)
+def test_natural_split_by_a_protected_column_refused_on_the_server(cfg):
+    """Clients split by P itself: P constant on each, no AUC anywhere; refused from the config alone, before any data is read."""
+    with pytest.raises(ConfigError) as err:
+        run_spec(resolve_settings(cfg))
+    message = str(err.value)
+    assert "\n" not in message and "'protected-columns'" in message and "natural-column" in message, message
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"dataset": "uci-adult", "partition": "natural", "protected-columns": "sex"},
+        {"dataset": "data/t.csv", "partition": "natural", "natural-column": "year", "protected-columns": "ambient"},
+        {"dataset": "data/t.csv", "partition": "iid", "natural-column": "ambient", "protected-columns": "ambient"},
+    ],
+)
+def test_natural_split_by_another_column_allowed(cfg):
+    assert natural_split_problem(resolve_settings(cfg)) is None
+
+
+def test_constant_protected_column_on_a_client_logged_without_values(monkeypatch):
+    """A client whose test rows all hold one side of P has no AUC for it: one line on the node, naming the column only."""
+    lines: list[str] = []
+    monkeypatch.setattr(client_env_module.log, "warning", lambda fmt, *args: lines.append(fmt % args))
+    zeros = np.zeros((4, 1), dtype=np.float32)
+    ds = Dataset(
+        "t", "classification", 2, (1,), zeros, np.zeros(4), zeros[:3], np.zeros(3),
+        {"grp": np.array(["north", "south", "north", "south"])}, {"grp": np.array(["north", "north", "south"])},
+    )  # fmt: skip
+    env = ClientEnv(resolve_settings({"protected-columns": "grp=south"}), 7, "mlp", ds, *(torch.zeros(1),) * 4, torch.device("cpu"))
+    varied = with_protected(env, np.arange(4), np.array([0, 2]))
+    assert varied.p_test is not None and varied.p_test.ravel().tolist() == [0, 1] and not lines
+    same = with_protected(env, np.arange(4), np.array([0, 1]))
+    assert same.p_test is not None and same.p_test.ravel().tolist() == [0, 0]
+    assert len(lines) == 1 and "'grp'" in lines[0] and "client 7" in lines[0] and "cannot be computed" in lines[0], lines
+    assert "north" not in lines[0] and "south" not in lines[0]
 
 
 def test_model_step_ascends_the_adversary_loss():
