@@ -7,8 +7,8 @@ device (partition 100, its train and test images rotated by 90°: ``client-trans
 layers are the two convolutions from the join on). Normal accuracy is the old devices' local test accuracy
 (``accuracy_old``), rotated the new device's (``accuracy_joined``), both in the last round's record.
 
-    python -m benchmarks.lg_table3                                   # the paper's setting (500 rounds after the join)
-    python -m benchmarks.lg_table3 --partitions iid --fractions 0.0 --methods fedavg lg-fedavg \\
+    headway bench lg_table3                                   # the paper's setting (500 rounds after the join)
+    headway bench lg_table3 --partitions iid --fractions 0.0 --methods fedavg lg-fedavg \\
         --warmup-rounds 5 --warmup-fraction 1.0 --join-rounds 100 --tag short
 
 The paper trains until 98 % average test accuracy before the join; here the join comes after a fixed count
@@ -122,9 +122,7 @@ def table(root: Path, keys: list[tuple[str, float, str, int]], warmup: int, afte
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.lg_table3", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(prog="headway bench lg_table3", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--partitions", nargs="+", choices=list(PARTITIONS), default=list(PARTITIONS))
     p.add_argument("--fractions", nargs="+", type=float, default=[0.0, 0.1], help="C: share of the old devices trained after the join")
     p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))

@@ -12,8 +12,8 @@
 Scores (the last evaluated round, pooled over the clients' local test splits): classifier accuracy and ROC AUC,
 the adversary's ROC AUC and a fresh post-hoc adversary's AUC on the frozen local representations.
 
-    python -m benchmarks.lg_table4                      # 10 rounds (the authors' global_epochs), one seed
-    python -m benchmarks.lg_table4 --partitions iid --set num-server-rounds=3 --tag short
+    headway bench lg_table4                      # 10 rounds (the authors' global_epochs), one seed
+    headway bench lg_table4 --partitions iid --set num-server-rounds=3 --tag short
 """
 
 from __future__ import annotations
@@ -77,9 +77,7 @@ def table(root: Path, keys: list[tuple[str, str, int]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.lg_table4", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(prog="headway bench lg_table4", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--partitions", nargs="+", choices=list(PARTITIONS), default=list(PARTITIONS))
     p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     add_run_arguments(p)
