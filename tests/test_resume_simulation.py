@@ -35,6 +35,7 @@ from server.checkpoint import Checkpoint, decode, encode
 from server.resume import resume_point
 from strategies.arrays import to_record
 from strategies.base import Step
+from strategies.fedprof import SECRET_ENV
 from strategies.meter import RoundMeter
 from strategies.registration import ClientRegistry
 from strategies.round_loop import Pending
@@ -46,6 +47,9 @@ TINY = ["dataset=mnist", "partition=iid", "num-clients=3", "train-fraction=0.02"
 
 def _env(**extra: str) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    # FedProf's D^V comes from OS entropy unless this is set: without it two FedProf runs score, and may select,
+    # differently, and the unbroken run would not be the run the resumed one continues (the resume keeps its D^V)
+    env[SECRET_ENV] = "test-resume-simulation"
     env.pop("HEADWAY_TEST_KILL", None)  # only the run a test kills gets the fault hook
     return {**env, **extra}
 
