@@ -402,6 +402,7 @@ def _em_pass(
 
 
 SPARSE_PASSES = 3  # fit_gmm's default: passes over the unsettled rows alone after each full pass (0: plain EM)
+RESTARTS = 3  # fit_gmm's default: starts drawn, each group keeping the likeliest (_start); 1 is scikit-learn's n_init=1
 SPARSE_MAX_SHARE = 0.25  # ... taken only while the most unsettled rows of a group are at most this share of
 # the batch's padded length (what a gathered pass costs against a full one)
 
@@ -430,6 +431,7 @@ def fit_gmm(
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
     sparse_passes: int = SPARSE_PASSES,
+    restarts: int = RESTARTS,
 ) -> FitResult:
     """Fit one mixture per group by EM (see the module docstring).
 
@@ -439,6 +441,8 @@ def fit_gmm(
     apart, which is the stricter test); ``reg_covar`` is added to every variance.
     ``sparse_passes``: iterations over the unsettled rows alone after each full pass (0:
     plain EM).
+    ``restarts``: starts drawn (one after another from the seed's generator); each group
+    keeps the one whose first mixture scores the highest likelihood (:func:`_start`).
     ``dtype``: the arithmetic, by default the features' own (float32 stays float32, as in
     scikit-learn). Groups stop updating once converged; the loop ends when all have, or after
     ``max_iter`` M-steps (those after a pass over the unsettled rows alone count too). A
@@ -449,6 +453,8 @@ def fit_gmm(
         raise ValueError(f"covariance {covariance!r} is not one of {COVARIANCES}")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    if restarts < 1:
+        raise ValueError(f"restarts must be >= 1 (1: a single start, as scikit-learn's n_init=1), got {restarts}")
     if sparse_passes < 0:
         raise ValueError(f"sparse_passes must be >= 0 (0: plain EM), got {sparse_passes}")
     device = torch.device(device)
@@ -469,20 +475,9 @@ def fit_gmm(
         x = x * mask[..., None]
     cmask = _component_mask(ks, k)
     gen = torch.Generator(device=device).manual_seed(int(seed))
-    resp = _initial_resp(x, mask, cmask, init, gen)
     pts, norms = _em_points(x, covariance)
+    mix = _start(x, mask, cmask, init, gen, pts, norms, covariance, reg_covar, restarts if bool((ks > 1).any()) else 1)
     del x
-    first: _Sums | None = None
-    for rows in _row_chunks(pts):  # the first M-step's sums, from the start's responsibilities
-        sq = norms[:, rows] if norms is not None else None
-        part = _sums(pts[:, rows], resp[:, rows].transpose(1, 2), sq, covariance)
-        if first is None:
-            first = part
-        else:
-            first += part
-    assert first is not None
-    del resp
-    mix = _m_step(first, n_points, cmask, covariance, reg_covar, dtype)
     prev = torch.full((len(tensors),), -math.inf, dtype=torch.float64, device=device)
     done = torch.zeros(len(tensors), dtype=torch.bool, device=device)
     single = ks == 1  # already at their fixed point
@@ -521,6 +516,48 @@ def fit_gmm(
     # full covariances stay float64: rounded to float32 a nearly singular one stops being factorizable
     out = Mixture(mix.weights, mix.means + centre[:, None, :].to(dtype), mix.covariances, covariance)
     return FitResult(out, ll.cpu().numpy(), it, done.cpu().numpy(), passes)
+
+
+def _start(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    cmask: torch.Tensor,
+    init: str,
+    gen: torch.Generator,
+    pts: torch.Tensor,
+    norms: torch.Tensor | None,
+    covariance: str,
+    reg_covar: float,
+    restarts: int,
+) -> Mixture:
+    """The first mixture: ``restarts`` starts (:func:`_initial_resp`) drawn in turn from
+    ``gen``, each turned into a mixture by one M-step; each group keeps the mixture under
+    which its points are most likely. One k-means start ends in a poor local optimum (two
+    clusters merged, one split) often enough to cost several % of log-likelihood."""
+    n_points = mask.sum(1).double()
+    best: Mixture | None = None
+    best_ll = torch.full((x.shape[0],), -math.inf, dtype=torch.float64, device=x.device)
+    for _ in range(restarts):
+        resp = _initial_resp(x, mask, cmask, init, gen)
+        first: _Sums | None = None
+        for rows in _row_chunks(pts):  # the M-step's sums from the start's responsibilities
+            sq = norms[:, rows] if norms is not None else None
+            part = _sums(pts[:, rows], resp[:, rows].transpose(1, 2), sq, covariance)
+            if first is None:
+                first = part
+            else:
+                first += part
+        assert first is not None
+        del resp
+        mix = _m_step(first, n_points, cmask, covariance, reg_covar, pts.dtype)
+        if restarts == 1:
+            return mix
+        ll, _, _ = _em_pass(pts, mask, mix, False, norms)
+        better = torch.nan_to_num(ll, nan=-math.inf) > best_ll
+        best = mix if best is None else _unless_done(mix, best, better)  # where better: this start's mixture
+        best_ll = torch.where(better, ll, best_ll)
+    assert best is not None
+    return best
 
 
 def _unless_done(old: Mixture, new: Mixture, done: torch.Tensor) -> Mixture:

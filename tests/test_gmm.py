@@ -177,9 +177,9 @@ def test_sparse_passes_fit_as_well_as_plain_em_with_fewer_passes_over_all_points
     """Sparse EM (passes over the unsettled rows, the settled rows' sums frozen) ends at a
     log-likelihood at least plain EM's, run to a tight tolerance, in fewer full passes."""
 
-    x = torch.from_numpy(bridged(seed=3))
-    sparse = fit_gmm([x], 10, "diag", seed=1, tol=1e-5, max_iter=500)
-    plain = fit_gmm([x], 10, "diag", seed=1, tol=1e-5, max_iter=500, sparse_passes=0)
+    x = torch.from_numpy(bridged(seed=3))  # from one start: the likeliest of three is converged within two passes
+    sparse = fit_gmm([x], 10, "diag", seed=1, tol=1e-5, max_iter=500, restarts=1)
+    plain = fit_gmm([x], 10, "diag", seed=1, tol=1e-5, max_iter=500, sparse_passes=0, restarts=1)
     assert plain.iterations == plain.passes and sparse.iterations > sparse.passes  # partial passes were taken
     assert sparse.passes < plain.passes
     assert float(sparse.log_likelihood[0]) >= float(plain.log_likelihood[0]) - 1e-5 * abs(float(plain.log_likelihood[0]))
@@ -213,25 +213,68 @@ def test_sparse_em_on_a_batch_keeps_each_groups_components_budget_and_reported_l
     """A batch of three groups (one with 3 of the 10 components; they converge at different
     passes): sparse EM ends each group as well as plain EM does, leaves the unused
     components at weight 0, takes at most max_iter M-steps, and reports the log-likelihood
-    of the mixture it returns, also when max_iter ends it inside the sparse passes."""
+    of the mixture it returns, also when max_iter ends it inside the sparse passes. (From one
+    start: the likeliest of three needs no sparse passes here.)"""
     import core.gmm as gmm
 
     groups = [torch.from_numpy(bridged(seed=s, n=n)) for s, n in ((3, 800), (4, 500), (5, 700))]
     ks = [10, 3, 10]
     x, mask = gmm.pad_groups(groups)
     pts, _ = gmm._em_points(x, "diag")
-    sparse = fit_gmm(groups, 10, "diag", k_per_group=ks, seed=3, tol=1e-5, max_iter=500)
+    sparse = fit_gmm(groups, 10, "diag", k_per_group=ks, seed=3, tol=1e-5, max_iter=500, restarts=1)
     assert sparse.iterations > sparse.passes and sparse.converged.all()
     assert torch.equal(sparse.mixture.weights[1, 3:], torch.zeros(7))
     for max_iter in (*range(1, 9), 500):
-        fit = fit_gmm(groups, 10, "diag", k_per_group=ks, seed=3, tol=1e-5, max_iter=max_iter)
+        fit = fit_gmm(groups, 10, "diag", k_per_group=ks, seed=3, tol=1e-5, max_iter=max_iter, restarts=1)
         assert fit.iterations <= max_iter
         rescored, _, _ = gmm._em_pass(pts, mask, fit.mixture, False, None)
         np.testing.assert_allclose(rescored.numpy(), fit.log_likelihood, rtol=1e-6)
-    plain = fit_gmm(groups, 10, "diag", k_per_group=ks, seed=3, tol=1e-5, max_iter=500, sparse_passes=0)
+    plain = fit_gmm(groups, 10, "diag", k_per_group=ks, seed=3, tol=1e-5, max_iter=500, sparse_passes=0, restarts=1)
     assert (sparse.log_likelihood >= plain.log_likelihood - 1e-5 * np.abs(plain.log_likelihood)).all()
 
 
 def test_a_negative_sparse_passes_is_refused_with_what_to_use():
     with pytest.raises(ValueError, match=r"sparse_passes must be >= 0 \(0: plain EM\)"):
         fit_gmm([torch.zeros(10, 2)], 2, "diag", sparse_passes=-1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3])
+def test_restarts_escape_the_merged_clusters_one_kmeans_start_ends_in(seed):
+    """Ten separated clusters, each dimension scaled by 0.5–1.5: from one k-means start
+    (the generator's seed 0) EM merges two clusters and splits another; with the default
+    restarts the likeliest start recovers every cluster, at least scikit-learn's optimum."""
+    x, y = clusters(d=64, n=1000, seed=seed)
+    x = x * np.random.default_rng(10_000 + seed).uniform(0.5, 1.5, 64).astype(np.float32)
+    one = fit_gmm([torch.from_numpy(x)], 10, "diag", seed=0, restarts=1)
+    fit = fit_gmm([torch.from_numpy(x)], 10, "diag", seed=0)
+    ref = float(sklearn_mixture.GaussianMixture(10, covariance_type="diag", random_state=0, reg_covar=1e-6).fit(x).score(x))
+    assert float(one.log_likelihood[0]) < ref - 0.05 * abs(ref)  # the trap is set
+    assert float(fit.log_likelihood[0]) >= ref - 1e-3 * abs(ref)
+    assert adjusted_rand_score(y, predict(fit.mixture, [torch.from_numpy(x)])[0].numpy()) >= 0.99
+
+
+def test_each_group_keeps_its_own_likeliest_start():
+    """_start with three restarts gives each group of a batch the mixture of whichever of the
+    three starts (drawn in turn from the same generator) scores its points highest."""
+    import core.gmm as gmm
+
+    groups = [torch.from_numpy(clusters(d=16, n=n, seed=s)[0]).double() for s, n in ((11, 300), (12, 200), (13, 250))]
+    x, mask = gmm.pad_groups(groups)
+    x = (x - (x.sum(1) / mask.sum(1, keepdim=True))[:, None, :]) * mask[..., None]
+    cmask = _component_mask(torch.tensor([6, 6, 6]), 6)
+    pts, norms = gmm._em_points(x, "diag")
+
+    def start(restarts: int, gen: torch.Generator) -> torch.Tensor:
+        m = gmm._start(x, mask, cmask, "k-means++", gen, pts, norms, "diag", 1e-6, restarts)
+        return gmm._em_pass(pts, mask, m, False, norms)[0]
+
+    gen = torch.Generator().manual_seed(5)
+    each = torch.stack([start(1, gen) for _ in range(3)])  # (3 starts, B)
+    assert len({int(i) for i in each.argmax(0)}) > 1  # the groups prefer different starts
+    best = start(3, torch.Generator().manual_seed(5))
+    np.testing.assert_allclose(best.numpy(), each.amax(0).numpy(), rtol=1e-12)
+
+
+def test_fewer_than_one_restart_is_refused_with_what_to_use():
+    with pytest.raises(ValueError, match="restarts must be >= 1"):
+        fit_gmm([torch.zeros(4, 2)], 2, restarts=0)
