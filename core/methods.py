@@ -89,6 +89,7 @@ class FedLogRecords:
     stats: str = "stats"  # a client's sufficient statistic T = Σ φ⊗e_y (client -> server)
     stats_sum: str = "stats-sum"  # FedLog-C: the aggregate Φ (server -> client)
     stats_rows: str = "stats-rows"  # sparse uplink: [class index, row of T] for each class a client holds
+    stats_count: str = "stats-count"  # fedlog-c-downlink=stats: the count n the head's solve takes, beside Φ (server -> client)
     phase_stats: str = "stats"  # fedlog-init=stats: statistics of the untrained bodies
 
 
@@ -156,6 +157,21 @@ class FedLogSettings:
     prior_chi: float = setting(Key(0.0, "prior chi (every entry)"))
     init: str = setting(Key("stats", "first head: one statistics round on untrained bodies, or random", choices=("stats", "random")))
     alpha: float = setting(non_negative("FedLog-C auxiliary loss weight; 0: plain FedLog", 0.0))
+    beta: float = setting(
+        non_negative(
+            "FedLog-C repulsion weight (AAAI Eq. 15): pushes features away from the other classes' global means; "
+            "needs fedlog-clip > 0 or beta x (classes - 1) < fedlog-alpha, else the loss has no minimum; 0: off",
+            0.0,
+        )
+    )
+    c_downlink: str = setting(
+        Key(
+            "eta-and-stats",
+            "FedLog-C: the server sends the head eta and the statistics Phi, or Phi (float32) and its count only, "
+            "from which each client solves the same eta itself (stats: not with fedlog-wire-dtype=float16)",
+            choices=("eta-and-stats", "stats"),
+        )
+    )
     dp: str = setting(
         Key(
             "off",
@@ -426,6 +442,11 @@ def _fedlog_rules(cfg: Settings) -> None:
             f"run-config key 'fedlog-uplink-dtype' must be 'float32' with fedlog-dp={cfg.fedlog.dp!r}: float16 sends "
             "class means, the server rebuilds sums as count x mean, so rounding grows with the count and one example "
             "can move a sum by more than the clip b the noise is calibrated to (and under local DP the counts are noised)"
+        )
+    if cfg.fedlog.c_downlink == "stats" and cfg.fedlog.wire_dtype == "float16":
+        raise ConfigError(
+            "run-config key 'fedlog-c-downlink' is 'stats', which sends Phi as float32 sums (clients solve eta from them): "
+            "set fedlog-wire-dtype=float32 or fedlog-c-downlink=eta-and-stats"
         )
     _fedlog_withholding_rule(cfg)
     _fedlog_secure_rules(cfg)

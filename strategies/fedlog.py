@@ -15,7 +15,16 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from core import protocol as P
 from core.config import ConfigError, body_names
 from core.data import DatasetSpec
-from core.fedlog import StatsCheck, class_means, dense_statistics, noise_sigma, share_sigma, solve_head, sum_rows
+from core.fedlog import (
+    StatsCheck,
+    class_means,
+    dense_statistics,
+    downlink_statistics,
+    noise_sigma,
+    share_sigma,
+    solve_head,
+    sum_rows,
+)
 from core.models import common_width, nonnegative_features
 from core.settings import Settings
 from core.sum_bounds import count_problem
@@ -33,11 +42,13 @@ log = logging.getLogger("headway")
 @dataclass(frozen=True)
 class FedLogState:
     """What FedLog's server keeps across rounds: the head η (float64), the last summed statistics Φ
-    (FedLog-C sends them; None before the first sum) and the seconds each solve of Eq. 12 took."""
+    (FedLog-C sends them; None before the first sum), the seconds each solve of Eq. 12 took, and
+    the count n that solve took (fedlog-c-downlink=stats sends it beside Φ)."""
 
     eta: np.ndarray
     phi_sum: np.ndarray | None = None
     solve_seconds: tuple[float, ...] = ()
+    count: float = 0.0
 
 
 class FedLog(HeadwayStrategy[FedLogState]):
@@ -46,9 +57,23 @@ class FedLog(HeadwayStrategy[FedLogState]):
     name = "fedlog"
     arrays_from_method = True  # η and FedLog-C's Φ as sent: head_record of the method state
 
+    @classmethod
+    def check_config(cls, settings: Settings, spec: DatasetSpec) -> None:
+        """ConfigError when fedlog-beta leaves the loss without a minimum: Eq. 15's quadratic in φ has
+        the coefficient α − β·(classes − 1) at worst, so unclipped features need β·(classes − 1) < α."""
+        opts = settings.fedlog
+        if opts.beta > 0 and opts.clip <= 0 and not opts.beta * (spec.num_classes - 1) < opts.alpha:
+            raise ConfigError(
+                f"run-config key 'fedlog-beta' is {opts.beta:g}: with {spec.num_classes} classes and unclipped features the loss "
+                f"falls without bound unless beta x {spec.num_classes - 1} < fedlog-alpha ({opts.alpha:g}); "
+                "lower fedlog-beta, raise fedlog-alpha, or set fedlog-clip > 0"
+            )
+
     def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
         super().__init__(settings, spec, services)
         self.opts = self.settings.fedlog  # FedLog's own keys (fedlog-*)
+        self.send_stats = self.opts.alpha > 0 or self.opts.beta > 0  # FedLog-C: clients need Φ's class means
+        self.stats_only = self.opts.c_downlink == "stats"  # clients solve η from Φ themselves
         if spec.task != "classification":
             raise ConfigError(f"fedlog needs a classification data set; '{self.settings.dataset}' is {spec.task}")
         try:
@@ -95,9 +120,14 @@ class FedLog(HeadwayStrategy[FedLogState]):
     def head_record(self, method: FedLogState) -> ArrayRecord:
         """η (and FedLog-C's Φ) of ``method`` as sent, in ``fedlog-wire-dtype``. Under float16, Φ goes as
         its class means (rows [1, Φ̄_y]: bounded like the features, where sums could overflow),
-        which is all a client computes from it."""
+        which is all a client computes from it. Under fedlog-c-downlink=stats, once there is a sum:
+        Φ (float32) and its count n only, from which each client solves η."""
+        if self.stats_only and method.phi_sum is not None:
+            return ArrayRecord(
+                {P.STATS_SUM: Array(method.phi_sum.astype(np.float32)), P.STATS_COUNT: Array(np.array([method.count], np.float64))}
+            )
         arrays = {P.ETA: Array(self._wire(method.eta))}
-        if self.opts.alpha > 0 and method.phi_sum is not None:
+        if self.send_stats and method.phi_sum is not None:
             phi = class_means(method.phi_sum) if self.opts.wire_dtype == "float16" else method.phi_sum
             arrays[P.STATS_SUM] = Array(self._wire(phi))
         return ArrayRecord(arrays)
@@ -203,21 +233,26 @@ class FedLog(HeadwayStrategy[FedLogState]):
         """Eq. 12's head from the summed statistics ``phi`` of ``n`` examples, as released by the
         run's :attr:`release` (under central DP: noised once, n read from the noised count row)."""
         phi, n = self.release(phi, n)
+        if self.stats_only:  # solve from the float32 Φ the clients get, so their η is this one
+            phi = downlink_statistics(phi)
         t0 = time.perf_counter()
         eta = solve_head(phi, n, chi=self.opts.prior_chi, nu=self.opts.prior_nu)  # Eq. 12
         dt = time.perf_counter() - t0
-        method = FedLogState(eta, phi, (*ctx.state.method.solve_seconds, dt))
+        method = FedLogState(eta, phi, (*ctx.state.method.solve_seconds, dt), n)
         return Step(self.head_record(method), clients, {"solve_seconds": dt, **metrics}, method=method)
 
     def evaluate_arrays(self, state: ServerState[FedLogState]) -> ArrayRecord:
-        """η alone (as the state's arrays hold it): what a client scores itself with."""
+        """η alone (as the state's arrays hold it): what a client scores itself with; under
+        fedlog-c-downlink=stats, once the arrays hold Φ and n instead, those (the client solves η)."""
+        if P.ETA not in state.arrays:
+            return ArrayRecord({P.STATS_SUM: state.arrays[P.STATS_SUM], P.STATS_COUNT: state.arrays[P.STATS_COUNT]})
         return ArrayRecord({P.ETA: state.arrays[P.ETA]})
 
     def summary_extra(self, engine: Engine, state: ServerState[FedLogState] | None) -> dict[str, Any]:
         """The variant, m, the prior, init, clip, the mean solve time and the DP report."""
         solves = state.method.solve_seconds if state is not None else ()
         extra: dict[str, Any] = {
-            "variant": "fedlog-c" if self.opts.alpha > 0 else "fedlog",
+            "variant": "fedlog-c" if self.send_stats else "fedlog",
             "m": self.m,
             "prior_nu": self.opts.prior_nu,
             "prior_chi": self.opts.prior_chi,
