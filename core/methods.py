@@ -132,11 +132,20 @@ class FedPFTRecords:
     phase_chain: str = "chain"  # decentralized: a client gets the previous client's mixtures, relayed
 
 
+@dataclass(frozen=True)
+class FedDBERecords:
+    """FedDBE's mean features."""
+
+    feature_mean: str = "feature-mean"  # a client's mean body feature over its training rows (client -> server)
+    global_mean: str = "global-mean"  # the count-weighted mean of those (server -> client), MR's target
+
+
 FEDLOG_RECORDS = FedLogRecords()
 LG_FEDAVG_RECORDS = LGFedAvgRecords()
 FEDPROF_RECORDS = FedProfRecords()
 FEDPROTO_RECORDS = FedProtoRecords()
 FEDPFT_RECORDS = FedPFTRecords()
+FEDDBE_RECORDS = FedDBERecords()
 
 
 # ------------------------------------------------------------------ each method's own keys
@@ -320,6 +329,36 @@ class FedBABUSettings:
             "full",
             "FedBABU: what fine-tuning trains: the whole model, the head only or the body only",
             choices=("full", "head", "body"),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class FedDBESettings:
+    """feddbe's own run-config keys (feddbe-*)."""
+
+    kappa: float = setting(
+        non_negative(
+            "FedDBE: weight κ of the mean regularization ½·mean((local mean feature − global mean feature)²); "
+            "50: the authors' run script for their 4-layer CNN; 0: no pull (the bias vector still trains)",
+            50.0,
+        )
+    )
+    momentum: float = setting(
+        Key(
+            1.0,
+            "FedDBE: μ of the local running mean (1 − μ)·previous + μ·batch mean that MR regularizes, reset every round; "
+            "1: the batch's own mean (the authors' run script; their library's default is 0.1)",
+            check=lambda v: 0 < v <= 1,
+            rule="in (0, 1]",
+        )
+    )
+    global_mean: str = setting(
+        Key(
+            "first-round",
+            "FedDBE: when clients send their mean feature for the server's global mean: first-round (the authors' "
+            "initialization: once, then fixed) or every-round (the global mean follows the bodies)",
+            choices=("first-round", "every-round"),
         )
     )
 
@@ -603,6 +642,14 @@ METHODS: dict[str, Method] = {
             strategy="fedbabu:FedBABU",
             procedure="fedbabu:FedBABUClient",
             settings=FedBABUSettings,
+        ),
+        Method(
+            "feddbe",
+            "averaged bodies and heads, a local bias vector on the features and a pull to the global mean feature (Zhang et al. 2023)",
+            strategy="feddbe:FedDBE",
+            procedure="feddbe:FedDBEClient",
+            settings=FedDBESettings,
+            records=FEDDBE_RECORDS,
         ),
         Method(
             "fedproto",

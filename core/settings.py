@@ -20,6 +20,7 @@ from core.methods import (
     ALGORITHMS,
     METHODS,
     FedBABUSettings,
+    FedDBESettings,
     FedLogSettings,
     FedPerSettings,
     FedPFTSettings,
@@ -449,6 +450,7 @@ class Settings(CommonSettings):
     fedper: FedPerSettings = field(default_factory=FedPerSettings)
     fedrep: FedRepSettings = field(default_factory=FedRepSettings)
     fedbabu: FedBABUSettings = field(default_factory=FedBABUSettings)
+    feddbe: FedDBESettings = field(default_factory=FedDBESettings)
     fedproto: FedProtoSettings = field(default_factory=FedProtoSettings)
     fedprof: FedProfSettings = field(default_factory=FedProfSettings)
     fedpft: FedPFTSettings = field(default_factory=FedPFTSettings)

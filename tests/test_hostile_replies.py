@@ -55,6 +55,10 @@ def honest(algorithm: str, pid: int, msg) -> RecordDict:
     model = {k: v.numpy() * 0.9 + 0.01 * pid for k, v in msg.content.array_records["arrays"].items()}
     if algorithm == "fedprof":  # the model and its profile
         model["profile"] = profile
+    if algorithm == "feddbe":  # the model and, while the server has no global mean, the client's mean feature
+        model.pop("global-mean", None)
+        if "global-mean" not in msg.content.array_records["arrays"]:
+            model["feature-mean"] = np.full(50, 0.5 + pid, np.float32)
     return reply(model, 10, pid, loss=0.7)
 
 

@@ -1,0 +1,121 @@
+"""FedDBE (Zhang et al., NeurIPS 2023; FedLog's Table 1 baseline): FedAvg on the whole model (body
+and head), with two additions on the clients (client/procedures/feddbe.py): a personalized
+representation bias (PRBM), a trainable vector added to the body's features that never leaves its
+client, and the mean regularization (MR), a pull of the client's mean feature towards a global mean
+feature. The server forms that global mean as the count-weighted average of the clients' mean
+features (core/dbe.py): once, from round 1's replies (``feddbe-global-mean=first-round``, the
+authors' initialization period), or every round; it lives in the method state so a resumed run
+sends what an unbroken one would.
+
+A client's mean feature is checked (shape, finite, within ``max-feature-value``) with its model
+update; a reply whose mean fails is refused whole. Robust ``aggregation`` rules apply to the model;
+secure aggregation is refused (the mean would need its own sum)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, RecordDict
+
+from core.config import ConfigError
+from core.data import DatasetSpec
+from core.dbe import global_mean, mean_problem
+from core.methods import FEDDBE_RECORDS
+from core.models import common_width
+from core.settings import Settings
+from strategies.base import Step, TrainRound
+from strategies.engine import Engine
+from strategies.fedavg import FedAvg, FedAvgState
+from strategies.replies import ArraySpec, Layout, Rejection, Reply
+from strategies.services import Services
+from strategies.state import ServerState
+
+FEATURE_MEAN = FEDDBE_RECORDS.feature_mean
+GLOBAL_MEAN = FEDDBE_RECORDS.global_mean
+
+
+@dataclass(frozen=True)
+class FedDBEState(FedAvgState):
+    """FedAvg's state and the global mean feature (float64, length m); None until a round's replies gave one."""
+
+    global_mean: np.ndarray | None = None
+
+
+def mean_of(method: FedAvgState) -> np.ndarray | None:
+    """The global mean feature a FedDBE state holds (None: not formed yet)."""
+    return method.global_mean if isinstance(method, FedDBEState) else None
+
+
+def asks_for_mean(mode: str, method: FedAvgState) -> bool:
+    """Whether this round's training replies must carry the client's mean feature (the client applies the same rule)."""
+    return mode == "every-round" or mean_of(method) is None
+
+
+class FedDBE(FedAvg):
+    """FedDBE's server (this module's docstring): FedAvg of whole models plus the global mean feature."""
+
+    name = "feddbe"
+
+    def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
+        super().__init__(settings, spec, services)
+        try:
+            self.m = common_width([self.settings.body], spec.input_shape, self.settings.feature_dim)
+        except ValueError as exc:
+            raise ConfigError(f"feddbe: {exc}") from None
+
+    def initial_method_state(self) -> FedAvgState:
+        """No client counts and no global mean yet."""
+        return FedDBEState()
+
+    def configure_train(
+        self, server_round: int, state: ServerState[FedAvgState], engine: Engine
+    ) -> tuple[TrainRound[FedAvgState], dict[int, RecordDict]]:
+        """FedAvg's round, its message carrying the global mean beside the model once there is one."""
+        ctx, contents = super().configure_train(server_round, state, engine)
+        mean = mean_of(state.method)
+        if mean is None:
+            return ctx, contents
+        sent = self.shared(server_round, state.arrays, state.method)
+        content = self.content(server_round, ArrayRecord({**dict(sent.items()), GLOBAL_MEAN: Array(mean.astype(np.float32))}))
+        return ctx, {node: content for node in contents}
+
+    def train_layout(self, ctx: TrainRound[FedAvgState]) -> Layout:
+        """FedAvg's layout (the model sent, back), plus the client's mean feature (m,) in the rounds that ask for it."""
+        layout = super().train_layout(ctx)
+        if not asks_for_mean(self.settings.feddbe.global_mean, ctx.state.method):
+            return layout
+        arrays = {**(layout.arrays or {}), FEATURE_MEAN: ArraySpec((self.m,))}
+        return replace(layout, arrays=arrays, check=partial(self.check_reply, ctx=ctx))
+
+    def check_reply(
+        self, arrays: dict[str, np.ndarray], reply: Reply, ctx: TrainRound[FedAvgState]
+    ) -> tuple[dict[str, np.ndarray] | None, str | Rejection | None]:
+        """The model arrays when the mean feature is one a client can have and the update passes FedAvg's check."""
+        problem = mean_problem(arrays[FEATURE_MEAN], self.m, float(self.settings.max_feature_value))
+        if problem is not None:
+            return None, problem
+        model = {k: v for k, v in arrays.items() if k != FEATURE_MEAN}
+        return self.check_update(model, reply, ctx)
+
+    def update_weights(self, ctx: TrainRound[FedAvgState], replies: list[Reply]) -> list[float]:
+        """FedAvg's weights, restated so the robust rules (strategies/capabilities.py) still replace this class's model average."""
+        return super().update_weights(ctx, replies)
+
+    def aggregate_train(self, ctx: TrainRound[FedAvgState], replies: list[Reply]) -> Step[FedAvgState]:
+        """FedAvg's step for the model; in a round that asked for means, the new global mean from the same replies."""
+        step = super().aggregate_train(ctx, replies)
+        means = [(r.arrays[FEATURE_MEAN], float(r.examples)) for r in replies if FEATURE_MEAN in r.arrays]
+        if not means or step.kept or step.arrays is None:
+            return step
+        method = step.method if step.method is not None else ctx.state.method
+        new = global_mean([m for m, _ in means], [n for _, n in means])
+        state = FedDBEState(counts=method.counts, global_mean=new)
+        return replace(step, method=state, metrics={**step.metrics, "global_mean_norm": float(np.linalg.norm(new))})
+
+    def summary_extra(self, engine: Engine, state: ServerState[FedAvgState] | None) -> dict[str, Any]:
+        """m, κ, μ and when the global mean is formed."""
+        cfg = self.settings.feddbe
+        return {"m": self.m, "kappa": cfg.kappa, "momentum": cfg.momentum, "global_mean": cfg.global_mean}
