@@ -15,8 +15,11 @@ the M-step's sums and moments, the log-determinants, each group's mean log-likel
 full covariances (float32 ones stop being factorizable with fewer points than dimensions).
 float32 rounding moves the mean log-likelihood by about 1e-4–1e-3 nats, the size of the
 default tolerance, so there a change below ``tol`` or negative ends the fit (:func:`_converged`).
-The start is scikit-learn's: greedy k-means++ seeds and Lloyd's steps to convergence, with
-no centre left holding a single point.
+A start is scikit-learn's: greedy k-means++ seeds and Lloyd's steps to convergence, with
+no centre left holding a single point. One start too often ends where two clusters share a
+component and another is split (10 separated clusters in 512 dims: −11 % log-likelihood in
+some seeds), so by default each group is fitted from ``RESTARTS`` starts, all in one batch,
+and keeps its likeliest fit (scikit-learn's ``n_init``).
 
 EM is sparse EM (Neal & Hinton 1998): after each pass over all points, the rows whose
 responsibilities are exactly one-hot in the fit's dtype (most rows of well-separated real
@@ -402,7 +405,7 @@ def _em_pass(
 
 
 SPARSE_PASSES = 3  # fit_gmm's default: passes over the unsettled rows alone after each full pass (0: plain EM)
-RESTARTS = 3  # fit_gmm's default: starts drawn, each group keeping the likeliest (_start); 1 is scikit-learn's n_init=1
+RESTARTS = 3  # fit_gmm's default: fits from this many starts, each group keeping its likeliest; 1: one start, scikit-learn's n_init=1
 SPARSE_MAX_SHARE = 0.25  # ... taken only while the most unsettled rows of a group are at most this share of
 # the batch's padded length (what a gathered pass costs against a full one)
 
@@ -441,8 +444,9 @@ def fit_gmm(
     apart, which is the stricter test); ``reg_covar`` is added to every variance.
     ``sparse_passes``: iterations over the unsettled rows alone after each full pass (0:
     plain EM).
-    ``restarts``: starts drawn (one after another from the seed's generator); each group
-    keeps the one whose first mixture scores the highest likelihood (:func:`_start`).
+    ``restarts``: fits from that many starts (scikit-learn's ``n_init``), run as one batch
+    that holds each group ``restarts`` times (its starts drawn together from the seed's
+    generator); each group keeps the fit of highest log-likelihood (:func:`_likeliest`).
     ``dtype``: the arithmetic, by default the features' own (float32 stays float32, as in
     scikit-learn). Groups stop updating once converged; the loop ends when all have, or after
     ``max_iter`` M-steps (those after a pass over the unsettled rows alone count too). A
@@ -466,6 +470,12 @@ def fit_gmm(
     ks = torch.tensor([k] * len(tensors) if k_per_group is None else list(k_per_group), device=device)
     if bool((ks < 1).any()) or bool((ks > k).any()):
         raise ValueError(f"k_per_group must be in 1..{k}")
+    if restarts > 1 and bool((ks > 1).any()):
+        # every group fitted from `restarts` starts at once: the batch holds the groups `restarts` times over
+        batch = fit_gmm(
+            tensors * restarts, k, covariance, ks.tolist() * restarts, reg_covar, tol, max_iter, init, seed, device, dtype, sparse_passes, 1
+        )
+        return _likeliest(batch, len(tensors), restarts)
     x, mask = pad_groups([g.to(device=device, dtype=dtype) for g in tensors])
     n_points = mask.sum(1).double()
     # centre each group (the mean accumulated in float64): the products stay accurate
@@ -475,9 +485,20 @@ def fit_gmm(
         x = x * mask[..., None]
     cmask = _component_mask(ks, k)
     gen = torch.Generator(device=device).manual_seed(int(seed))
+    resp = _initial_resp(x, mask, cmask, init, gen)
     pts, norms = _em_points(x, covariance)
-    mix = _start(x, mask, cmask, init, gen, pts, norms, covariance, reg_covar, restarts if bool((ks > 1).any()) else 1)
     del x
+    first: _Sums | None = None
+    for rows in _row_chunks(pts):  # the first M-step's sums, from the start's responsibilities
+        sq = norms[:, rows] if norms is not None else None
+        part = _sums(pts[:, rows], resp[:, rows].transpose(1, 2), sq, covariance)
+        if first is None:
+            first = part
+        else:
+            first += part
+    assert first is not None
+    del resp
+    mix = _m_step(first, n_points, cmask, covariance, reg_covar, dtype)
     prev = torch.full((len(tensors),), -math.inf, dtype=torch.float64, device=device)
     done = torch.zeros(len(tensors), dtype=torch.bool, device=device)
     single = ks == 1  # already at their fixed point
@@ -518,46 +539,15 @@ def fit_gmm(
     return FitResult(out, ll.cpu().numpy(), it, done.cpu().numpy(), passes)
 
 
-def _start(
-    x: torch.Tensor,
-    mask: torch.Tensor,
-    cmask: torch.Tensor,
-    init: str,
-    gen: torch.Generator,
-    pts: torch.Tensor,
-    norms: torch.Tensor | None,
-    covariance: str,
-    reg_covar: float,
-    restarts: int,
-) -> Mixture:
-    """The first mixture: ``restarts`` starts (:func:`_initial_resp`) drawn in turn from
-    ``gen``, each turned into a mixture by one M-step; each group keeps the mixture under
-    which its points are most likely. One k-means start ends in a poor local optimum (two
-    clusters merged, one split) often enough to cost several % of log-likelihood."""
-    n_points = mask.sum(1).double()
-    best: Mixture | None = None
-    best_ll = torch.full((x.shape[0],), -math.inf, dtype=torch.float64, device=x.device)
-    for _ in range(restarts):
-        resp = _initial_resp(x, mask, cmask, init, gen)
-        first: _Sums | None = None
-        for rows in _row_chunks(pts):  # the M-step's sums from the start's responsibilities
-            sq = norms[:, rows] if norms is not None else None
-            part = _sums(pts[:, rows], resp[:, rows].transpose(1, 2), sq, covariance)
-            if first is None:
-                first = part
-            else:
-                first += part
-        assert first is not None
-        del resp
-        mix = _m_step(first, n_points, cmask, covariance, reg_covar, pts.dtype)
-        if restarts == 1:
-            return mix
-        ll, _, _ = _em_pass(pts, mask, mix, False, norms)
-        better = torch.nan_to_num(ll, nan=-math.inf) > best_ll
-        best = mix if best is None else _unless_done(mix, best, better)  # where better: this start's mixture
-        best_ll = torch.where(better, ll, best_ll)
-    assert best is not None
-    return best
+def _likeliest(batch: FitResult, b: int, restarts: int) -> FitResult:
+    """Of a fit of ``restarts`` copies of ``b`` groups (copy-major), each group's likeliest
+    fit: its mixture, log-likelihood and convergence (iterations and passes: the batch's)."""
+    ll = np.nan_to_num(batch.log_likelihood.reshape(restarts, b), nan=-np.inf)
+    pick = torch.as_tensor(ll.argmax(0) * b + np.arange(b), device=batch.mixture.means.device)
+    m = batch.mixture
+    out = Mixture(m.weights[pick], m.means[pick], m.covariances[pick], m.covariance)
+    rows = pick.cpu().numpy()
+    return FitResult(out, batch.log_likelihood[rows], batch.iterations, batch.converged[rows], batch.passes)
 
 
 def _unless_done(old: Mixture, new: Mixture, done: torch.Tensor) -> Mixture:
