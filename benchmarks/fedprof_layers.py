@@ -1,7 +1,7 @@
 """Which layer FedProf should profile (issue 42, part D item 2): for the global models a
 finished run checkpointed, each client's divergence from the baseline at each layer, without
-training. Proposition 1's Gaussian premise concerns a linear operator's pre-activations (mnist-cnn:
-``body.fcs.0``); the default ``body`` is that layer after its ReLU.
+training. Proposition 1's Gaussian premise concerns a linear operator's pre-activations (``pre-activation``,
+mnist-cnn's ``body.fcs.0``); the default ``body`` is that layer after its ReLU.
 
 Reported per layer and model: the AUC of the divergences (P(a noisy client diverges more than a
 clean one)) and the share of the α-scores λ = exp(−α·div) the clean clients hold (the chance
@@ -24,7 +24,7 @@ import torch
 from benchmarks.fedprof_untuned import divergence_auc
 from strategies.fedprof import SECRET_ENV
 
-LAYERS = ("body", "body.fcs.0")
+LAYERS = ("body", "pre-activation")
 
 
 def clean_share(divs: dict[str, float], noise: dict[int, str], alpha: float) -> float:

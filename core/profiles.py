@@ -56,13 +56,30 @@ def private_validation_rows(held_out: int, rng: np.random.Generator) -> np.ndarr
     return np.sort(rng.choice(held_out, size=max(1, held_out // 2), replace=False))
 
 
+PRE_ACTIVATION = "pre-activation"  # fedprof-layer: the body's last linear operator, before its activation
+
+
+def resolve_layer(model: torch.nn.Module, layer: str) -> str:
+    """The module name ``layer`` stands for: itself, or for ``pre-activation`` the last ``Linear``
+    or ``Conv*d`` inside ``model.body`` (Proposition 1's Gaussian premise holds for a linear
+    operator's output, not for it after a ReLU); ``body`` when the body has none (e.g. ``linear``)."""
+    if layer != PRE_ACTIVATION:
+        return layer
+    import torch
+
+    linear = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+    names = [name for name, module in model.named_modules() if name.startswith("body.") and isinstance(module, linear)]
+    return names[-1] if names else "body"
+
+
 def model_profile(
     model: torch.nn.Module, layer: str, x: torch.Tensor, device: torch.device | None = None, batch_size: int = 1000
 ) -> np.ndarray:
-    """The profile of ``model``'s module ``layer`` (a name from ``named_modules()``) on
-    inputs ``x``, in eval mode without gradients."""
+    """The profile of ``model``'s module ``layer`` (a name from ``named_modules()``, or
+    ``pre-activation``: :func:`resolve_layer`) on inputs ``x``, in eval mode without gradients."""
     import torch
 
+    layer = resolve_layer(model, layer)
     modules = dict(model.named_modules())
     if layer not in modules:
         names = ", ".join(n for n in modules if n)

@@ -44,6 +44,7 @@ from core.config import ConfigError
 from core.data import DatasetSpec
 from core.models import build_model
 from core.profiles import (
+    PRE_ACTIVATION,
     cached_aggregate,
     divergence,
     full_aggregate,
@@ -163,13 +164,13 @@ class FedProf(ModelAveraging[FedProfState]):
 
     @classmethod
     def check_config(cls, settings: Settings, spec: DatasetSpec) -> None:
-        """ConfigError unless ``fedprof-layer`` names a module of the run's model that outputs a tensor."""
+        """ConfigError unless ``fedprof-layer`` is ``pre-activation`` or names a module of the run's model that outputs a tensor."""
         layer = settings.fedprof.layer
         names = profiled_layers(settings, spec)
-        if layer not in names:
+        if layer not in names and layer != PRE_ACTIVATION:
             raise ConfigError(
                 f"run-config key 'fedprof-layer' is {layer!r}, which is not a layer with an output in body {settings.body!r}; "
-                f"choose one of: {', '.join(names)}"
+                f"choose {PRE_ACTIVATION} or one of: {', '.join(names)}"
             )
 
     def initial_method_state(self) -> FedProfState:

@@ -47,3 +47,17 @@ def test_clean_share_is_the_chance_a_draw_by_score_picks_a_clean_client():
     noise = {1: "irrelevant"}
     assert clean_share({"0": 0.0, "1": 0.0}, noise, 10.0) == 0.5
     assert abs(clean_share({"0": 0.0, "1": np.log(3) / 10}, noise, 10.0) - 0.75) < 1e-12  # λ = 1 and 1/3
+
+
+def test_pre_activation_is_the_bodys_last_linear_operator_before_its_relu():
+    import torch
+
+    from core.models import build_model
+    from core.profiles import model_profile, resolve_layer
+
+    cnn, lenet, linear = (build_model(b, (1, 28, 28), 0, 10) for b in ("mnist-cnn", "lenet5", "linear"))
+    assert (resolve_layer(cnn, "pre-activation"), resolve_layer(lenet, "pre-activation")) == ("body.fcs.0", "body.fcs.1")
+    assert resolve_layer(linear, "pre-activation") == "body" and resolve_layer(cnn, "body") == "body"
+    x = torch.randn(64, 1, 28, 28)
+    pre, post = model_profile(cnn, "pre-activation", x), model_profile(cnn, "body", x)
+    assert pre.shape == post.shape == (50, 2) and pre[:, 0].min() < 0 <= post[:, 0].min()
