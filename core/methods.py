@@ -384,7 +384,8 @@ class FedProfSettings:
     layer: str = setting(
         Key(
             "body",
-            "FedProf: the module whose outputs are profiled (a name from the model's named_modules; body: the feature layer)",
+            "FedProf: the module whose outputs are profiled (a name from the model's named_modules; body: the feature layer, "
+            "after its ReLU; pre-activation: the body's last Linear or convolution, before its activation)",
         )
     )
     alpha: float = setting(non_negative("FedProf: penalty alpha of the score exp(-alpha * div); 0: uniform selection", 10.0))
@@ -396,9 +397,10 @@ class FedProfSettings:
     )
     aggregation: str = setting(
         Key(
-            "full",
-            "FedProf: full (unselected clients count with the previous global model), full-cache (unselected clients count with "
-            "their last local model, which the server keeps) or partial (scheme II of Li et al. 2020)",
+            "partial",
+            "FedProf: partial (scheme II of Li et al. 2020: the selected clients' models, the mean for equal sizes), full "
+            "(unselected clients count with the previous global model) or full-cache (unselected clients count with their "
+            "last local model, which the server keeps)",
             choices=("full", "full-cache", "partial"),
         )
     )

@@ -61,3 +61,11 @@ def test_pre_activation_is_the_bodys_last_linear_operator_before_its_relu():
     x = torch.randn(64, 1, 28, 28)
     pre, post = model_profile(cnn, "pre-activation", x), model_profile(cnn, "body", x)
     assert pre.shape == post.shape == (50, 2) and pre[:, 0].min() < 0 <= post[:, 0].min()
+
+
+def test_fedprof_defaults_to_partial_aggregation_on_the_post_relu_features():
+    """Issue 42: full aggregation trailed partial for FedProf and uniform selection alike (benchmarks/README.md)."""
+    from core.config import resolve_settings
+
+    cfg = resolve_settings({"algorithm": "fedprof"})
+    assert (cfg.fedprof.aggregation, cfg.fedprof.layer) == ("partial", "body")
