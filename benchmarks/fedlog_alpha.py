@@ -40,13 +40,14 @@ def run_name(alpha: float, seed: int) -> str:
 
 
 def hz_summary(per_class: Sequence[dict[str, Any]], space: str = "full") -> dict[str, float]:
-    """Mean HZ statistic, mean p-value and the share of classes not rejected at 5 % (p > 0.05),
+    """Mean HZ statistic, mean p-value, the share of classes not rejected at 5 % (p > 0.05) and the mean axes tested,
     over the classes tested in ``space`` ("full": the full-rank principal subspace, "2d": the
     first two principal axes); NaN entries left out."""
     rows = [r for r in per_class if r.get("space", "full") == space and np.isfinite(r["hz"]) and np.isfinite(r["p"])]
     if not rows:
-        return {"hz": float("nan"), "p": float("nan"), "normal_share": float("nan"), "classes": 0}
+        return {"hz": float("nan"), "p": float("nan"), "normal_share": float("nan"), "classes": 0, "dims": float("nan")}
     return {
+        "dims": float(np.mean([r.get("dims", np.nan) for r in rows])),
         "hz": float(np.mean([r["hz"] for r in rows])),
         "p": float(np.mean([r["p"] for r in rows])),
         "normal_share": float(np.mean([r["p"] > 0.05 for r in rows])),
@@ -145,9 +146,10 @@ def hz_cells(hz: Sequence[dict[str, float]]) -> list[str]:
 def table(root: Path, alphas: Sequence[float], seeds: Sequence[int]) -> str:
     """The markdown table of the finished runs under ``root``, one row per α."""
     lines = [
-        "| α | seeds | rounds | final accuracy (%) | best accuracy (%) | HZ statistic, full rank (mean over classes) | HZ p (mean) "
+        "| α | seeds | rounds | final accuracy (%) | best accuracy (%) | feature axes per class (full rank, of 50) "
+        "| HZ statistic, full rank (mean over classes) | HZ p (mean) "
         "| classes with p > 0.05 | HZ statistic, 2 principal axes | HZ p (mean) | classes with p > 0.05 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for alpha in alphas:
         folders = [root / run_name(alpha, s) for s in seeds if finished(root / run_name(alpha, s))]
@@ -155,9 +157,10 @@ def table(root: Path, alphas: Sequence[float], seeds: Sequence[int]) -> str:
             continue
         runs = [load_run(f) for f in folders]
         tests = [json.loads((f / HZ_FILE).read_text()) for f in folders if (f / HZ_FILE).is_file()]
-        cells = ["–"] * 6
+        cells = ["–"] * 7
         if tests:
-            cells = [cell for space in ("full", "2d") for cell in hz_cells([hz_summary(t, space) for t in tests])]
+            axes = f"{np.mean([hz_summary(t)['dims'] for t in tests]):.1f}"
+            cells = [axes] + [cell for space in ("full", "2d") for cell in hz_cells([hz_summary(t, space) for t in tests])]
         lines.append(
             f"| {alpha:g} | {len(runs)} | {len(runs[0][1])} | {fmt_mean_se([s['final_accuracy'] for s, _ in runs])} | "
             f"{fmt_mean_se([s['best_accuracy'] for s, _ in runs])} | " + " | ".join(cells) + " |"

@@ -25,13 +25,13 @@ def write_run(folder: Path, accuracies: list[float], values_up: int = 1000, stat
 
 def test_hz_summary_per_space_and_without_nan() -> None:
     per_class = [
-        {"class": 0, "hz": 1.0, "p": 0.5, "space": "full"},
-        {"class": 1, "hz": 3.0, "p": 0.01, "space": "full"},
+        {"class": 0, "hz": 1.0, "p": 0.5, "space": "full", "dims": 10},
+        {"class": 1, "hz": 3.0, "p": 0.01, "space": "full", "dims": 20},
         {"class": 2, "hz": float("nan"), "p": float("nan"), "space": "full"},
         {"class": 0, "hz": 9.0, "p": 0.2, "space": "2d"},
     ]
     full = A.hz_summary(per_class)
-    assert full == {"hz": 2.0, "p": pytest.approx(0.255), "normal_share": 0.5, "classes": 2}
+    assert full == {"hz": 2.0, "p": pytest.approx(0.255), "normal_share": 0.5, "classes": 2, "dims": 15.0}
     assert A.hz_summary(per_class, "2d")["hz"] == 9.0
     assert A.hz_summary([], "full")["classes"] == 0
 
@@ -68,11 +68,11 @@ def test_latest_states_takes_each_clients_newest_training_state(tmp_path: Path) 
 def test_alpha_table_rows_per_alpha_with_hz(tmp_path: Path) -> None:
     write_run(tmp_path / A.run_name(0.01, 0), [0.9, 0.98, 0.97])
     write_run(tmp_path / A.run_name(0.1, 0), [0.5, 0.6], status="running")  # unfinished: left out
-    hz = [{"class": c, "hz": 2.0, "p": 0.1 * c, "space": s} for c in (0, 1) for s in ("full", "2d")]
+    hz = [{"class": c, "hz": 2.0, "p": 0.1 * c, "space": s, "dims": 3 + c} for c in (0, 1) for s in ("full", "2d")]
     (tmp_path / A.run_name(0.01, 0) / A.HZ_FILE).write_text(json.dumps(hz))
     lines = A.table(tmp_path, [0.01, 0.1], [0]).splitlines()
     assert len(lines) == 3
-    assert lines[2] == "| 0.01 | 1 | 3 | 97.00 ± – | 98.00 ± – | 2.00 ± – | 0.05 | 50 % of 2 | 2.00 ± – | 0.05 | 50 % of 2 |"
+    assert lines[2] == "| 0.01 | 1 | 3 | 97.00 ± – | 98.00 ± – | 3.5 | 2.00 ± – | 0.05 | 50 % of 2 | 2.00 ± – | 0.05 | 50 % of 2 |"
 
 
 def test_table_a1_rows_beside_the_paper(tmp_path: Path) -> None:
