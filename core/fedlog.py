@@ -101,28 +101,32 @@ def stationarity_residual(
     return float(np.max(np.abs(eta - target)) / max(np.max(np.abs(target)), 1e-300))
 
 
-def downlink_statistics(stats: np.ndarray) -> np.ndarray:
-    """Φ as ``fedlog-c-downlink=stats`` sends it (float32), back in float64: the server solves η from
-    these very values, so a client's solve of them gives the server's η bit for bit."""
-    return np.asarray(stats, dtype=np.float64).astype(np.float32).astype(np.float64)
+def downlink_statistics(stats: np.ndarray) -> tuple[np.ndarray, float]:
+    """Φ as ``fedlog-c-downlink=stats`` sends it (float32), back in float64, and the count n read from
+    its count column: the server solves η from these very values, so a client's solve of the same
+    array gives the server's η bit for bit, and nothing but Φ goes down."""
+    phi = np.asarray(stats, dtype=np.float64).astype(np.float32).astype(np.float64)
+    return phi, max(float(np.sum(phi[:, 0])), 0.0)
 
 
-def head_from_downlink(stats: np.ndarray | None, count: np.ndarray | None, shape: tuple[int, int], chi: float, nu: float) -> np.ndarray:
-    """A client's η from the server's Φ and count (``fedlog-c-downlink=stats``, "clients can optimize
-    the same η locally"): Eq. 12 solved from them, or ValueError naming what the server sent wrong."""
-    if stats is None or count is None:
+def head_from_downlink(stats: np.ndarray | None, shape: tuple[int, int], chi: float, nu: float) -> np.ndarray:
+    """A client's η from the server's Φ (``fedlog-c-downlink=stats``, "clients can optimize the same η
+    locally"): Eq. 12 solved from Φ and its count column, or ValueError naming what the server sent wrong."""
+    if stats is None:
         raise ValueError(
-            "fedlog client: the server sent neither the head 'eta' nor the statistics 'stats-sum' and 'stats-count'; check that server and client run the same headway"
+            "fedlog client: the server sent neither the head 'eta' nor the statistics 'stats-sum'; check that server and client run the same headway"
         )
     if stats.shape != shape:
         raise ValueError(
             f"fedlog client: the server's statistics have shape {stats.shape}, expected {shape} (classes × m); server and client disagree on the data set or body"
         )
-    if count.size != 1:
-        raise ValueError(f"fedlog client: the server's count holds {count.size} values, expected 1")
-    phi, n = stats.astype(np.float64), float(count.reshape(-1)[0])
-    if not np.all(np.isfinite(phi)) or not math.isfinite(n) or n < 0 or not n + nu > 0:
-        raise ValueError(f"fedlog client: the server's statistics are not finite or its count ({n:g}) is not >= 0 with nu + count > 0")
+    if not np.all(np.isfinite(stats)):
+        raise ValueError("fedlog client: the server's statistics are not finite (NaN or Inf)")
+    phi, n = downlink_statistics(stats)  # as sent: the very values the server solved from
+    if not n + nu > 0:
+        raise ValueError(
+            f"fedlog client: the server's statistics count no examples (n = {n:g}) and fedlog-prior-nu is {nu:g}: no head to solve"
+        )
     return solve_head(phi, n, chi=chi, nu=nu)
 
 

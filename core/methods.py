@@ -89,7 +89,6 @@ class FedLogRecords:
     stats: str = "stats"  # a client's sufficient statistic T = Σ φ⊗e_y (client -> server)
     stats_sum: str = "stats-sum"  # FedLog-C: the aggregate Φ (server -> client)
     stats_rows: str = "stats-rows"  # sparse uplink: [class index, row of T] for each class a client holds
-    stats_count: str = "stats-count"  # fedlog-c-downlink=stats: the count n the head's solve takes, beside Φ (server -> client)
     phase_stats: str = "stats"  # fedlog-init=stats: statistics of the untrained bodies
 
 
@@ -176,7 +175,7 @@ class FedLogSettings:
     c_downlink: str = setting(
         Key(
             "eta-and-stats",
-            "FedLog-C: the server sends the head eta and the statistics Phi, or Phi (float32) and its count only, "
+            "FedLog-C: the server sends the head eta and the statistics Phi, or Phi alone (float32), "
             "from which each client solves the same eta itself (stats: not with fedlog-wire-dtype=float16)",
             choices=("eta-and-stats", "stats"),
         )

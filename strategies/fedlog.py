@@ -42,13 +42,11 @@ log = logging.getLogger("headway")
 @dataclass(frozen=True)
 class FedLogState:
     """What FedLog's server keeps across rounds: the head η (float64), the last summed statistics Φ
-    (FedLog-C sends them; None before the first sum), the seconds each solve of Eq. 12 took, and
-    the count n that solve took (fedlog-c-downlink=stats sends it beside Φ)."""
+    (FedLog-C sends them; None before the first sum) and the seconds each solve of Eq. 12 took."""
 
     eta: np.ndarray
     phi_sum: np.ndarray | None = None
     solve_seconds: tuple[float, ...] = ()
-    count: float = 0.0
 
 
 class FedLog(HeadwayStrategy[FedLogState]):
@@ -121,11 +119,9 @@ class FedLog(HeadwayStrategy[FedLogState]):
         """η (and FedLog-C's Φ) of ``method`` as sent, in ``fedlog-wire-dtype``. Under float16, Φ goes as
         its class means (rows [1, Φ̄_y]: bounded like the features, where sums could overflow),
         which is all a client computes from it. Under fedlog-c-downlink=stats, once there is a sum:
-        Φ (float32) and its count n only, from which each client solves η."""
+        Φ (float32) alone, from which each client solves η (n is Φ's count column)."""
         if self.stats_only and method.phi_sum is not None:
-            return ArrayRecord(
-                {P.STATS_SUM: Array(method.phi_sum.astype(np.float32)), P.STATS_COUNT: Array(np.array([method.count], np.float64))}
-            )
+            return ArrayRecord({P.STATS_SUM: Array(method.phi_sum.astype(np.float32))})
         arrays = {P.ETA: Array(self._wire(method.eta))}
         if self.send_stats and method.phi_sum is not None:
             phi = class_means(method.phi_sum) if self.opts.wire_dtype == "float16" else method.phi_sum
@@ -233,19 +229,19 @@ class FedLog(HeadwayStrategy[FedLogState]):
         """Eq. 12's head from the summed statistics ``phi`` of ``n`` examples, as released by the
         run's :attr:`release` (under central DP: noised once, n read from the noised count row)."""
         phi, n = self.release(phi, n)
-        if self.stats_only:  # solve from the float32 Φ the clients get, so their η is this one
-            phi = downlink_statistics(phi)
+        if self.stats_only:  # solve from the float32 Φ the clients get and its count column, so their η is this one
+            phi, n = downlink_statistics(phi)
         t0 = time.perf_counter()
         eta = solve_head(phi, n, chi=self.opts.prior_chi, nu=self.opts.prior_nu)  # Eq. 12
         dt = time.perf_counter() - t0
-        method = FedLogState(eta, phi, (*ctx.state.method.solve_seconds, dt), n)
+        method = FedLogState(eta, phi, (*ctx.state.method.solve_seconds, dt))
         return Step(self.head_record(method), clients, {"solve_seconds": dt, **metrics}, method=method)
 
     def evaluate_arrays(self, state: ServerState[FedLogState]) -> ArrayRecord:
         """η alone (as the state's arrays hold it): what a client scores itself with; under
-        fedlog-c-downlink=stats, once the arrays hold Φ and n instead, those (the client solves η)."""
+        fedlog-c-downlink=stats, once the arrays hold Φ instead, Φ (the client solves η)."""
         if P.ETA not in state.arrays:
-            return ArrayRecord({P.STATS_SUM: state.arrays[P.STATS_SUM], P.STATS_COUNT: state.arrays[P.STATS_COUNT]})
+            return ArrayRecord({P.STATS_SUM: state.arrays[P.STATS_SUM]})
         return ArrayRecord({P.ETA: state.arrays[P.ETA]})
 
     def summary_extra(self, engine: Engine, state: ServerState[FedLogState] | None) -> dict[str, Any]:

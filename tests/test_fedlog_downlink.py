@@ -1,6 +1,6 @@
-"""fedlog-c-downlink=stats: once there is a sum the server sends Φ (float32) and its count n only,
-each client solves η from them with the run's prior, and that η is the server's bit for bit; what
-the server sends wrong is a clear client error; fewer bytes down than η and Φ."""
+"""fedlog-c-downlink=stats: once there is a sum the server sends Φ (float32) alone, each client
+solves η from it (n: its count column) with the run's prior, and that η is the server's bit for bit;
+what the server sends wrong is a clear client error; half the bytes down of η and Φ."""
 
 from __future__ import annotations
 
@@ -36,18 +36,34 @@ def _round(downlink: str, **cfg):
 def test_clients_solve_the_servers_head_bit_for_bit_from_fewer_bytes(task_identity):
     s, step = _round("stats", **{"fedlog-prior-chi": 0.25})
     sent = step.arrays
-    assert set(sent) == {"stats-sum", "stats-count"}  # no η
-    stats, count = sent["stats-sum"].numpy(), sent["stats-count"].numpy()
-    assert stats.dtype == np.float32 and count.tolist() == [float(sum(_stats(p)[:, 0].sum() for p in range(3)))]
-    eta = head_from_downlink(stats, count, (10, 51), chi=0.25, nu=0.5)
+    assert set(sent) == {"stats-sum"}  # no η
+    stats = sent["stats-sum"].numpy()
+    assert stats.dtype == np.float32 and stats[:, 0].sum() == sum(_stats(p)[:, 0].sum() for p in range(3))  # n, as the replies counted
+    eta = head_from_downlink(stats, (10, 51), chi=0.25, nu=0.5)
     np.testing.assert_array_equal(eta, step.method.eta)  # bit for bit: both solve the same float32 Φ
     _, both = _round("eta-and-stats", **{"fedlog-prior-chi": 0.25})
     assert set(both.arrays) == {"eta", "stats-sum"}
     np.testing.assert_allclose(eta, both.method.eta, rtol=1e-6, atol=1e-9)  # float32 Φ against float64 Φ
     down = sum(a.numpy().nbytes for a in sent.values())
-    assert down == 10 * 51 * 4 + 8 and sum(a.numpy().nbytes for a in both.arrays.values()) == 2 * 10 * 51 * 4
+    assert down == 10 * 51 * 4 and sum(a.numpy().nbytes for a in both.arrays.values()) == 2 * 10 * 51 * 4
     evaluated = s.evaluate_arrays(s.initial_state().advance(step))  # clients score themselves with the η they solve
-    assert set(evaluated) == {"stats-sum", "stats-count"}
+    assert set(evaluated) == {"stats-sum"}
+
+
+def test_the_head_follows_the_count_column_not_a_claimed_count(task_identity):
+    """A reply may claim a count a little off its class counts (within StatsCheck's 1e-4 tolerance): the
+    server still solves with the n a client can read from Φ, so their η agree bit for bit."""
+
+    def big(pid: int) -> np.ndarray:
+        scale = 850.0 if pid == 1 else 600.0  # partition 1: 11,050 examples, so 1e-4 of its count exceeds one example
+        return _stats(pid) * np.array([scale] + [1.0] * 50, np.float32)
+
+    s = make_strategy("fedlog", **{"fedlog-alpha": 0.01, "fedlog-c-downlink": "stats", "fedlog-init": "random", "train-fraction": 1.0})
+    claimed = lambda pid: int(big(pid)[:, 0].sum()) + (1 if pid == 1 else 0)  # noqa: E731
+    engine = engine_for(s, FakeGrid(3, lambda pid, msg: reply({"stats": big(pid)}, claimed(pid), pid, loss=0.5)))
+    step = s.train_round(1, s.initial_state(), engine)
+    assert engine.meter.failures == []
+    np.testing.assert_array_equal(head_from_downlink(step.arrays["stats-sum"].numpy(), (10, 51), chi=0.0, nu=1.0), step.method.eta)
 
 
 def test_before_the_first_sum_the_server_sends_eta():
@@ -56,19 +72,17 @@ def test_before_the_first_sum_the_server_sends_eta():
 
 
 @pytest.mark.parametrize(
-    "stats, count, reason",
+    "stats, nu, reason",
     [
-        (None, np.array([5.0]), "neither"),
-        (np.ones((10, 51)), None, "neither"),
-        (np.ones((10, 50)), np.array([5.0]), "shape"),
-        (np.ones((10, 51)), np.array([5.0, 6.0]), "2 values"),
-        (np.full((10, 51), np.nan), np.array([5.0]), "not finite"),
-        (np.ones((10, 51)), np.array([-3.0]), "count"),
+        (None, 1.0, "neither"),
+        (np.ones((10, 50)), 1.0, "shape"),
+        (np.full((10, 51), np.nan), 1.0, "not finite"),
+        (np.zeros((10, 51)), 0.0, "no examples"),
     ],
 )
-def test_a_malformed_downlink_is_a_clear_client_error(stats, count, reason):
+def test_a_malformed_downlink_is_a_clear_client_error(stats, nu, reason):
     with pytest.raises(ValueError, match=reason):
-        head_from_downlink(stats, count, (10, 51), chi=0.0, nu=1.0)
+        head_from_downlink(stats, (10, 51), chi=0.0, nu=nu)
 
 
 def test_a_client_trains_and_scores_on_the_statistics_alone(data_dir):
@@ -85,15 +99,17 @@ def test_a_client_trains_and_scores_on_the_statistics_alone(data_dir):
     )
     stats = np.abs(np.random.default_rng(0).normal(0, 1, size=(10, 51))).astype(np.float32)
     stats[:, 0] = 20.0
-    arrays = {"stats-sum": Array(stats), "stats-count": Array(np.array([200.0]))}
+    arrays = {"stats-sum": Array(stats)}
     proc = PROCEDURES["fedlog"]
     content = RecordDict({"arrays": ArrayRecord(arrays), "config": ConfigRecord({"server-round": 1, "phase": "train"})})
     out = proc.train(env, content, RecordDict())
     assert np.isfinite(out.metric_records["metrics"]["loss"])
     scored = proc.evaluate(env, RecordDict({"arrays": ArrayRecord(arrays), "config": ConfigRecord({"server-round": 1})}), RecordDict())
     assert float(scored.metric_records["metrics"]["num-examples"]) > 0  # type: ignore[arg-type]
-    broken = RecordDict({"arrays": ArrayRecord({"stats-sum": Array(stats)}), "config": ConfigRecord({"server-round": 1, "phase": "train"})})
-    with pytest.raises(ValueError, match="stats-count"):
+    broken = RecordDict(
+        {"arrays": ArrayRecord({"stats-sum": Array(stats[:, :50])}), "config": ConfigRecord({"server-round": 1, "phase": "train"})}
+    )
+    with pytest.raises(ValueError, match="shape"):
         proc.train(env, broken, RecordDict())
 
 

@@ -2,7 +2,7 @@
 body on the cross-entropy of softmax(η·φ) (Eq. 10; FedLog-C adds Eq. 13's pull towards
 the global class means, and with fedlog-beta AAAI Eq. 15's push away from the other classes'
 means), then send the sufficient statistic Σ φ⊗e_y and the count. Under
-fedlog-c-downlink=stats the server sends Φ and n instead of η, and the client solves η.
+fedlog-c-downlink=stats the server sends Φ instead of η, and the client solves η.
 
 Under ``fedlog-dp=local`` the reply holds the noised statistic and the partition id only:
 no count (the server reads it from the noised count row) and no training loss. The
@@ -147,13 +147,12 @@ class FedLogClient:
     @staticmethod
     def head(env: ClientEnv, arrays: ArrayRecord, fmap: FeatureMap) -> np.ndarray:
         """The global head η: as the server sent it, or (fedlog-c-downlink=stats) solved here from the
-        server's Φ and n with the run's prior, as the server solved it; ValueError when neither came whole."""
+        server's Φ with the run's prior, as the server solved it; ValueError when it did not come whole."""
         if P.ETA in arrays:
             return arrays[P.ETA].numpy()
         stats = arrays[P.STATS_SUM].numpy() if P.STATS_SUM in arrays else None
-        count = arrays[P.STATS_COUNT].numpy() if P.STATS_COUNT in arrays else None
         shape = (env.outputs, body_width(fmap.body) + 1)  # φ's width: the body's features and the constant 1
-        return head_from_downlink(stats, count, shape, env.cfg.fedlog.prior_chi, env.cfg.fedlog.prior_nu)
+        return head_from_downlink(stats, shape, env.cfg.fedlog.prior_chi, env.cfg.fedlog.prior_nu)
 
     def train(self, env: ClientEnv, content: RecordDict, state: RecordDict) -> RecordDict:
         """Train the body against the server's η (in the train phase) and send the local statistics the server's MAP solve needs."""
