@@ -169,7 +169,7 @@ def test_kappa_pulls_the_sent_mean_towards_the_global_mean(data_dir):
 def test_a_short_mnist_simulation_learns_and_holds_a_global_mean(tmp_path, data_dir):
     from tests.test_simulation import run
 
-    overrides = {"num-clients": 3, "num-server-rounds": 2, "local-epochs": 1}
+    overrides = {"num-clients": 3, "num-server-rounds": 3}
     _, summary, rounds = run(tmp_path, data_dir, algorithm="feddbe", **overrides)
     assert summary["status"] == "complete" and all(r["clients"] == 3 and r["failures"] == 0 for r in rounds)
     assert "global_mean_norm" in rounds[0] and "global_mean_norm" not in rounds[1]  # formed once, in round 1
