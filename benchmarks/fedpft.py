@@ -20,6 +20,7 @@ import argparse
 import itertools
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,8 @@ import torch
 
 from benchmarks.runner import ROOT, results_root, simulate
 from client.env import client_env
+from core import privacy
+from core import protocol as P
 from core.data import load_dataset, to_tensors
 from core.fedpft import (
     ClassMixture,
@@ -35,10 +38,13 @@ from core.fedpft import (
     fit_class_mixtures,
     head_logits,
     initial_head,
+    normalize,
+    privatize,
     synthesize,
     train_head,
 )
 from core.gmm import SPARSE_PASSES
+from core.partition import split_by_class
 from core.settings import Settings
 from simulation.runner import load_config
 
@@ -480,6 +486,165 @@ def run_em_speed(args: argparse.Namespace) -> None:
     (root / f"em-speed-{'gpu' if len(devices) > 1 else 'cpu'}.json").write_text(json.dumps(rows, indent=1))
 
 
+STUDY_SAMPLE = (12345, 12000)  # (seed, size): the seeded sample of CIFAR-10 training rows the in-process studies draw from
+FIG7_KS = (1, 2, 5, 10, 20, 50)
+
+
+def study_features(cfg: Settings, n_train: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The in-process studies' (train features, labels, test features, labels): the first ``n_train``
+    rows (in row order) of a seeded sample of CIFAR-10's training rows (STUDY_SAMPLE) and the whole
+    test set, through the same feature cache as a run (raw features: the studies normalize themselves)."""
+    ds = load_dataset(cfg.dataset, cfg.data_dir, cfg.seed)
+    seed, size = STUDY_SAMPLE
+    rows = np.sort(np.random.default_rng(seed).permutation(len(ds.y_train))[:size])[:n_train]
+    x, y = to_tensors(ds, ds.x_train[rows], ds.y_train[rows])
+    raw = replace(cfg, fedpft=replace(cfg.fedpft, dp="off"))
+    xt, yt = to_tensors(ds, ds.x_test, ds.y_test)
+    return features(raw, ds.name, x), y, features(raw, ds.name, xt), yt
+
+
+def _as_sent(mixtures: list[ClassMixture]) -> list[ClassMixture]:
+    """``mixtures`` rounded through float16, as the wire carries them."""
+    r = lambda a: a.astype(np.float16).astype(np.float64)  # noqa: E731
+    return [ClassMixture(m.label, m.count, r(m.weights), r(m.means), np.maximum(r(m.covariances), 0.0), m.covariance) for m in mixtures]
+
+
+def synthetic_head_accuracy(mixtures: list[ClassMixture], ftest: torch.Tensor, ytest: torch.Tensor, hs: dict[str, Any], seed: int) -> float:
+    """Test accuracy of a head trained on |F_c| float16-rounded synthetic features of every class mixture."""
+    xs, ys = synthesize(_as_sent(mixtures), torch.Generator().manual_seed(seed))
+    return accuracy(head_logits(ftest, *train_head(xs, ys, 10, seed=seed, **hs)), ytest)
+
+
+def run_fig7(args: argparse.Namespace) -> None:
+    """Fig. 7 (left): a head on synthetic features from one GMM per class (K components,
+    spherical or diag; full K = 1) against a head on the real features, with the float16
+    values a client would send for them; centralized, on ``--train-rows`` rows of the study sample."""
+    root = results_root("fedpft-fig7", args.tag)
+    root.mkdir(parents=True, exist_ok=True)
+    for seed in args.seeds:
+        cfg = config(seed, args.set)
+        hs = head_settings(cfg)
+        ftr, ytr, fte, yte = study_features(cfg, args.train_rows)
+        path = root / f"fig7-s{seed}.json"
+        res: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+        if "raw" not in res:
+            res["raw"] = {
+                "accuracy": accuracy(head_logits(fte, *train_head(ftr, ytr, 10, seed=seed, **hs)), yte),
+                "values": int(ftr.numel()),
+            }
+        arms = [(cov, k) for cov in ("spherical", "diag") for k in args.ks] + [("full", 1)]
+        for cov, k in arms:
+            name = f"{cov}-k{k}"
+            if name in res:
+                continue
+            t0 = time.perf_counter()
+            mix, ll = fit_class_mixtures(
+                ftr, ytr.numpy(), k, cov, 2, cfg.fedpft.reg_covar, cfg.fedpft.em_tol, cfg.fedpft.em_max_iter, cfg.fedpft.em_init, seed
+            )
+            fit_s = time.perf_counter() - t0
+            payload = encode(mix, ftr.shape[1], cov)
+            res[name] = {
+                "accuracy": synthetic_head_accuracy(mix, fte, yte, hs, seed),
+                "values": int(sum(payload[n].size for n in (P.GMM_WEIGHTS, P.GMM_MEANS, P.GMM_COVARIANCES))),
+                "bytes": int(sum(v.nbytes for v in payload.values())),
+                "components": int(sum(len(m.weights) for m in mix)),
+                "log_likelihood": float(np.mean(ll)),
+                "fit_seconds": fit_s,
+            }
+            res["train_rows"], res["test_rows"] = len(ytr), len(yte)
+            path.write_text(json.dumps(res, indent=1))
+            print("fig7", seed, name, res[name], flush=True)
+
+
+def _split(y: np.ndarray, clients: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
+    """Rows of each client: Dirichlet(``alpha``) class shares, or equal iid shares when ``alpha`` is 0."""
+    if alpha <= 0:
+        return [np.sort(p) for p in np.array_split(rng.permutation(len(y)), clients)]
+    return split_by_class(y, rng.dirichlet(np.full(clients, alpha), size=10).T, rng)
+
+
+def dp_mixtures(
+    f: torch.Tensor, y: np.ndarray, epsilon: float, noise: str, min_n: int, rng: np.random.Generator, delta: float = 0.0
+) -> list[ClassMixture]:
+    """One client's per-class Gaussians (spherical, K = 1) on unit-norm features ``f``:
+    ``noise`` = "both" releases them as DP-FedPFT does (:func:`core.fedpft.privatize`), "mean"
+    noises only the mean (true variance), "variance" only the variance (true mean), "none" none;
+    classes of fewer than ``min_n`` examples are not sent."""
+    out = []
+    for c in np.unique(y):
+        fc = f[torch.as_tensor(y == c)]
+        if len(fc) < max(min_n, 2):
+            continue
+        exact_mean = fc.double().mean(0)
+        mean, var = exact_mean.numpy()[None], np.array([float(((fc.double() - exact_mean) ** 2).mean())])
+        if noise != "none":
+            noised, _, _ = privatize(fc, int(c), "spherical", epsilon, delta, rng)
+            mean = noised.means if noise in ("both", "mean") else mean
+            var = noised.covariances if noise in ("both", "variance") else var
+        out.append(ClassMixture(int(c), len(fc), np.ones(1), mean, var, "spherical"))
+    return out
+
+
+DP_STUDY = {  # name: (clients, Dirichlet alpha (0: iid), epsilon, noise, classes sent from n examples); most telling first
+    "dp eps=1 (as shipped)": (10, 0.1, 1.0, "both", 2),
+    "dp eps=1, variance noise only": (10, 0.1, 1.0, "variance", 2),
+    "dp eps=1, mean noise only": (10, 0.1, 1.0, "mean", 2),
+    "non-dp, unit-norm features": (10, 0.1, 0.0, "none", 2),
+    "non-dp, raw features": (10, 0.1, 0.0, "raw", 2),
+    "dp eps=1, classes of n >= 50 only": (10, 0.1, 1.0, "both", 50),
+    "dp eps=1, 10 iid clients": (10, 0.0, 1.0, "both", 2),
+    "dp eps=1, 1 client": (1, 0.0, 1.0, "both", 2),
+    "dp eps=1, delta=1e-5": (10, 0.1, 1.0, "both-delta", 2),
+    "dp eps=10": (10, 0.1, 10.0, "both", 2),
+}
+
+
+def run_dp_study(args: argparse.Namespace) -> None:
+    """Where DP-FedPFT's accuracy goes (spherical K = 1, one Gaussian per class and client):
+    DP_STUDY's variants on ``--train-rows`` rows of the study sample, the server's head on the
+    union of every client's synthetic features, scored on the unit-norm test features. DP noise
+    comes from OS entropy (as in a run); each variant is repeated per seed (split and head)."""
+    root = results_root("fedpft-dp-study", args.tag)
+    root.mkdir(parents=True, exist_ok=True)
+    for seed in args.seeds:
+        cfg = config(seed, args.set)
+        hs = head_settings(cfg)
+        ftr, ytr, fte, yte = study_features(cfg, args.train_rows)
+        unit_tr, unit_te = normalize(ftr), normalize(fte)
+        path = root / f"dp-study-s{seed}.json"
+        res: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+        for name, (clients, alpha, eps, noise, min_n) in DP_STUDY.items():
+            if name in res:
+                continue
+            parts = _split(ytr.numpy(), clients, alpha, np.random.default_rng([seed, clients]))
+            rng = np.random.default_rng()  # DP noise: OS entropy, as the clients draw it
+            mix: list[ClassMixture] = []
+            for rows in parts:
+                f, y = (ftr, unit_tr)[noise != "raw"][rows], ytr.numpy()[rows]
+                if noise == "raw":
+                    mix += fit_class_mixtures(f, y, 1, "spherical", 2, cfg.fedpft.reg_covar, 1e-3, 100, "kmeans", seed)[0]
+                else:
+                    kind = "both" if noise == "both-delta" else noise
+                    mix += dp_mixtures(f, y, eps, kind, min_n, rng, 1e-5 if noise == "both-delta" else 0.0)
+            test = fte if noise == "raw" else unit_te
+            n = [m.count for m in mix]
+            var = [float(m.covariances[0]) for m in mix]
+            res[name] = {
+                "accuracy": synthetic_head_accuracy(mix, test, yte, hs, seed),
+                "clients": clients,
+                "alpha": alpha,
+                "epsilon": eps,
+                "classes_sent": len(mix),
+                "n_per_class_median": float(np.median(n)),
+                "n_per_class_min": int(min(n)),
+                "share_of_examples_in_classes_under_50": float(sum(c for c in n if c < 50) / sum(n)),
+                "sigma_median": float(np.median([privacy.fedpft_sigma(c, eps, privacy.fedpft_delta(c, 0.0)) for c in n])) if eps else 0.0,
+                "released_variance_median": float(np.median(var)),
+            }
+            path.write_text(json.dumps(res, indent=1))
+            print("dp-study", seed, name, res[name], flush=True)
+
+
 def report(args: argparse.Namespace) -> None:
     """Tables (markdown) from every finished result."""
     lines = []
@@ -568,13 +733,23 @@ def report(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("table5", "chain", "labelshift", "em-speed", "report"))
+    p.add_argument("what", choices=("table5", "chain", "labelshift", "em-speed", "fig7", "dp-study", "report"))
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--arms", nargs="+", default=[*BASELINES, *ARMS], choices=[*BASELINES, *ARMS])
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--tag", default="")
+    p.add_argument("--train-rows", type=int, default=3000, help="fig7, dp-study: rows of the study sample to train on")
+    p.add_argument("--ks", type=int, nargs="+", default=list(FIG7_KS), help="fig7: components per class")
     args = p.parse_args()
-    {"table5": run_table5, "chain": run_chain, "labelshift": run_labelshift, "em-speed": run_em_speed, "report": report}[args.what](args)
+    {
+        "table5": run_table5,
+        "chain": run_chain,
+        "labelshift": run_labelshift,
+        "em-speed": run_em_speed,
+        "fig7": run_fig7,
+        "dp-study": run_dp_study,
+        "report": report,
+    }[args.what](args)
 
 
 if __name__ == "__main__":
