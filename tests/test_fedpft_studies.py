@@ -19,7 +19,9 @@ def test_dp_study_variants_noise_only_what_they_name_and_drop_small_classes():
     f, y = _data()
     exact = {m.label: m for m in dp_mixtures(f, y, 1.0, "none", 2, np.random.default_rng(1))}
     c0 = f[torch.as_tensor(y == 0)]
-    assert np.allclose(exact[0].means[0], c0.mean(0).numpy()) and np.isclose(exact[0].covariances[0], ((c0 - c0.mean(0)) ** 2).mean().item())
+    assert np.allclose(exact[0].means[0], c0.mean(0).numpy()) and np.isclose(
+        exact[0].covariances[0], ((c0 - c0.mean(0)) ** 2).mean().item()
+    )
     for noise, mean_noised, var_noised in (("mean", True, False), ("variance", False, True), ("both", True, True)):
         out = {m.label: m for m in dp_mixtures(f, y, 1.0, noise, 50, np.random.default_rng(1))}
         assert sorted(out) == [0, 1]  # the class of 40 examples is not sent at min_n = 50
