@@ -22,7 +22,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 
 from core.config import ConfigError
 from core.data import DatasetSpec
-from core.dbe import global_mean, mean_problem
+from core.dbe import clipped_means, global_mean, mean_problem
 from core.methods import FEDDBE_RECORDS
 from core.models import common_width
 from core.settings import Settings
@@ -111,9 +111,11 @@ class FedDBE(FedAvg):
         if not means or step.kept or step.arrays is None:
             return step
         method = step.method if step.method is not None else ctx.state.method
-        new = global_mean([m for m, _ in means], [n for _, n in means])
+        kept, cut = clipped_means([m for m, _ in means])
+        new = global_mean(kept, [n for _, n in means])
         state = FedDBEState(counts=method.counts, global_mean=new)
-        return replace(step, method=state, metrics={**step.metrics, "global_mean_norm": float(np.linalg.norm(new))})
+        metrics = {**step.metrics, "global_mean_norm": float(np.linalg.norm(new)), "feddbe_means_clipped": float(cut)}
+        return replace(step, method=state, metrics=metrics)
 
     def summary_extra(self, engine: Engine, state: ServerState[FedAvgState] | None) -> dict[str, Any]:
         """m, κ, μ and when the global mean is formed."""

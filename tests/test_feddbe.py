@@ -15,7 +15,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from client.env import ClientEnv, client_env
 from client.procedures.feddbe import BIAS, FedDBEClient
-from core.dbe import global_mean, mean_problem, mean_regularization, running_mean
+from core.dbe import clipped_means, global_mean, mean_problem, mean_regularization, running_mean
 from core.models import build_model
 from core.settings import Settings
 from strategies.feddbe import FEATURE_MEAN, GLOBAL_MEAN, FedDBEState
@@ -174,3 +174,23 @@ def test_a_short_mnist_simulation_learns_and_holds_a_global_mean(tmp_path, data_
     assert summary["status"] == "complete" and all(r["clients"] == 3 and r["failures"] == 0 for r in rounds)
     assert "global_mean_norm" in rounds[0] and "global_mean_norm" not in rounds[1]  # formed once, in round 1
     assert rounds[-1]["accuracy"] > 0.5  # 2-class clients; a 10-class guess scores 0.1
+
+
+def test_one_client_with_a_huge_mean_within_max_feature_value_moves_the_global_mean_by_a_bounded_amount(task_identity):
+    """The outside probe's freeze: one client of four sends a mean of 9999 per entry (within max-feature-value), which
+    the count-weighted mean took at 1/4 weight (norm ~17,700 against honest ~7), pulling every honest update beyond
+    max-update-norm. Its mean is cut to twice the round's median norm: the global mean stays near honest scale."""
+    s = make_strategy("feddbe", **{"num-clients": 4})
+    means = {
+        0: np.full(M, 1.0, np.float32),
+        1: np.full(M, 1.2, np.float32),
+        2: np.full(M, 0.8, np.float32),
+        3: np.full(M, 9999.0, np.float32),
+    }
+    engine = engine_for(s, FakeGrid(4, _answer(means, {p: 10 for p in range(4)})))
+    step = s.train_round(1, s.initial_state(), engine)
+    assert step.clients == 4 and step.metrics["feddbe_means_clipped"] == 1.0
+    honest = np.linalg.norm(np.full(M, 1.0))
+    assert np.linalg.norm(step.method.global_mean) <= 1.3 * honest, np.linalg.norm(step.method.global_mean)  # 9999 uncut: ~2,500x
+    clipped, cut = clipped_means([np.full(M, 1.0), np.full(M, 3.0)])  # two means: no median to trust, nothing cut
+    assert cut == 0 and np.allclose(clipped[1], 3.0)
