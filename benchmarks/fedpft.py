@@ -2,6 +2,7 @@
 
     python -m benchmarks.fedpft table5 [--seeds 0 1 2] [--arms ...]   # §5.2 / Table 5 shape
     python -m benchmarks.fedpft chain [--seeds 0 1 2]                  # §5.4: 5 clients in a line
+    python -m benchmarks.fedpft chain-streams [--seeds 0 1 2 3 4]      # the chain's heads under other head seeds
     python -m benchmarks.fedpft labelshift [--seeds 0 1 2]             # Table 2, disjoint label shift
     python -m benchmarks.fedpft em-speed                               # our EM against scikit-learn
     python -m benchmarks.fedpft report                                 # tables from what finished
@@ -30,9 +31,11 @@ from benchmarks.runner import ROOT, results_root, simulate
 from client.env import client_env
 from core import privacy
 from core import protocol as P
+from core import seeds as salts
 from core.data import load_dataset, to_tensors
 from core.fedpft import (
     ClassMixture,
+    capped_counts,
     encode,
     features,
     fit_class_mixtures,
@@ -195,6 +198,45 @@ def run_chain(args: argparse.Namespace) -> None:
             ftest, ytest = test_features(cfg)
             w, b = train_head(torch.cat([f for f, _ in clients]), torch.cat([t for _, t in clients]), 10, seed=seed, **head_settings(cfg))
             path.write_text(json.dumps({"global_accuracy": accuracy(head_logits(ftest, w, b), ytest)}))
+
+
+CHAIN_STREAMS = (1, 2, 3, 4)  # chain-streams: head seeds scored beside each client's own
+
+
+def run_chain_streams(args: argparse.Namespace) -> None:
+    """The chain replayed hop by hop in this process with the client procedure's own functions and derived seeds
+    (client/procedures/fedpft.py), each hop's head also trained with the seeds ``CHAIN_STREAMS``: how far a chain
+    head's test count moves with the head's seed alone, beside what the seed of the run moves it. One line a seed in
+    results/fedpft-chain/streams.jsonl (resumes: a seed written is skipped)."""
+    out = results_root("fedpft-chain", args.tag) / "streams.jsonl"
+    done = {json.loads(line)["seed"] for line in out.read_text().splitlines()} if out.is_file() else set()
+    setup = ["num-clients=5", "partition=iid", "train-fraction=0.01", "fedpft-topology=chain"]
+    for seed in args.seeds:
+        if seed in done:
+            continue
+        cfg = config(seed, [*args.set, *setup])
+        fp, hops = cfg.fedpft, []
+        received: list[ClassMixture] = []
+        for pid in range(cfg.num_clients):
+            env = client_env(cfg.to_config(), {"partition-id": pid})
+            f, y = features(cfg, env.data.name, env.x_train), env.y_train.numpy()
+            if received:
+                synthetic_seed = env.seed_for(0, salts.FEDPFT_SYNTHESIS)
+                xs, ys = synthesize(received, torch.Generator().manual_seed(synthetic_seed), capped_counts(received, fp.max_synthetic))
+                f, y = torch.cat([f, xs.to(f.dtype)]), np.concatenate([y, ys.numpy()])
+            ftest, ytest = features(cfg, env.data.name, env.x_test), env.y_test
+            own = env.seed_for(0, salts.FEDPFT_CHAIN_HEAD)
+            correct = {}
+            for stream in (own, *CHAIN_STREAMS):
+                w, b = train_head(f, torch.as_tensor(y), env.outputs, seed=stream, **head_settings(cfg))
+                correct["own" if stream == own else str(stream)] = int((head_logits(ftest, w, b).argmax(1) == ytest).sum())
+            hops.append({"client": pid + 1, "train_rows": len(y), "test_rows": len(ytest), "correct": correct})
+            mixtures_seed = env.seed_for(0, salts.FEDPFT_MIXTURES)
+            c = (fp.components, fp.covariance, fp.min_class_examples, fp.reg_covar, fp.em_tol, fp.em_max_iter, fp.em_init)
+            received, _ = fit_class_mixtures(f, y, *c, mixtures_seed, "cpu")
+        with open(out, "a") as fh:
+            fh.write(json.dumps({"seed": seed, "hops": hops}) + "\n")
+        print("chain-streams", seed, [h["correct"] for h in hops], flush=True)
 
 
 def _shift_accuracies(x: torch.Tensor, y: torch.Tensor, weight: np.ndarray, bias: np.ndarray) -> dict[str, float]:
@@ -735,7 +777,7 @@ def report(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("table5", "chain", "labelshift", "em-speed", "fig7", "dp-study", "report"))
+    p.add_argument("what", choices=("table5", "chain", "chain-streams", "labelshift", "em-speed", "fig7", "dp-study", "report"))
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--arms", nargs="+", default=[*BASELINES, *ARMS], choices=[*BASELINES, *ARMS])
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -746,6 +788,7 @@ def main() -> None:
     {
         "table5": run_table5,
         "chain": run_chain,
+        "chain-streams": run_chain_streams,
         "labelshift": run_labelshift,
         "em-speed": run_em_speed,
         "fig7": run_fig7,
