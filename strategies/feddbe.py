@@ -57,6 +57,8 @@ def asks_for_mean(mode: str, method: FedAvgState) -> bool:
 class FedDBE(FedAvg):
     """FedDBE's server (this module's docstring): FedAvg of whole models plus the global mean feature."""
 
+    hides_sum_on_purpose = True  # the global mean needs each client's own mean: FedAvg's secure sum is left unused, not forgotten
+
     name = "feddbe"
 
     def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):

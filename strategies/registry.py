@@ -93,7 +93,7 @@ def check_capabilities(settings: Settings) -> None:
     name = settings.algorithm
     if settings.secure_aggregation != "off" and SECURE_SUM not in CAPABILITIES[name]:
         cls = STRATEGIES[name]
-        hidden = hidden_hooks(cls, SECURE_SUM_HOOKS)
+        hidden = [] if getattr(cls, "hides_sum_on_purpose", False) else hidden_hooks(cls, SECURE_SUM_HOOKS)
         why = (
             f"its strategy {cls.__qualname__} defines its own aggregate_train, which hides the {', '.join(hidden)} it inherits: "
             "restate them in it if its aggregation is still the sum's (strategies/capabilities.py)"
