@@ -47,7 +47,8 @@ def test_principal_drops_dead_and_collinear_columns() -> None:
 
 
 def test_henze_zirkler_tells_gaussian_from_skewed_features() -> None:
-    pingouin = pytest.importorskip("pingouin")
+    import pingouin  # in the test extra: this test runs wherever the suite does
+
     rng = np.random.default_rng(1)
     gauss = A.principal(np.column_stack([rng.normal(size=(300, 4)), np.zeros(300)]))
     relu = A.principal(np.maximum(rng.normal(size=(300, 4)), 0.0))

@@ -32,6 +32,7 @@ from core.config import ConfigError, resolve, resolve_settings
 from core.methods import METHODS
 from strategies.capabilities import ROBUST_AGGREGATION
 from strategies.fedavg import FedAvg
+from strategies.feddbe import FEATURE_MEAN, GLOBAL_MEAN
 from strategies.registry import CAPABILITIES, check_capabilities
 from strategies.robust import Rule, robust_aggregate
 from tests.conftest import needs_data
@@ -218,7 +219,10 @@ def test_the_layer_sharing_methods_and_fedprox_aggregate_their_shared_part_by_th
     s = make_strategy(algorithm, **{"data-dir": data_dir, "aggregation": "median"})
 
     def answer(pid, msg):  # three clients: the median of (x, x + 0.001, x + 0.01) is the middle one (the mean: x + 0.0037)
-        return reply({k: v.numpy() + np.float32((0.0, 0.001, 0.01)[pid]) for k, v in msg.content["arrays"].items()}, 10, pid)
+        arrays = {k: v.numpy() + np.float32((0.0, 0.001, 0.01)[pid]) for k, v in msg.content["arrays"].items()}
+        if algorithm == "feddbe" and GLOBAL_MEAN not in arrays:  # a round without a global mean asks for each client's mean
+            arrays[FEATURE_MEAN] = np.ones(s.m, np.float32)
+        return reply(arrays, 10, pid)
 
     grid = FakeGrid(3, answer)
     step = s.train_round(2, s.initial_state(), engine_for(s, grid, server_round=2))
