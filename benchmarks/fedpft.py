@@ -529,20 +529,28 @@ def run_em_speed(args: argparse.Namespace) -> None:
 
 
 STUDY_SAMPLE = (12345, 12000)  # (seed, size): the seeded sample of CIFAR-10 training rows the in-process studies draw from
+# where the study sample's rows are cut into feature-cache entries: a larger study reuses a smaller one's
+# entry (3,000 rows: the default --train-rows) and extracts only the rows past it
+STUDY_CHUNKS = (3000, 10000)
 FIG7_KS = (1, 2, 5, 10, 20, 50)
 
 
 def study_features(cfg: Settings, n_train: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The in-process studies' (train features, labels, test features, labels): the first ``n_train``
     rows (in row order) of a seeded sample of CIFAR-10's training rows (STUDY_SAMPLE) and the whole
-    test set, through the same feature cache as a run (raw features: the studies normalize themselves)."""
-    ds = load_dataset(cfg.dataset, cfg.data_dir, cfg.seed)
+    test set, through the same feature cache as a run, in STUDY_CHUNKS pieces (raw features: the
+    studies normalize themselves)."""
     seed, size = STUDY_SAMPLE
+    if not 0 < n_train <= size:
+        raise SystemExit(f"--train-rows {n_train}: the study sample holds {size} CIFAR-10 training rows; give 1 to {size}")
+    ds = load_dataset(cfg.dataset, cfg.data_dir, cfg.seed)
     rows = np.sort(np.random.default_rng(seed).permutation(len(ds.y_train))[:size])[:n_train]
-    x, y = to_tensors(ds, ds.x_train[rows], ds.y_train[rows])
     raw = replace(cfg, fedpft=replace(cfg.fedpft, dp="off"))
+    pieces = np.split(rows, [c for c in STUDY_CHUNKS if c < n_train])
+    x = [to_tensors(ds, ds.x_train[r], ds.y_train[r]) for r in pieces]
     xt, yt = to_tensors(ds, ds.x_test, ds.y_test)
-    return features(raw, ds.name, x), y, features(raw, ds.name, xt), yt
+    f = torch.cat([features(raw, ds.name, xp) for xp, _ in x])
+    return f, torch.cat([yp for _, yp in x]), features(raw, ds.name, xt), yt
 
 
 def _as_sent(mixtures: list[ClassMixture]) -> list[ClassMixture]:
