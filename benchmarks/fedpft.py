@@ -233,7 +233,7 @@ def run_chain_streams(args: argparse.Namespace) -> None:
             hops.append({"client": pid + 1, "train_rows": len(y), "test_rows": len(ytest), "correct": correct})
             mixtures_seed = env.seed_for(0, salts.FEDPFT_MIXTURES)
             c = (fp.components, fp.covariance, fp.min_class_examples, fp.reg_covar, fp.em_tol, fp.em_max_iter, fp.em_init)
-            received, _ = fit_class_mixtures(f, y, *c, mixtures_seed, "cpu")
+            received, _ = fit_class_mixtures(f, y, *c, mixtures_seed, "cpu", fp.em_restarts)
         with open(out, "a") as fh:
             fh.write(json.dumps({"seed": seed, "hops": hops}) + "\n")
         print("chain-streams", seed, [h["correct"] for h in hops], flush=True)

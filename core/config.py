@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from core.aggregate import SELECTING, replies_needed
-from core.methods import METHODS
+from core.methods import METHODS, fedlog_c_key_rule
 from core.schema import ConfigError, Key  # ConfigError: here for callers; the method rules raise it too
 from core.settings import (  # the schema and the values it names live with the typed settings; callers import them from here too
     AUTO_BODY,
@@ -170,6 +170,7 @@ def _check_combinations(cfg: Settings, import_bodies: bool = True) -> None:
     if cfg.secure_aggregation != "off":
         _check_secure_aggregation(cfg)
     method.validate(cfg)  # the chosen method's own rules (core/methods.py)
+    fedlog_c_key_rule(cfg)  # FedLog-C's keys set on another algorithm or on plain FedLog, which would ignore them
 
 
 def _check_scores_with_train(cfg: Settings, method: Any) -> None:

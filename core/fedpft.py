@@ -27,6 +27,7 @@ from core import privacy
 from core import protocol as P
 from core.extractors import configured_features
 from core.gmm import (
+    RESTARTS,
     Mixture,
     fit_gmm,
     pack_symmetric,
@@ -77,9 +78,11 @@ def fit_class_mixtures(
     init: str,
     seed: int,
     device: torch.device | str = "cpu",
+    restarts: int = RESTARTS,
 ) -> tuple[list[ClassMixture], np.ndarray]:
     """One mixture per class holding at least ``min_examples`` examples, all classes in
-    one batched EM; returns them and each fitted class's mean log-likelihood."""
+    one batched EM, each from ``restarts`` starts (the likeliest kept: ``fedpft-em-restarts``);
+    returns them and each fitted class's mean log-likelihood."""
     labels = np.asarray(labels)
     classes = [int(c) for c in np.unique(labels) if int(np.sum(labels == c)) >= min_examples]
     if not classes:
@@ -87,7 +90,17 @@ def fit_class_mixtures(
     groups = [features[torch.as_tensor(labels == c)] for c in classes]
     ks = [components_for(len(g), k) for g in groups]
     fit = fit_gmm(
-        groups, max(ks), covariance, k_per_group=ks, reg_covar=reg_covar, tol=tol, max_iter=max_iter, init=init, seed=seed, device=device
+        groups,
+        max(ks),
+        covariance,
+        k_per_group=ks,
+        reg_covar=reg_covar,
+        tol=tol,
+        max_iter=max_iter,
+        init=init,
+        seed=seed,
+        device=device,
+        restarts=restarts,
     )
     mix = fit.mixture
     out = []

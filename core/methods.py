@@ -435,6 +435,15 @@ class FedPFTSettings:
     em_init: str = setting(Key("kmeans", "FedPFT: EM initialization", choices=("kmeans", "k-means++", "random")))
     em_tol: float = setting(positive("FedPFT: EM stops when a class's mean log-likelihood changes less than this", 1e-3))
     em_max_iter: int = setting(positive("FedPFT: EM iterations at most", 100))
+    em_restarts: int = setting(
+        Key(
+            3,  # core.gmm.RESTARTS (tests/test_fedpft_em_restarts.py holds them equal; core.gmm would import torch here)
+            "FedPFT: EM starts each class mixture with K > 1 is fitted from (each drawn as fedpft-em-init says), the likeliest "
+            "kept, as scikit-learn's n_init; 1: a single start, about a third of the EM time",
+            check=lambda v: v >= 1,
+            rule=">= 1 (1: a single start)",
+        )
+    )
     reg_covar: float = setting(positive("FedPFT: added to every variance in EM", 1e-6))
     topology: str = setting(
         Key(
@@ -491,6 +500,24 @@ def _fedlog_rules(cfg: Settings) -> None:
         )
     _fedlog_withholding_rule(cfg)
     _fedlog_secure_rules(cfg)
+
+
+def fedlog_c_key_rule(cfg: Settings) -> None:
+    """FedLog-C's own keys set where nothing reads them (run for every algorithm, not only fedlog): a non-default
+    fedlog-c-downlink outside FedLog-C (fedlog with fedlog-alpha or fedlog-beta > 0), or fedlog-beta outside fedlog."""
+    is_fedlog_c = cfg.algorithm == "fedlog" and (cfg.fedlog.alpha > 0 or cfg.fedlog.beta > 0)
+    default = FedLogSettings().c_downlink
+    if cfg.fedlog.c_downlink != default and not is_fedlog_c:
+        where = "plain FedLog (fedlog-alpha = fedlog-beta = 0)" if cfg.algorithm == "fedlog" else f"algorithm={cfg.algorithm}"
+        raise ConfigError(
+            f"run-config key 'fedlog-c-downlink' is {cfg.fedlog.c_downlink!r}, but {where} sends no statistics Phi down and would "
+            f"ignore it (only FedLog-C does: algorithm=fedlog with fedlog-alpha > 0): leave it {default!r}"
+        )
+    if cfg.fedlog.beta > 0 and cfg.algorithm != "fedlog":
+        raise ConfigError(
+            f"run-config key 'fedlog-beta' is {cfg.fedlog.beta:g}, but algorithm={cfg.algorithm} has no FedLog-C loss to add it to "
+            "and would ignore it: leave it 0 or set algorithm=fedlog"
+        )
 
 
 def _fedlog_withholding_rule(cfg: Settings) -> None:

@@ -72,6 +72,7 @@ class FedPFTClient:
             cfg.fedpft.em_init,
             env.seed_for(0, seeds.FEDPFT_MIXTURES),
             env.device,
+            cfg.fedpft.em_restarts,
         )
         return mixtures
 
