@@ -3,19 +3,33 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# the versions CI last tested, every package of the venv: `make setup` installs exactly these (pip's -c),
+# while `pip install headway` keeps pyproject.toml's ranges; `make constraints` rewrites it
+CONSTRAINTS := constraints.txt
 export HEADWAY_DATA_DIR ?= $(abspath ../shared/data)
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION = 1
 
-.PHONY: setup run test test-fast test-system lint clean
+.PHONY: setup run test test-fast test-system lint clean constraints
 
 setup: $(STAMP)
 
 # --no-cache-dir: torch and its CUDA wheels are ~4 GB; no second copy in a pip cache, so the install needs only the venv's ~6.6 GB of disk.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --no-cache-dir --upgrade pip
-	$(PY) -m pip install --quiet --no-cache-dir -e ".[test,fedpft,data,lint]"
+	$(PY) -m pip install --quiet --no-cache-dir -c $(CONSTRAINTS) -e ".[test,fedpft,data,lint]"
 	touch $(STAMP)
+
+# After an upgrade has passed `make lint test test-system` in .venv: pin what is installed now
+# (every package but headway itself), so the next fresh machine installs the same. Not after `setup`:
+# an upgrade outside the old pins is installed by hand (.venv/bin/pip install -U ...), then pinned here.
+constraints:
+	@test -x $(PY) || { echo "no $(PY): run make setup, upgrade what you test in $(VENV), then make constraints"; exit 1; }
+	$(PY) -m pip freeze --exclude-editable > $(CONSTRAINTS).new
+	{ echo "# The versions CI tested: make setup installs with pip's -c $(CONSTRAINTS); pip install headway keeps pyproject.toml's ranges."; \
+	  echo "# Written by make constraints (pip freeze of .venv, headway left out): do not edit by hand."; \
+	  cat $(CONSTRAINTS).new; } > $(CONSTRAINTS)
+	rm $(CONSTRAINTS).new
 
 # The main job: FedLog on FedLog's Table 1 MNIST setup (50 clients, 100 rounds).
 # results/main is this target's own folder: each `make run` replaces the last one's results.
