@@ -4,6 +4,7 @@ many seeds and several data shapes, and the seconds both take.
 
     .venv/bin/headway bench em_quality                 # every case, seeds 0-19
     .venv/bin/headway bench em_quality --seeds 5 --cases separated
+    python -m benchmarks.em_quality --device cuda --tag gpu   # ours on a GPU (needs only torch, numpy, scikit-learn)
 
 Ours runs twice a seed: as shipped (``RESTARTS`` starts, the likeliest kept) and with one start
 (``restarts=1``, what ``fit_gmm`` did before). Writes every fit's row to
@@ -21,11 +22,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.fedpft import EM_PAUSE, em_clusters
 from benchmarks.runner import results_root
 from core.gmm import RESTARTS
 
 TOL, MAX_ITER, REG = 1e-3, 100, 1e-6  # both fits: scikit-learn's defaults
+# seconds before each timed fit: numpy's OpenBLAS threads spin for about 0.1 s after a product, and
+# a fit timed right after scikit-learn's shared the 2 cores with them (synthetic diag: 42-47 ms
+# against 22 ms after a 0.3 s pause; scikit-learn after ours: within noise)
+EM_PAUSE = 0.3
+
+
+def em_clusters(seed: int, k: int = 10, d: int = 512, n: int = 5000) -> tuple[np.ndarray, np.ndarray]:
+    """Synthetic float32 points of known structure: K Gaussian clusters with means N(0, 1)
+    per dimension (about √(2d) apart) and diagonal noise of standard deviation 0.3–0.8,
+    uniform cluster labels; returns the points and their true labels."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(0.0, 1.0, (k, d))
+    std = rng.uniform(0.3, 0.8, (k, d))
+    y = rng.integers(0, k, n)
+    return (means[y] + rng.normal(size=(n, d)) * std[y]).astype(np.float32), y
 
 
 def gaussian_groups(seed: int, groups: int, k: int, d: int, n: int, spread: float) -> list[np.ndarray]:
@@ -43,7 +58,7 @@ def gaussian_groups(seed: int, groups: int, k: int, d: int, n: int, spread: floa
 
 def separated(seed: int) -> list[np.ndarray]:
     """The issue's case: 5,000 points in 512 dimensions from 10 well-separated Gaussians
-    (:func:`benchmarks.fedpft.em_clusters`), each dimension then scaled by a factor in 0.5–1.5."""
+    (:func:`em_clusters`), each dimension then scaled by a factor in 0.5–1.5."""
     x, _ = em_clusters(seed)
     return [x * np.asarray(np.random.default_rng(10_000 + seed).uniform(0.5, 1.5, x.shape[1]), dtype=np.float32)]
 
@@ -59,8 +74,10 @@ CASES: dict[str, tuple[Callable[[int], list[np.ndarray]], int, str]] = {
 }
 
 
-def _fits(groups: list[np.ndarray], k: int, cov: str, seed: int) -> Iterator[dict[str, Any]]:
-    """scikit-learn (one class after another) and ours (one batch), as shipped and with one start."""
+def _fits(groups: list[np.ndarray], k: int, cov: str, seed: int, device: str = "cpu") -> Iterator[dict[str, Any]]:
+    """scikit-learn (one class after another, on the CPU) and ours (one batch, on ``device``),
+    as shipped and with one start; on CUDA ours is timed after one untimed warm-up fit
+    (context, kernels, allocator) and to a synchronized end."""
     from sklearn.mixture import GaussianMixture
 
     from core.gmm import fit_gmm
@@ -74,11 +91,17 @@ def _fits(groups: list[np.ndarray], k: int, cov: str, seed: int) -> Iterator[dic
         "seconds": seconds,
         "log_likelihood": float(np.mean([f.score(g) for f, g in zip(fits, groups, strict=True)])),
     }
-    tensors = [torch.from_numpy(g) for g in groups]
-    for impl, restarts in ((f"headway, {RESTARTS} starts", RESTARTS), ("headway, 1 start", 1)):
+    tensors = [torch.from_numpy(g).to(device) for g in groups]
+    where = "" if device == "cpu" else f" ({device})"
+    for impl, restarts in ((f"headway, {RESTARTS} starts{where}", RESTARTS), (f"headway, 1 start{where}", 1)):
+        if device != "cpu":
+            fit_gmm(tensors, k, cov, tol=TOL, max_iter=2, reg_covar=REG, seed=seed, restarts=restarts, device=device)
+            torch.cuda.synchronize()
         time.sleep(EM_PAUSE)
         t0 = time.perf_counter()
-        r = fit_gmm(tensors, k, cov, tol=TOL, max_iter=MAX_ITER, reg_covar=REG, seed=seed, restarts=restarts)
+        r = fit_gmm(tensors, k, cov, tol=TOL, max_iter=MAX_ITER, reg_covar=REG, seed=seed, restarts=restarts, device=device)
+        if device != "cpu":
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
         yield {"impl": impl, "seconds": seconds, "log_likelihood": float(np.mean(r.log_likelihood))}
 
@@ -114,6 +137,7 @@ def main() -> None:
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--covariances", nargs="+", default=["diag", "spherical"], choices=["diag", "spherical", "full"])
     p.add_argument("--tag", default="")
+    p.add_argument("--device", default="cpu", help="where our fits run (cpu, cuda); scikit-learn always runs on the CPU")
     args = p.parse_args()
     root = results_root("fedpft-em-quality", args.tag)
     root.mkdir(parents=True, exist_ok=True)
@@ -123,7 +147,7 @@ def main() -> None:
         for cov in args.covariances:
             for seed in range(args.seeds):
                 groups = make(seed)
-                for row in _fits(groups, k, cov, seed):
+                for row in _fits(groups, k, cov, seed, args.device):
                     rows.append({"case": case, "what": what, "covariance": cov, "k": k, "seed": seed, **row})
                 (root / "rows.json").write_text(json.dumps(rows, indent=1))
             print("\n".join(table([r for r in rows if r["case"] == case and r["covariance"] == cov])[2:]), flush=True)

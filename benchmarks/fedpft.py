@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.em_quality import EM_PAUSE, em_clusters
 from benchmarks.runner import ROOT, results_root, simulate
 from client.env import client_env
 from core import privacy
@@ -333,22 +334,7 @@ EM_SEEDS = tuple(range(20))  # every case is fitted from these seeds by both; th
 # k-means happens to draw moved the mean iterations by a quarter)
 
 
-def em_clusters(seed: int, k: int = 10, d: int = 512, n: int = 5000) -> tuple[np.ndarray, np.ndarray]:
-    """Synthetic float32 points of known structure: K Gaussian clusters with means N(0, 1)
-    per dimension (about √(2d) apart) and diagonal noise of standard deviation 0.3–0.8,
-    uniform cluster labels; returns the points and their true labels."""
-    rng = np.random.default_rng(seed)
-    means = rng.normal(0.0, 1.0, (k, d))
-    std = rng.uniform(0.3, 0.8, (k, d))
-    y = rng.integers(0, k, n)
-    return (means[y] + rng.normal(size=(n, d)) * std[y]).astype(np.float32), y
-
-
 EM_VARIANTS = {"sparse EM": SPARSE_PASSES, "plain EM": 0}  # ours as shipped and without sparse passes (fit_gmm's sparse_passes)
-# seconds before each timed fit: numpy's OpenBLAS threads spin for about 0.1 s after a product, and
-# a fit timed right after scikit-learn's shared the 2 cores with them (synthetic diag: 42-47 ms
-# against 22 ms after a 0.3 s pause; scikit-learn after ours: within noise)
-EM_PAUSE = 0.3
 
 
 def _em_case(name: str, x: np.ndarray, truth: np.ndarray | None, cov: str, k: int, devices: list[str]) -> list[dict[str, Any]]:
