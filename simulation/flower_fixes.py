@@ -25,7 +25,11 @@
    (and a resumed run and the run it continues) get the same ids, hence the same bytes per message.
    In simulation the ids guard nothing (no node authentication); deployment never enters here.
 
-Written against the exact Flower version in :data:`FLOWER_VERSION`; on any other it does nothing.
+Written against Flower :data:`FLOWER_VERSION`: they install only where every Flower file they patch
+(or whose private fields they read) is byte-identical to that version's (:data:`FLOWER_SOURCES`, by
+sha256), so a Flower release that leaves those files alone keeps them and one that changes any turns
+them off with a warning naming the file. ``python -m simulation.flower_fixes`` prints the installed
+Flower's hashes, to record once the fixes were checked against it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from queue import Queue
 from typing import Any
 
@@ -48,6 +53,26 @@ from core.seeds import salt
 log = logging.getLogger("headway")
 
 FLOWER_VERSION = "1.39.0"
+# The files under flwr/ that the fixes patch (or whose private fields they read), each with the sha256 of
+# its bytes as FLOWER_VERSION ships it; a Flower whose copy of any differs runs unpatched
+FLOWER_SOURCES: dict[str, str] = {
+    # add_messages_to_queue and the ThreadPoolExecutor that run_api looks up
+    "server/superlink/fleet/vce/vce_api.py": "63044d7314a339fe052070059f46b20b42ab28ec4e708d84b3025bd630b1fab4",
+    # RayBackend.build, num_workers, terminate
+    "server/superlink/fleet/vce/backend/raybackend.py": "2cdc6ab2a585ac04a3cc553d6b0e9b33e7d6f22d5d6a4e6ec0170254fbbb9f09",
+    # BasicActorPool.submit and its idle list
+    "simulation/ray_transport/ray_actor.py": "174132017563559c9113602a9933ea54d7622a84d19d9fc2d5cadea1eb599561",
+    # InMemoryLinkState.store_message_ins/res, its store, lock and run table (hand_out), its id draws
+    "server/superlink/linkstate/in_memory_linkstate.py": "ec9e43a23daf3d8cbea9bac8f53f0b85ce4aec55a989e844fac8932d57844440",
+    # InMemoryGrid.send_and_receive
+    "superlink/grid/inmemory_grid.py": "10ee0b7e73351f938327479c679c682805f0afc5afba612930258a1e4da429dd",
+    # the id draws of ID_MODULES
+    "supercore/corestate/in_memory_corestate.py": "5c7165aabcb26a17dd4ca6c4c5b53545383100477e936b2bbe9a51257d5ccaee",
+    "simulation/run_simulation.py": "47b467b1d7879485320b893c207c02767d243111e04f701d68ff195b4b685850",
+    "simulation/legacy_app.py": "9d40d0f80b492992d07b4ff645452150e3d0746f279157e22c5f3560f45c4eb6",
+    # Metadata's private fields, which hand_out reads directly
+    "app/metadata.py": "5d00da8dc68208f9eb1265fdcfbcdd2d6c980e235d3c734bb104e8341f1ddff0",
+}
 POLL_INTERVAL = 0.1  # Flower's own poll, kept as the fallback when no store event comes
 SWEEP_INTERVAL = 1.0  # seconds at least between two walks of the whole store or of every missing reply
 SWEEP_SHARE = 0.02  # and at most this share of the driver's time in them: a sweep's cost grows with the messages stored
@@ -308,26 +333,58 @@ def seeded_ids(seed: int | None) -> Iterator[None]:
             setattr(module, DRAW, draw)
 
 
-def _supported() -> str | None:
-    """Why the fixes cannot be installed here, or None when they can."""
+def source_hashes(root: Path, files: Iterable[str]) -> dict[str, str | None]:
+    """The sha256 (hex) of each of ``files`` under ``root``, None for one that is not there."""
+    found: dict[str, str | None] = {}
+    for name in files:
+        path = root / name
+        found[name] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    return found
+
+
+def changed_sources(recorded: Mapping[str, str], found: Mapping[str, str | None]) -> list[str]:
+    """The files of ``recorded`` whose hash in ``found`` differs (or that are missing), in order."""
+    return [name for name, digest in recorded.items() if found.get(name) != digest]
+
+
+def flower_root() -> Path | None:
+    """The installed ``flwr`` package's folder, None when Flower is not installed."""
     try:
         import flwr
     except ImportError:
+        return None
+    return Path(flwr.__file__).parent
+
+
+def _supported() -> str | None:
+    """Why the fixes cannot be installed here, or None when they can: a Flower file they patch
+    differs from FLOWER_VERSION's (or is missing), so what they assume of it may no longer hold."""
+    root = flower_root()
+    if root is None:
         return "Flower is not installed"
-    if flwr.__version__ != FLOWER_VERSION:
-        return f"they were written for Flower {FLOWER_VERSION}, this is {flwr.__version__}"
-    return None
+    changed = changed_sources(FLOWER_SOURCES, source_hashes(root, FLOWER_SOURCES))
+    if not changed:
+        return None
+    import flwr
+
+    files = ", ".join(f"flwr/{name}" for name in changed)
+    return (
+        f"{files} of the installed Flower {flwr.__version__} differ from Flower {FLOWER_VERSION}'s, which "
+        "simulation/flower_fixes.py patches; check the fixes against them, then record "
+        "`python -m simulation.flower_fixes` in its FLOWER_SOURCES"
+    )
 
 
 @contextlib.contextmanager
 def faster_simulation_engine(seed: int | None = None) -> Iterator[bool]:
     """Install the extractor pass and the store-driven wake-ups for the block, and, given the run's
     ``seed``, Flower's ids drawn from it (:func:`seeded_ids`); yields whether they were installed.
-    On another Flower version, or a state other than ``InMemoryLinkState`` (checked when the
+    On a Flower whose patched files differ from :data:`FLOWER_SOURCES`, Flower's own code runs and
+    one warning names the files; on a state other than ``InMemoryLinkState`` (checked when the
     extractor starts), Flower's own code runs and one line says why."""
     why = _supported()
     if why is not None:
-        log.info("Flower's simulation engine left as it is: %s", why)
+        log.warning("Flower's simulation engine left unpatched (slower at many clients): %s", why)
         yield False
         return
     from flwr.server.superlink.fleet.vce import vce_api
@@ -414,3 +471,11 @@ def faster_simulation_engine(seed: int | None = None) -> Iterator[bool]:
         RayBackend.terminate = ray_terminate  # type: ignore[method-assign]
         BasicActorPool.submit = pool_submit  # type: ignore[method-assign]
         vce_api.ThreadPoolExecutor = flower_executor  # type: ignore[misc]
+
+
+if __name__ == "__main__":  # the installed Flower's hashes, in FLOWER_SOURCES' form
+    _root = flower_root()
+    if _root is None:
+        raise SystemExit("Flower is not installed: install it (pip install flwr) and run this again")
+    for _name, _digest in source_hashes(_root, FLOWER_SOURCES).items():
+        print(f'    "{_name}": "{_digest}",')

@@ -8,12 +8,13 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from queue import Empty, Queue
 from typing import Any
 
 import flwr
 import pytest
-from flwr.app import Message, RecordDict
+from flwr.app import Message, Metadata, RecordDict
 from flwr.server.superlink.fleet.vce import vce_api
 from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
@@ -308,14 +309,13 @@ def test_the_clientapp_loader_is_pickled_once_and_unpickled_once_per_process(mon
     assert loads == [1]  # unpickled once for the process, however many messages
 
 
-def test_installs_for_the_pinned_version_and_restores_on_exit():
+def test_installs_on_the_recorded_flower_sources_and_restores_on_exit():
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
     assert "add_messages_to_queue" in vce_api.run_api.__code__.co_names  # looked up when run_api starts the thread
     ray_parts = ("build", "num_workers", "terminate")
     originals = (vce_api.add_messages_to_queue, InMemoryGrid.send_and_receive, InMemoryLinkState.store_message_ins)
     ray_originals = [RayBackend.__dict__[name] for name in ray_parts]
-    assert flwr.__version__ == flower_fixes.FLOWER_VERSION
     with faster_simulation_engine() as installed:
         assert installed
         assert vce_api.add_messages_to_queue is not originals[0]
@@ -387,13 +387,43 @@ def test_worker_threads_are_one_per_slot():
     assert backend.num_workers == 2
 
 
-def test_other_flower_version_left_alone(monkeypatch, caplog):
-    monkeypatch.setattr(flwr, "__version__", "1.40.0")
+def test_recorded_hashes_are_the_installed_flowers_and_cover_every_patched_module(monkeypatch):
+    import importlib
+
+    from flwr.server.superlink.fleet.vce.backend import raybackend
+    from flwr.simulation.ray_transport import ray_actor
+
+    root = flower_fixes.flower_root()
+    assert root is not None
+    assert flower_fixes.source_hashes(root, flower_fixes.FLOWER_SOURCES) == flower_fixes.FLOWER_SOURCES
+    patched = [vce_api, raybackend, ray_actor, importlib.import_module(InMemoryLinkState.__module__)]
+    patched += [importlib.import_module(InMemoryGrid.__module__), importlib.import_module(Metadata.__module__)]
+    patched += [importlib.import_module(name) for name in flower_fixes.ID_MODULES]
+    assert {Path(str(m.__file__)).relative_to(root).as_posix() for m in patched} == set(flower_fixes.FLOWER_SOURCES)
+    monkeypatch.setattr(flwr, "__version__", "1.42.0")  # keyed on the files, not the version string
+    with faster_simulation_engine() as installed:
+        assert installed
+
+
+def test_a_changed_flower_source_leaves_flower_alone_with_one_warning_naming_it(tmp_path, monkeypatch, caplog):
+    root = flower_fixes.flower_root()
+    assert root is not None
+    for name in flower_fixes.FLOWER_SOURCES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes((root / name).read_bytes())
+    changed = tmp_path / "server/superlink/fleet/vce/vce_api.py"
+    changed.write_bytes(changed.read_bytes() + b"# a later Flower\n")
+    monkeypatch.setattr(flower_fixes, "flower_root", lambda: tmp_path)
     originals = (vce_api.add_messages_to_queue, InMemoryGrid.send_and_receive, InMemoryLinkState.store_message_ins)
     with caplog.at_level(logging.INFO, logger="headway"), faster_simulation_engine() as installed:
         assert not installed
         assert (vce_api.add_messages_to_queue, InMemoryGrid.send_and_receive, InMemoryLinkState.store_message_ins) == originals
-    assert [r.getMessage() for r in caplog.records if "1.40.0" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "flwr/server/superlink/fleet/vce/vce_api.py" in warnings[0], warnings
+    assert "in_memory_linkstate" not in warnings[0]  # only the file that changed is named
+    (tmp_path / "app/metadata.py").unlink()  # a file a later Flower moved: missing counts as changed
+    found = flower_fixes.source_hashes(tmp_path, flower_fixes.FLOWER_SOURCES)
+    assert flower_fixes.changed_sources(flower_fixes.FLOWER_SOURCES, found) == ["server/superlink/fleet/vce/vce_api.py", "app/metadata.py"]
 
 
 def test_other_state_class_gets_flowers_extractor(monkeypatch):
