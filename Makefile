@@ -21,11 +21,11 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	touch $(STAMP)
 
 # After an upgrade has passed `make lint test test-system` in .venv: pin what is installed now
-# (every package but headway itself), so the next fresh machine installs the same. Not after `setup`:
+# (every package but headway itself and pip; setuptools too, which builds headway), so the next fresh machine installs the same. Not after `setup`:
 # an upgrade outside the old pins is installed by hand (.venv/bin/pip install -U ...), then pinned here.
 constraints:
 	@test -x $(PY) || { echo "no $(PY): run make setup, upgrade what you test in $(VENV), then make constraints"; exit 1; }
-	$(PY) -m pip freeze --exclude-editable > $(CONSTRAINTS).new
+	$(PY) -m pip freeze --all --exclude-editable --exclude pip > $(CONSTRAINTS).new
 	{ echo "# The versions CI tested: make setup installs with pip's -c $(CONSTRAINTS); pip install headway keeps pyproject.toml's ranges."; \
 	  echo "# Written by make constraints (pip freeze of .venv, headway left out): do not edit by hand."; \
 	  cat $(CONSTRAINTS).new; } > $(CONSTRAINTS)
