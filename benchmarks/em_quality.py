@@ -3,7 +3,7 @@
 many seeds and several data shapes, and the seconds both take.
 
     .venv/bin/headway bench em_quality                 # every case, seeds 0-19
-    .venv/bin/headway bench em_quality --seeds 5 --cases separated
+    .venv/bin/headway bench em_quality --seeds 5 --cases separated   # shortened: to fedpft-em-quality-custom/
     python -m benchmarks.em_quality --device cuda --tag gpu   # ours on a GPU (needs only torch, numpy, scikit-learn)
 
 Ours runs twice a seed: as shipped (``RESTARTS`` starts, the likeliest kept) and with one start
@@ -139,6 +139,12 @@ def main() -> None:
     p.add_argument("--tag", default="")
     p.add_argument("--device", default="cpu", help="where our fits run (cpu, cuda); scikit-learn always runs on the CPU")
     args = p.parse_args()
+    if args.device != "cpu" and not (args.device.startswith("cuda") and torch.cuda.is_available()):
+        p.error(f"--device {args.device}: no CUDA device here; run on a machine with a GPU, or leave --device out (cpu)")
+    full = args.seeds == 20 and args.cases == list(CASES) and args.covariances == ["diag", "spherical"] and args.device == "cpu"
+    if not args.tag and not full:  # a shortened run never overwrites the committed full table
+        args.tag = "custom"
+        print("a shortened run: writing to results/fedpft-em-quality-custom/ (--tag names another)", flush=True)
     root = results_root("fedpft-em-quality", args.tag)
     root.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []

@@ -5,6 +5,8 @@
     python -m benchmarks.fedpft chain-streams [--seeds 0 1 2 3 4]      # the chain's heads under other head seeds
     python -m benchmarks.fedpft labelshift [--seeds 0 1 2]             # Table 2, disjoint label shift
     python -m benchmarks.fedpft em-speed                               # our EM against scikit-learn
+    python -m benchmarks.fedpft fig7 [--seeds 0 1 2] [--ks 1 2 5]      # Fig. 7: accuracy against values sent, by K
+    python -m benchmarks.fedpft dp-study [--train-rows 10000]          # where DP-FedPFT's accuracy goes
     python -m benchmarks.fedpft report                                 # tables from what finished
 
 FedPFT arms and the chain run through the Flower simulation (their bytes are measured

@@ -439,9 +439,10 @@ class FedPFTSettings:
         Key(
             3,  # core.gmm.RESTARTS (tests/test_fedpft_em_restarts.py holds them equal; core.gmm would import torch here)
             "FedPFT: EM starts each class mixture with K > 1 is fitted from (each drawn as fedpft-em-init says), the likeliest "
-            "kept, as scikit-learn's n_init; 1: a single start, about a third of the EM time",
-            check=lambda v: v >= 1,
-            rule=">= 1 (1: a single start)",
+            "kept, as scikit-learn's n_init; 1: a single start, about a third of the EM time; each start holds another copy "
+            "of the class's points in memory, hence the cap",
+            check=lambda v: 1 <= v <= 10,
+            rule="in 1..10 (1: a single start; each start holds another copy of a class's points)",
         )
     )
     reg_covar: float = setting(positive("FedPFT: added to every variance in EM", 1e-6))
