@@ -51,9 +51,14 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not integration and not deployment and not system and not slow"
 
 # Lint, format and types over the whole tree (CI runs it before the tests).
+# mypy reads the code as Python imports it, headway.core and the rest: from a tree of links laid out as
+# the wheel installs it (build/mypy/headway), rebuilt each time (pyproject.toml's [tool.mypy]).
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	rm -rf build/mypy && mkdir -p build/mypy/headway
+	for f in headway/*.py; do ln -s "$(CURDIR)/$$f" build/mypy/headway/; done
+	for p in core client server strategies simulation; do ln -s "$(CURDIR)/$$p" build/mypy/headway/$$p; done
 	$(VENV)/bin/mypy
 
 clean:

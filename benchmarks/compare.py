@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.compare mnist --seeds 0 1 2
     .venv/bin/python -m benchmarks.compare cifar10 --seeds 0 --set num-server-rounds=10
 
-Runs each (method, seed) as its own simulation (``python -m simulation``) into
+Runs each (method, seed) as its own simulation (``python -m headway.simulation``) into
 ``benchmarks/results/table1-<dataset>[-<tag>]/<method>-seed<N>/``, skipping runs whose
 ``summary.json`` says complete (a failed or interrupted run is run again), then writes ``table.md`` (mean ± standard error of the final
 accuracy, bytes to the paper's threshold, the paper's figures) and the plots.

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from headway.core.gmm import RESTARTS
 
 from benchmarks.runner import results_root
-from core.gmm import RESTARTS
 
 TOL, MAX_ITER, REG = 1e-3, 100, 1e-6  # both fits: scikit-learn's defaults
 # seconds before each timed fit: numpy's OpenBLAS threads spin for about 0.1 s after a product, and
@@ -78,9 +78,8 @@ def _fits(groups: list[np.ndarray], k: int, cov: str, seed: int, device: str = "
     """scikit-learn (one class after another, on the CPU) and ours (one batch, on ``device``),
     as shipped and with one start; on CUDA ours is timed after one untimed warm-up fit
     (context, kernels, allocator) and to a synchronized end."""
+    from headway.core.gmm import fit_gmm
     from sklearn.mixture import GaussianMixture
-
-    from core.gmm import fit_gmm
 
     time.sleep(EM_PAUSE)
     t0 = time.perf_counter()

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simulation.flower_fixes import hand_out
+from headway.simulation.flower_fixes import hand_out
 
 OUT = Path(__file__).parent / "results" / "extractor" / "extractor.json"
 
@@ -130,8 +130,7 @@ def exchange_seconds(num_nodes: int, fixed: bool, repeats: int = 5) -> float:
     from flwr.app import Message, RecordDict
     from flwr.server.superlink.fleet.vce import vce_api
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid
-
-    from simulation.flower_fixes import faster_simulation_engine
+    from headway.simulation.flower_fixes import faster_simulation_engine
 
     with faster_simulation_engine() if fixed else contextlib.nullcontext():
         state, run_id, nodes = link_state(num_nodes)

@@ -95,10 +95,9 @@ def client_features(run: Path) -> tuple[np.ndarray, np.ndarray]:
     import torch
     from flwr.common.serde import recorddict_from_proto
     from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
-
-    from client.env import client_env
-    from client.procedures.fedlog import BODY_STATE, feature_map
-    from core.training import predict
+    from headway.client.env import client_env
+    from headway.client.procedures.fedlog import BODY_STATE, feature_map
+    from headway.core.training import predict
 
     config: dict[str, Any] = json.loads((run / "config.json").read_text())
     states = latest_states(run)

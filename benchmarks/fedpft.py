@@ -28,15 +28,12 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from benchmarks.em_quality import EM_PAUSE, em_clusters
-from benchmarks.runner import ROOT, results_root, simulate
-from client.env import client_env
-from core import privacy
-from core import protocol as P
-from core import seeds as salts
-from core.data import load_dataset, to_tensors
-from core.fedpft import (
+from headway.client.env import client_env
+from headway.core import privacy
+from headway.core import protocol as P
+from headway.core import seeds as salts
+from headway.core.data import load_dataset, to_tensors
+from headway.core.fedpft import (
     ClassMixture,
     capped_counts,
     encode,
@@ -49,10 +46,13 @@ from core.fedpft import (
     synthesize,
     train_head,
 )
-from core.gmm import SPARSE_PASSES
-from core.partition import split_by_class
-from core.settings import Settings
-from simulation.runner import load_config
+from headway.core.gmm import SPARSE_PASSES
+from headway.core.partition import split_by_class
+from headway.core.settings import Settings
+from headway.simulation.runner import load_config
+
+from benchmarks.em_quality import EM_PAUSE, em_clusters
+from benchmarks.runner import ROOT, results_root, simulate
 
 CONFIG = "benchmarks/configs/fedpft-cifar10.toml"
 ARMS: dict[str, dict[str, Any]] = {
@@ -343,10 +343,9 @@ def _em_case(name: str, x: np.ndarray, truth: np.ndarray | None, cov: str, k: in
     """One case: scikit-learn and ours (each of EM_VARIANTS) from each of EM_SEEDS, seconds
     (ours after a warm-up), mean log-likelihood, iterations and, with ``truth``, adjusted
     Rand indices."""
+    from headway.core.gmm import fit_gmm, predict
     from sklearn.metrics import adjusted_rand_score
     from sklearn.mixture import GaussianMixture
-
-    from core.gmm import fit_gmm, predict
 
     rows = []
     xt = torch.from_numpy(x)
@@ -400,12 +399,11 @@ def _em_case(name: str, x: np.ndarray, truth: np.ndarray | None, cov: str, k: in
 
 def _em_classes_case(name: str, groups: list[np.ndarray], cov: str, k: int) -> list[dict[str, Any]]:
     """FedPFT's own workload: one mixture per class of a client. scikit-learn fits the
-    classes one after another; ours fits them as one batch (:func:`core.gmm.fit_gmm`). The
+    classes one after another; ours fits them as one batch (:func:`headway.core.gmm.fit_gmm`). The
     log-likelihood is the mean over classes of each class's mean per point; iterations are
     the sum over classes for scikit-learn and the batch's for ours."""
+    from headway.core.gmm import fit_gmm
     from sklearn.mixture import GaussianMixture
-
-    from core.gmm import fit_gmm
 
     rows = []
     tensors = [torch.from_numpy(g) for g in groups]
@@ -607,7 +605,7 @@ def dp_mixtures(
     f: torch.Tensor, y: np.ndarray, epsilon: float, noise: str, min_n: int, rng: np.random.Generator, delta: float = 0.0
 ) -> list[ClassMixture]:
     """One client's per-class Gaussians (spherical, K = 1) on unit-norm features ``f``:
-    ``noise`` = "both" releases them as DP-FedPFT does (:func:`core.fedpft.privatize`), "mean"
+    ``noise`` = "both" releases them as DP-FedPFT does (:func:`headway.core.fedpft.privatize`), "mean"
     noises only the mean (true variance), "variance" only the variance (true mean), "none" none;
     classes of fewer than ``min_n`` examples are not sent."""
     out = []

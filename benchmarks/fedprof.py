@@ -22,8 +22,9 @@ import argparse
 import os
 from typing import Any
 
+from headway.strategies.fedprof import SECRET_ENV
+
 from benchmarks.runner import add_run_arguments, results_root, simulate
-from strategies.fedprof import SECRET_ENV
 
 TASKS = {
     # task: (config, paper's T_max for full and partial aggregation)

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from headway.strategies.fedprof import SECRET_ENV
 
 from benchmarks.fedprof_untuned import divergence_auc
-from strategies.fedprof import SECRET_ENV
 
 LAYERS = ("body", "pre-activation")
 
@@ -36,14 +36,14 @@ def clean_share(divs: dict[str, float], noise: dict[int, str], alpha: float) -> 
 
 def layer_study(run: Path, layers: tuple[str, ...] = LAYERS) -> list[dict[str, Any]]:
     """Per checkpointed global model (and the initial one) and layer: AUC and the clean share of λ."""
-    from client.env import _env
-    from core.config import resolve_settings
-    from core.models import build_model
-    from core.noise import noise_assignment
-    from core.profiles import divergence, model_profile, private_validation_rows
-    from server.checkpoint import checkpoint_files, read_checkpoint
-    from strategies.fedprof import validation_stream
-    from strategies.services import ServerData
+    from headway.client.env import _env
+    from headway.core.config import resolve_settings
+    from headway.core.models import build_model
+    from headway.core.noise import noise_assignment
+    from headway.core.profiles import divergence, model_profile, private_validation_rows
+    from headway.server.checkpoint import checkpoint_files, read_checkpoint
+    from headway.strategies.fedprof import validation_stream
+    from headway.strategies.services import ServerData
 
     cfg = resolve_settings(json.loads((run / "config.json").read_text()))
     noise = noise_assignment(cfg.client_noise, cfg.num_clients, cfg.seed)

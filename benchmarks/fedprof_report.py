@@ -2,7 +2,7 @@
 
 For every aggregation mode and method, over seeds (mean ± standard deviation, as the
 paper reports): best accuracy of the global model, rounds, bytes, measured seconds and the
-paper's simulated minutes and watt-hours (:mod:`core.costmodel`) to the target; the mean
+paper's simulated minutes and watt-hours (:mod:`headway.core.costmodel`) to the target; the mean
 number of rounds each noise kind's clients trained in. Writes ``table.md``,
 ``figures.json``, ``accuracy_<mode>.png``, ``participation.png`` (the paper's Fig. 6) and
 ``scores_<mode>.png`` (Fig. 7) into the results root.
@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from headway.core.config import defaults
+from headway.core.costmodel import TABLE2, client_costs, draw_devices, round_cost
+from headway.core.settings import Settings
 
 from benchmarks.fedprof import GROUP
 from benchmarks.runner import finished, load_run
-from core.config import defaults
-from core.costmodel import TABLE2, client_costs, draw_devices, round_cost
-from core.settings import Settings
 
 # The paper's Tables 3-5 (mean over runs): best accuracy and rounds to the target.
 PAPER = {
@@ -51,7 +51,7 @@ LABELS = {"fedprof": "FedProf", "fedavg": "FedAvg (uniform selection)", "fedprox
 
 def client_sizes(cfg: Settings) -> np.ndarray:
     """Every client's training-set size, as the run's partition made it (the server's own view)."""
-    from strategies.services import ServerData
+    from headway.strategies.services import ServerData
 
     sizes = ServerData(cfg).partition_sizes
     if sizes is None:
@@ -64,9 +64,9 @@ def client_sizes(cfg: Settings) -> np.ndarray:
 
 def profile_width(cfg: Settings) -> int:
     """q, the width of the profiled feature layer (the body's output)."""
-    from core.config import fitted_body
-    from core.extractors import input_spec
-    from core.models import common_width
+    from headway.core.config import fitted_body
+    from headway.core.extractors import input_spec
+    from headway.core.models import common_width
 
     shape = input_spec(cfg).input_shape
     return common_width([fitted_body(cfg, shape)], shape, cfg.feature_dim)
@@ -137,7 +137,7 @@ def run_figures(task: str, folder: Path, thresholds: tuple[float, ...]) -> dict[
 
 
 def _noise(cfg: Settings) -> dict[int, str]:
-    from core.noise import noise_assignment
+    from headway.core.noise import noise_assignment
 
     return noise_assignment(cfg.client_noise, cfg.num_clients, cfg.seed)
 

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from headway.strategies.fedprof import SECRET_ENV
 
 from benchmarks.runner import ROOT, add_run_arguments, finished, load_run, results_root, simulate
-from strategies.fedprof import SECRET_ENV
 
 CONFIG = "benchmarks/configs/fedprof-untuned.toml"
 MODES = ("full", "partial", "full-cache")
@@ -91,7 +91,7 @@ def divergence_auc(divs: dict[str, float], noise: dict[int, str]) -> float | Non
 
 def run_row(folder: Path) -> dict[str, Any]:
     """Final and best accuracy, the accuracy curve, rounds per client by noise kind, AUC of one run."""
-    from core.noise import noise_assignment
+    from headway.core.noise import noise_assignment
 
     summary, rounds = load_run(folder)
     cfg = json.loads((folder / "config.json").read_text())

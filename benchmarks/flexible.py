@@ -19,10 +19,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from headway.server.results import plot_curves
+
 from benchmarks.compare import METHODS
 from benchmarks.runner import add_run_arguments, finished, fmt_mean_se, load_run, results_root, simulate
 from benchmarks.summarize import mean_curve
-from server.results import plot_curves
 
 ARMS = {
     "all-cifar-cnn": {"body-init": "shared"},  # the config's body, cifar-cnn, for every client

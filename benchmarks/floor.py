@@ -38,7 +38,7 @@ import numpy as np
 import psutil
 
 if TYPE_CHECKING:  # imported lazily where used: a spawned worker imports only what it runs
-    from core.settings import Settings
+    from headway.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "benchmarks" / "configs" / "mnist-table1.toml"
@@ -63,8 +63,8 @@ def repeated_mnist(copies: int, data_dir: str = "") -> Path:
     path = cache_dir() / f"mnist-x{copies}.npz"
     if path.exists():
         return path
-    from core.config import resolve_settings
-    from core.data import load_dataset
+    from headway.core.config import resolve_settings
+    from headway.core.data import load_dataset
 
     cfg = resolve_settings({"dataset": "mnist", "data-dir": data_dir})
     ds = load_dataset("mnist", cfg.data_dir, 0)
@@ -101,7 +101,7 @@ def setup_sets(clients: int, rounds: int, data_dir: str = "") -> tuple[list[str]
 
 def load_cfg(config: str | Path, sets: list[str]) -> Settings:
     """The settings of the run config, read as ``headway run`` reads it."""
-    from simulation.runner import load_config
+    from headway.simulation.runner import load_config
 
     cfg = load_config(str(config), sets)
     if cfg.algorithm != "fedlog":
@@ -156,11 +156,10 @@ class Answer:
 def client_work(task: Task) -> Answer:
     """What client ``task.partition_id`` does with one message, as in the simulation."""
     import torch
-
-    from client.env import client_env
-    from client.procedures.fedlog import feature_map, local_statistics, train_body
-    from core.fedlog import uplink_array
-    from core.training import predict, task_metrics
+    from headway.client.env import client_env
+    from headway.client.procedures.fedlog import feature_map, local_statistics, train_body
+    from headway.core.fedlog import uplink_array
+    from headway.core.training import predict, task_metrics
 
     cfg = _WORKER["settings"]
     env = client_env(cfg.to_config(), {"partition-id": task.partition_id})
@@ -188,9 +187,9 @@ class Server:
     """FedLog's server: the head η, the summed statistics, and the wire dtype of what it sends."""
 
     def __init__(self, cfg: Settings):
-        from core.config import body_names
-        from core.models import common_width
-        from core.run_data import run_spec
+        from headway.core.config import body_names
+        from headway.core.models import common_width
+        from headway.core.run_data import run_spec
 
         spec = run_spec(cfg)
         self.cfg, self.classes = cfg, spec.num_classes
@@ -209,13 +208,13 @@ class Server:
         """FedLog-C's Φ as sent with a training message (None for plain FedLog or before any)."""
         if self.cfg.fedlog.alpha <= 0 or self.phi_sum is None:
             return None
-        from core.fedlog import class_means
+        from headway.core.fedlog import class_means
 
         return self.wire(class_means(self.phi_sum) if self.cfg.fedlog.wire_dtype == "float16" else self.phi_sum)
 
     def aggregate(self, answers: list[Answer]) -> None:
         """Eq. 11 and 12 on the replies in partition-id order, as the strategy decodes them."""
-        from core.fedlog import dense_statistics, solve_head, sum_rows
+        from headway.core.fedlog import dense_statistics, solve_head, sum_rows
 
         payloads = []
         for a in sorted(answers, key=lambda a: a.partition_id):

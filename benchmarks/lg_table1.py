@@ -23,9 +23,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from headway.core.goal import first_round_reaching
+from headway.core.methods import METHODS
+
 from benchmarks.runner import add_run_arguments, finished, load_run, results_root, simulate
-from core.goal import first_round_reaching
-from core.methods import METHODS
 
 CONFIGS = {"mnist": "benchmarks/configs/lg-table1-mnist.toml", "cifar10": "benchmarks/configs/lg-table1-cifar10.toml"}
 GOALS = {"mnist": 0.975, "cifar10": 0.57}

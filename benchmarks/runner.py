@@ -47,7 +47,7 @@ def finished(folder: Path) -> bool:
 
 
 def simulate(dataset: str, out: Path, overrides: Mapping[str, Any], sets: Sequence[str] = ()) -> None:
-    """One ``python -m simulation`` run of the dataset's Table 1 config (or of the config
+    """One ``python -m headway.simulation`` run of the dataset's Table 1 config (or of the config
     file ``dataset`` names, when it is not a key of CONFIGS) in a fresh process
     (a fresh Ray), with ``overrides`` then ``sets`` on top; skipped if ``out`` holds a
     complete run, and run again over what a failed or interrupted run left there."""

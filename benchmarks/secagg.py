@@ -93,7 +93,7 @@ def run_variant(clients: int, rounds: int, variant: str) -> dict[str, Any]:
 def stage_costs(n: int, shares_wanted: int = 0, size: int = 510) -> dict[str, Any]:
     """CPU seconds of each stage for one client (mean over clients) and for the server, the
     protocol run in this process: n clients, T of ``size`` values."""
-    from core import secagg as S
+    from headway.core import secagg as S
 
     shares = S.share_count(n, shares_wanted)
     t = S.threshold_for(shares - 1, 0.5)  # of the shares - 1 other neighbours, as the server does

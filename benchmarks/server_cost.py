@@ -14,8 +14,7 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
-
-from core.fedlog import StatsCheck, solve_head, stationarity_residual
+from headway.core.fedlog import StatsCheck, solve_head, stationarity_residual
 
 
 def synthetic_stats(rng: np.random.Generator, classes: int, m: int, n: int) -> np.ndarray:

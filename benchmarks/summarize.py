@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from headway.server.results import plot_curves
 
 from benchmarks.runner import finished, fmt_mean_se, load_run
-from server.results import plot_curves
 
 # fedlog-extended Table 1: accuracy % (mean ± s.e., 10 seeds) and communication cost to the threshold
 PAPER: dict[str, dict[str, Any]] = {

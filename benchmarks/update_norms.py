@@ -57,12 +57,11 @@ def local_sizes(size: int, rounds: int, data_dir: str = "") -> list[dict]:
     random initial model in round 1; this is what ``max-first-update-norm`` must admit."""
     import numpy as np
     import torch
-
-    from core.aggregate import relative_update_norm, weighted_average
-    from core.config import resolve_settings
-    from core.data import load_dataset, to_tensors
-    from core.models import build_model
-    from core.training import task_loss, train_epochs
+    from headway.core.aggregate import relative_update_norm, weighted_average
+    from headway.core.config import resolve_settings
+    from headway.core.data import load_dataset, to_tensors
+    from headway.core.models import build_model
+    from headway.core.training import task_loss, train_epochs
 
     cfg = resolve_settings({"body": "mnist-cnn"})
     ds = load_dataset("mnist", data_dir, 0)

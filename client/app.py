@@ -2,7 +2,7 @@
 to the method's local procedure. Local state (bodies, heads) lives in ``context.state``,
 and on the node's disk too where the SuperNode names a ``state-dir`` or the simulation runner a
 state folder: versions by message position, so a restarted node or a resumed run picks up the
-state it had before the message it answers (:mod:`client.state_store`).
+state it had before the message it answers (:mod:`headway.client.state_store`).
 
 A procedure that fails answers with an error reply carrying its own message (not a
 remote traceback), so the server can count it with a readable reason.
@@ -18,20 +18,19 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-
-from client.env import ClientEnv, client_env, local_data, node_cfg
-from client.faults import fault_mod
-from client.procedures.base import round_of
-from client.registry import PROCEDURES
-from client.secure_aggregation import answer, is_stage
-from client.state_store import is_fresh, lineage_key, position, restore_state, save_version, state_folder, state_root
-from core import protocol as P
-from core.config import body_for, scores_with_train
-from core.console import quiet_http_clients
-from core.run_data import node_profile
-from core.secagg import pinned_floor
-from core.settings import Settings
-from core.sources import limits_from_node_config
+from headway.client.env import ClientEnv, client_env, local_data, node_cfg
+from headway.client.faults import fault_mod
+from headway.client.procedures.base import round_of
+from headway.client.registry import PROCEDURES
+from headway.client.secure_aggregation import answer, is_stage
+from headway.client.state_store import is_fresh, lineage_key, position, restore_state, save_version, state_folder, state_root
+from headway.core import protocol as P
+from headway.core.config import body_for, scores_with_train
+from headway.core.console import quiet_http_clients
+from headway.core.run_data import node_profile
+from headway.core.secagg import pinned_floor
+from headway.core.settings import Settings
+from headway.core.sources import limits_from_node_config
 
 log = logging.getLogger("headway")
 
@@ -72,7 +71,7 @@ def partition_of(context: Context) -> int | None:
 
 
 def _lineage(msg: Message, context: Context, root: Path | None) -> str | None:
-    """The key this node's saved state is filed under (:func:`client.state_store.lineage_key`): the
+    """The key this node's saved state is filed under (:func:`headway.client.state_store.lineage_key`): the
     server's registration query names it (a resumed run's, the run it continues)."""
     config = msg.content.config_records.get(P.CONFIG, ConfigRecord()) if msg.metadata.message_type == MessageType.QUERY else ConfigRecord()
     return lineage_key(context.state, root, context.run_id, config.get(P.LINEAGE))

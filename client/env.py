@@ -11,18 +11,17 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from core import seeds
-from core.config import LOCAL, body_for, fit_body, resolve_settings
-from core.data import Dataset, to_tensors
-from core.fairness import encode_protected, parse_protected
-from core.labels import check_label_column
-from core.models import Net, build_model, resolve_device
-from core.noise import corrupt, noise_assignment, parse_client_transform, transform
-from core.partition import make_partition
-from core.run_data import load_node_data, load_run_dataset
-from core.settings import Settings
-from core.sources import ReaderLimits, limits_from_node_config
+from headway.core import seeds
+from headway.core.config import LOCAL, body_for, fit_body, resolve_settings
+from headway.core.data import Dataset, to_tensors
+from headway.core.fairness import encode_protected, parse_protected
+from headway.core.labels import check_label_column
+from headway.core.models import Net, build_model, resolve_device
+from headway.core.noise import corrupt, noise_assignment, parse_client_transform, transform
+from headway.core.partition import make_partition
+from headway.core.run_data import load_node_data, load_run_dataset
+from headway.core.settings import Settings
+from headway.core.sources import ReaderLimits, limits_from_node_config
 
 log = logging.getLogger("headway")
 
@@ -102,7 +101,7 @@ def _local_env(cfg: Settings, data: str, schema_json: str, slot: int, body_overr
 
 
 def with_protected(env: ClientEnv, train_rows: np.ndarray, test_rows: np.ndarray) -> ClientEnv:
-    """``env`` with P of its rows (``protected-columns``, encoded by :func:`core.fairness.encode_protected`
+    """``env`` with P of its rows (``protected-columns``, encoded by :func:`headway.core.fairness.encode_protected`
     against the loaded training rows); unchanged when the run names no protected column."""
     specs = parse_protected(env.cfg.protected_columns)
     if not specs:
@@ -153,7 +152,7 @@ def _make_env(
     xte, yte = to_tensors(ds, x_test, test[1])
     device = resolve_device(cfg.device)
     if cfg.inputs == "features":  # the frozen extractor's features stand in for the inputs (noise applied before)
-        from core.extractors import configured_features
+        from headway.core.extractors import configured_features
 
         xtr, xte = configured_features(cfg, ds.name, xtr, device), configured_features(cfg, ds.name, xte, device)
         ds = replace(ds, input_shape=(xtr.shape[1],), augment=False)  # a view: same arrays, models see vectors
@@ -172,7 +171,7 @@ def node_cfg(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> S
 def local_data(cfg: Settings, node_config: Mapping[str, Any]) -> str | None:
     """The path of this node's own data with ``dataset=local`` (node config ``data``), None
     in a run that partitions one data set; ValueError when the two do not match, or when the
-    node refuses the run's label column (:func:`core.labels.check_label_column`: before
+    node refuses the run's label column (:func:`headway.core.labels.check_label_column`: before
     any description, registration or reply, so nothing of a refused column leaves the node)."""
     data = str(node_config.get("data", "") or "")
     if cfg.dataset == LOCAL and not data:

@@ -33,9 +33,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable, Mod
-
-from core import protocol as P
-from core.config import fault_ids, resolve_settings
+from headway.core import protocol as P
+from headway.core.config import fault_ids, resolve_settings
 
 log = logging.getLogger("headway")
 

@@ -1,5 +1,5 @@
 """Algorithm name -> client procedure, loaded from the method declarations (core/methods.py names
-each method's procedure as ``"module:Class"`` in ``client.procedures``); one instance per class,
+each method's procedure as ``"module:Class"`` in ``headway.client.procedures``); one instance per class,
 shared by the methods that name the same class. Checked at import, naming the method: the class
 exists and its ``methods`` tuple names the method."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import importlib
 
-from client import procedures
-from client.procedures.base import Procedure
-from core.methods import METHODS, Method, class_path
+from headway.client import procedures
+from headway.client.procedures.base import Procedure
+from headway.core.methods import METHODS, Method, class_path
 
 
 def load(method: Method) -> type:

@@ -23,10 +23,9 @@ from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
-
-from core import protocol as P
-from core import secagg as S
-from core.settings import Settings
+from headway.core import protocol as P
+from headway.core import secagg as S
+from headway.core.settings import Settings
 
 SESSION = "secagg-session"
 PROTOCOL_FLOOR = S.client_floor(min_replies=1, secagg_shares=0, secagg_threshold=0.5)  # the least any run config implies

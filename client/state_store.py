@@ -4,7 +4,7 @@ state, picks up where it stopped instead of from the seed; and so a resumed run 
 finds the state its nodes had at the checkpoint it continues from.
 
 On when the SuperNode's node config names a ``state-dir`` (``headway supernode
---state-dir``), or in simulation when the runner gives :func:`client.app.build_client_app`
+--state-dir``), or in simulation when the runner gives :func:`headway.client.app.build_client_app`
 one. The folder is keyed by the run's lineage key (a random token the run's server draws and
 sends in every registration query, the same after a resume: only that server can name the
 state; before a registration, this run's id or its pointer file) and the partition id, and holds
@@ -29,9 +29,8 @@ from typing import Any
 from flwr.app import ConfigRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
-
-from client.secure_aggregation import SESSION
-from core import protocol as P
+from headway.client.secure_aggregation import SESSION
+from headway.core import protocol as P
 
 log = logging.getLogger("headway")
 

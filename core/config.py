@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from core.aggregate import SELECTING, replies_needed
-from core.methods import METHODS, fedlog_c_key_rule
-from core.schema import ConfigError, Key  # ConfigError: here for callers; the method rules raise it too
-from core.settings import (  # the schema and the values it names live with the typed settings; callers import them from here too
+from headway.core.aggregate import SELECTING, replies_needed
+from headway.core.methods import METHODS, fedlog_c_key_rule
+from headway.core.schema import ConfigError, Key  # ConfigError: here for callers; the method rules raise it too
+from headway.core.settings import (  # the schema and the values it names live with the typed settings; callers import them from here too
     AUTO_BODY,
     BUILTIN_TRAIN_FRACTION,
     LOCAL,
@@ -111,7 +111,7 @@ def train_fraction(cfg: Settings) -> float:
 
 
 def _check_combinations(cfg: Settings, import_bodies: bool = True) -> None:
-    from core.models import BodyError, body_factory, is_custom_body  # local import: models pulls in torch
+    from headway.core.models import BodyError, body_factory, is_custom_body  # local import: models pulls in torch
 
     for body in body_names(cfg):  # a registry name, torchvision:<arch>[@weights] or an import path that imports
         if body == AUTO_BODY and body_key(cfg, body) == "body":
@@ -126,7 +126,7 @@ def _check_combinations(cfg: Settings, import_bodies: bool = True) -> None:
         fault_ids(cfg.fault_clients)
     except ValueError:
         raise ConfigError(f"run-config key 'fault-clients' must be a comma list of partition ids, got {cfg.fault_clients!r}") from None
-    from core.noise import parse_client_noise  # local import: keeps the schema light
+    from headway.core.noise import parse_client_noise  # local import: keeps the schema light
 
     try:
         parse_client_noise(cfg.client_noise)
@@ -190,7 +190,7 @@ def _check_scores_with_train(cfg: Settings, method: Any) -> None:
 
 def _check_secure_aggregation(cfg: Settings) -> None:
     """What secure-aggregation needs of the round (whether the method's strategy can aggregate a sum alone
-    is checked where that class is known: strategies.registry.check_capabilities)."""
+    is checked where that class is known: headway.strategies.registry.check_capabilities)."""
     if (most := max_replies(cfg)) < 3:  # core/secagg.py MIN_CLIENTS (no import: config stays free of the crypto)
         raise ConfigError(
             f"run-config key 'secure-aggregation' is {cfg.secure_aggregation!r}, but a round of {cfg.algorithm} asks {most} "
@@ -216,7 +216,7 @@ def _check_secure_aggregation(cfg: Settings) -> None:
 def _check_aggregation(cfg: Settings, most: int) -> None:
     """A robust aggregation rule only when a full round (``most`` replies) is enough for it against
     malicious-clients (whether the method's strategy averages model updates, the step the rule replaces,
-    is checked where that class is known: strategies.registry.check_capabilities)."""
+    is checked where that class is known: headway.strategies.registry.check_capabilities)."""
     rule, f = cfg.aggregation, cfg.malicious_clients
     if rule == "trimmed-mean":
         _check_trimmed_mean(cfg.trimmed_mean_beta, most)
@@ -265,7 +265,7 @@ def scores_with_train(cfg: Settings, server_round: int) -> bool:
 def max_replies(cfg: Settings) -> int:
     """The most training replies one round can get: every client for a method that asks
     every client, else the round's sample K = max(1, round(fraction-train x num-clients))."""
-    from core.sampling import sample_size
+    from headway.core.sampling import sample_size
 
     n = int(cfg.num_clients)
     return n if METHODS[cfg.algorithm].every_client else min(n, sample_size(n, cfg.fraction_train))
@@ -273,8 +273,8 @@ def max_replies(cfg: Settings) -> int:
 
 def _check_joining(cfg: Settings) -> None:
     """The join and client-transform keys (core/joining.py, core/noise.py): ConfigError in one line naming the key."""
-    from core.joining import join_problem
-    from core.noise import parse_client_transform
+    from headway.core.joining import join_problem
+    from headway.core.noise import parse_client_transform
 
     try:
         problem = join_problem(
@@ -299,7 +299,7 @@ def _check_joining(cfg: Settings) -> None:
 
 def _check_partition_sizes(cfg: Settings) -> None:
     """partition-sizes (core/partition.py) in one line: its form, the partition ids against num-clients, the scheme."""
-    from core.partition import parse_partition_sizes, sizes_problem
+    from headway.core.partition import parse_partition_sizes, sizes_problem
 
     try:
         problem = sizes_problem(cfg.partition_sizes, cfg.num_clients, cfg.partition)
@@ -344,7 +344,7 @@ def _check_goals(cfg: Settings) -> None:
 
 
 def check_against_spec(cfg: Settings, spec: Any) -> None:
-    """Checks that need the data set's spec (a ``core.data.DatasetSpec``); ConfigError naming the key."""
+    """Checks that need the data set's spec (a ``headway.core.data.DatasetSpec``); ConfigError naming the key."""
     if cfg.lg_fedavg.ensemble == "probabilities" and spec.task != "classification":
         raise ConfigError(
             f"run-config key 'lg-ensemble' is 'probabilities', but this data set's task is {spec.task}: use 'logits' or 'median'"
@@ -357,7 +357,7 @@ def check_against_spec(cfg: Settings, spec: Any) -> None:
         raise ConfigError(
             f"run-config key 'classes-per-client' is {cfg.classes_per_client}, but data set '{cfg.dataset}' has {spec.num_classes} classes"
         )
-    from core.noise import IMAGE_KINDS, parse_client_noise
+    from headway.core.noise import IMAGE_KINDS, parse_client_noise
 
     image = len(spec.input_shape) == 3
     if cfg.inputs == "features" and not image and cfg.fedpft.extractor != "identity":
@@ -385,7 +385,7 @@ def check_bodies(cfg: Settings, input_shape: tuple[int, ...]) -> None:
     extractor and a linear head)."""
     if not METHODS[cfg.algorithm].builds_body:
         return
-    from core.models import BodyError, build_body, output_width
+    from headway.core.models import BodyError, build_body, output_width
 
     shape = tuple(input_shape)
     for body in [fitted_body(cfg, shape) if b == AUTO_BODY else b for b in body_names(cfg)]:
@@ -404,7 +404,7 @@ def check_bodies(cfg: Settings, input_shape: tuple[int, ...]) -> None:
 
 def _fitting_note(cfg: Settings, shape: tuple[int, ...]) -> str:
     """The tail of a body refusal: which built-in bodies do fit ``shape`` (and feature-dim), and that leaving body unset picks one."""
-    from core.models import fitting_bodies
+    from headway.core.models import fitting_bodies
 
     fitting = fitting_bodies(shape, cfg.feature_dim)
     if not fitting:
@@ -413,11 +413,11 @@ def _fitting_note(cfg: Settings, shape: tuple[int, ...]) -> str:
 
 
 def fitted_body(cfg: Settings, input_shape: tuple[int, ...]) -> str:
-    """The run's ``body``: as named, or for body=auto the one that fits ``input_shape`` (core.models.auto_body:
+    """The run's ``body``: as named, or for body=auto the one that fits ``input_shape`` (headway.core.models.auto_body:
     the same on the server and every client, since all see the same input shape); ConfigError when none does."""
     if cfg.body != AUTO_BODY:
         return str(cfg.body)
-    from core.models import BodyError, auto_body
+    from headway.core.models import BodyError, auto_body
 
     try:
         return auto_body(tuple(input_shape), cfg.feature_dim)

@@ -17,8 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from core import seeds
+from headway.core import seeds
 
 P_TRANS = 0.75  # W, transmitter power (§5.1)
 P_F = 0.7  # W, baseline processor power (§5.1)

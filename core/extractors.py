@@ -29,9 +29,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from core.data import NORMALIZATION, DatasetSpec, image_normalization
-from core.settings import Settings
+from headway.core.data import NORMALIZATION, DatasetSpec, image_normalization
+from headway.core.settings import Settings
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))  # EfficientNet-Lite's TF preprocessing, (x − 127) / 128
@@ -266,10 +265,10 @@ def configured_features(cfg: Settings, dataset: str, x: torch.Tensor, device: to
 
 def input_spec(cfg: Settings, data_spec: DatasetSpec | None = None) -> DatasetSpec:
     """What the run's models take in: the data's own spec (``data_spec``, else the run's:
-    :func:`core.run_data.run_spec`), or with ``inputs=features`` the extractor's feature
+    :func:`headway.core.run_data.run_spec`), or with ``inputs=features`` the extractor's feature
     vectors (the server builds models from this without the data)."""
     if data_spec is None:
-        from core.run_data import run_spec
+        from headway.core.run_data import run_spec
 
         data_spec = run_spec(cfg)
     spec = data_spec

@@ -19,10 +19,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from headway.core import privacy, statistics
 from scipy.optimize import brentq
 from scipy.special import logsumexp
-
-from core import privacy, statistics
 
 # the per-class sums and the DP calibration are shared with other methods (FedProto's prototypes,
 # the privacy accounting), so they live in shared modules; FedLog's names for them stay

@@ -2,7 +2,7 @@
 client's features as a float16 payload, the server's checks of that payload, synthetic
 features drawn from it, the linear head trained on them, and DP-FedPFT (Theorem 4.1).
 
-The payload of one client (array names in :mod:`core.protocol`):
+The payload of one client (array names in :mod:`headway.core.protocol`):
 
 - ``gmm-classes`` int32 (m, 3): for each class sent, its label, its number of examples
   and its number of components K_c (rows are the classes' mixtures, in this order);
@@ -22,11 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from core import privacy
-from core import protocol as P
-from core.extractors import configured_features
-from core.gmm import (
+from headway.core import privacy
+from headway.core import protocol as P
+from headway.core.extractors import configured_features
+from headway.core.gmm import (
     RESTARTS,
     Mixture,
     fit_gmm,
@@ -36,7 +35,7 @@ from core.gmm import (
     sample,
     unpack_symmetric,
 )
-from core.settings import Settings
+from headway.core.settings import Settings
 
 FLOAT16_TINY = float(np.finfo(np.float16).tiny)  # 2^-14: smallest normal float16; variances are floored here before sending
 WEIGHT_SUM_TOLERANCE = 1e-2  # float16 weights of a class must sum to 1 within this

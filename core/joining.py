@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from core.sampling import sample_size
+from headway.core.sampling import sample_size
 
 
 def parse_partition_ids(text: str, key: str = "join-clients") -> frozenset[int]:

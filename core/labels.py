@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from core.settings import Settings
+from headway.core.settings import Settings
 
 DEFAULT_MAX_LABEL_VALUES = 100
 DEFAULT_MAX_NUMERIC_LABEL_VALUES = 20
@@ -118,8 +118,8 @@ def check_label_column(path: str, cfg: Settings, node_config: Mapping[str, Any])
     if problem is None:
         max_values = node_limit(node_config, "max-label-values", DEFAULT_MAX_LABEL_VALUES)
         max_numeric = node_limit(node_config, "max-numeric-label-values", DEFAULT_MAX_NUMERIC_LABEL_VALUES)
-        from core.run_data import _read, source_options
-        from core.sources import limits_from_node_config
+        from headway.core.run_data import _read, source_options
+        from headway.core.sources import limits_from_node_config
 
         raw = _read(str(Path(path).expanduser()), source_options(cfg), limits_from_node_config(node_config))
         if raw.format in CHOSEN_LABEL_FORMATS:

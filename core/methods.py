@@ -7,7 +7,7 @@ The config schema and the typed settings (core/settings.py), the run-config chec
 partition's holdout, the generated ``[tool.flwr.app.config]`` block and docs/configuration.md
 all read these declarations; ``strategies/registry.py`` and ``client/registry.py`` load the
 classes named here. The classes are named relative to their package (``"fedavg:FedAvg"`` is
-``strategies.fedavg.FedAvg``) so that ``core`` never imports or names a layer above it. What a
+``headway.strategies.fedavg.FedAvg``) so that ``core`` never imports or names a layer above it. What a
 strategy can do (secure sums, robust rules) is read from the strategy class itself
 (``strategies/capabilities.py``), never declared here. docs/methods.md says what adding a
 method touches.
@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from core.schema import ConfigError, Key, keys_of, non_negative, positive, setting
+from headway.core.schema import ConfigError, Key, keys_of, non_negative, positive, setting
 
-if TYPE_CHECKING:  # core.settings builds Settings from these declarations: only the type is needed here
-    from core.settings import Settings
+if TYPE_CHECKING:  # headway.core.settings builds Settings from these declarations: only the type is needed here
+    from headway.core.settings import Settings
 
 
 def no_rules(cfg: Settings) -> None:
@@ -36,12 +36,12 @@ class Method:
     name: str
     summary: str
     strategy: str  # its server strategy: "module:Class" in the strategies package (strategies/registry.py loads it)
-    procedure: str  # its client procedure: "module:Class" in client.procedures (client/registry.py loads it)
-    settings: type | None = None  # its own keys: a frozen dataclass of core.schema.setting fields, one per key
+    procedure: str  # its client procedure: "module:Class" in headway.client.procedures (client/registry.py loads it)
+    settings: type | None = None  # its own keys: a frozen dataclass of headway.core.schema.setting fields, one per key
     prefix: str = ""  # what its keys start with, before a '-'; empty: its name
     records: object | None = None  # a frozen dataclass of the wire names only it uses (payload arrays; phases as phase_*)
     # raises ConfigError naming the key when the resolved config combines its values in a way the method cannot run
-    # (checked on the typed settings: core.config.resolve_settings builds them before it checks how values combine)
+    # (checked on the typed settings: headway.core.config.resolve_settings builds them before it checks how values combine)
     validate: Callable[[Settings], None] = no_rules
     holdout_key: str = "server-holdout"  # the key counting the training rows the server keeps from every client
     every_client: bool = False  # a training round asks every client (else a fraction-train sample of them)
@@ -54,7 +54,7 @@ class Method:
 
     @property
     def attr(self) -> str:
-        """Its attribute on the typed settings (core.settings.Settings): its name with '-' as '_'."""
+        """Its attribute on the typed settings (headway.core.settings.Settings): its name with '-' as '_'."""
         return self.name.replace("-", "_")
 
     @property
@@ -229,7 +229,7 @@ def _layer_spec_form(value: str) -> bool:
     return bool(text) and all(p.strip() for p in text.split(","))
 
 
-ENSEMBLES = ("logits", "probabilities", "median")  # how the new test combines models (core.training.ensemble_outputs)
+ENSEMBLES = ("logits", "probabilities", "median")  # how the new test combines models (headway.core.training.ensemble_outputs)
 
 
 @dataclass(frozen=True)
@@ -437,7 +437,7 @@ class FedPFTSettings:
     em_max_iter: int = setting(positive("FedPFT: EM iterations at most", 100))
     em_restarts: int = setting(
         Key(
-            3,  # core.gmm.RESTARTS (tests/test_fedpft_em_restarts.py holds them equal; core.gmm would import torch here)
+            3,  # headway.core.gmm.RESTARTS (tests/test_fedpft_em_restarts.py holds them equal; headway.core.gmm would import torch here)
             "FedPFT: EM starts each class mixture with K > 1 is fitted from (each drawn as fedpft-em-init says), the likeliest "
             "kept, as scikit-learn's n_init; 1: a single start, about a third of the EM time; each start holds another copy "
             "of the class's points in memory, hence the cap",
@@ -557,7 +557,7 @@ def _fedlog_secure_rules(cfg: Settings) -> None:
             "run-config key 'fedlog-dp' cannot be 'local' with secure-aggregation: the server already sees only the sum; "
             "use 'central' (the server noises the sum) or 'distributed' (the clients do)"
         )
-    from core.secagg import SecAggError, fraction_bits  # local import: the cryptography libraries only when asked for
+    from headway.core.secagg import SecAggError, fraction_bits  # local import: the cryptography libraries only when asked for
 
     most = cfg.num_clients * (cfg.max_client_examples or 1_000_000)  # every client at the reply cap (the round checks its real bound)
     try:

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from headway.core import seeds
 from torch import nn
-
-from core import seeds
 
 
 class CNN(nn.Module):

@@ -23,7 +23,7 @@ A description is the node's own word: its row counts, column moments and names. 
   a node that is left out has shaped nothing; registration applies the same checks
   (:func:`description_problem`) to what a node registers with.
 
-Plain functions on profiles (:func:`core.sources.profile`'s dicts) and :class:`DataSchema`; no Flower.
+Plain functions on profiles (:func:`headway.core.sources.profile`'s dicts) and :class:`DataSchema`; no Flower.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from core.sources import STD_EPS, DataSchema, SourceError, SourceOptions, fits, merge, sort_classes
+from headway.core.sources import STD_EPS, DataSchema, SourceError, SourceOptions, fits, merge, sort_classes
 
 SUPPORT = 2  # descriptions that declare a class or level for it to enter the schema without counting against a node's cap
 MAX_NEW_NAMES = 64  # classes (or levels of one column) one node may add that no other node declares
@@ -86,7 +86,7 @@ def supported(names_per_node: Sequence[Sequence[str]], barred: Sequence[bool] = 
 
 def robust_schema(profiles: Sequence[dict], opts: SourceOptions) -> DataSchema:
     """The schema of ``profiles`` (already found to agree on kind and columns by
-    :func:`core.sources.merge`) under the rules above: classes and levels by support, numeric
+    :func:`headway.core.sources.merge`) under the rules above: classes and levels by support, numeric
     columns by the median rules. SourceError when nothing is left to train on."""
     base = merge(list(profiles), opts)
     classes = opts.classes or tuple(sort_classes(supported([list(p["classes"]) for p in profiles])))
@@ -142,7 +142,7 @@ def examples_problem(profile: Mapping[str, Any], cap: int) -> str | None:
 
 def description_problem(profile: dict, schema: DataSchema, cap: int | None = None) -> str | None:
     """Why a node with ``profile`` cannot take part in a run with ``schema``: it does not fit
-    (:func:`core.sources.fits`), declares more than ``cap`` examples, or its column moments are
+    (:func:`headway.core.sources.fits`), declares more than ``cap`` examples, or its column moments are
     out of range; None when it can."""
     problem = fits(profile, schema)
     if problem is not None:

@@ -24,8 +24,7 @@ LG-FedAvg's rotated MNIST, Table 3). Kinds: ``rotate90``, ``rotate180``, ``rotat
 from __future__ import annotations
 
 import numpy as np
-
-from core import seeds
+from headway.core import seeds
 
 IMAGE_KINDS = ("irrelevant", "blur", "salt-pepper")
 TABULAR_KINDS = ("polluted", "noisy")

@@ -11,12 +11,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
-
-from core import seeds
-from core.data import Dataset
-from core.methods import METHODS
-from core.sampling import sample_size
-from core.settings import Settings
+from headway.core import seeds
+from headway.core.data import Dataset
+from headway.core.methods import METHODS
+from headway.core.sampling import sample_size
+from headway.core.settings import Settings
 
 # a partitioner's answer: each client's training row indices, then its test row indices
 Split = tuple[list[np.ndarray], list[np.ndarray]]

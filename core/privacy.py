@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from core.settings import Settings
+from headway.core.settings import Settings
 
 # what one release is, per FedLog DP mode ("distributed": noise shares added by the clients
 # before secure aggregation, with the total σ of central DP, so it is accounted as central)

@@ -18,7 +18,7 @@ import numpy as np
 if TYPE_CHECKING:  # torch is imported where a model is profiled
     import torch
 
-from core.aggregate import weighted_average
+from headway.core.aggregate import weighted_average
 
 VARIANCE_FLOOR = 1e-8  # absolute floor: a layer whose every unit is dead must not divide by zero
 # Variances are floored relative to the layer's scale: at this fraction of the baseline's mean

@@ -3,7 +3,7 @@ names, phases and error codes (a method's own wire names are in its declaration)
 of Flower so both sides (and tests) import it without a framework.
 """
 
-from core.methods import FEDLOG_RECORDS, FEDPFT_RECORDS, FEDPROF_RECORDS, FEDPROTO_RECORDS, LG_FEDAVG_RECORDS
+from headway.core.methods import FEDLOG_RECORDS, FEDPFT_RECORDS, FEDPROF_RECORDS, FEDPROTO_RECORDS, LG_FEDAVG_RECORDS
 
 ARRAYS = "arrays"  # ArrayRecord: a model, a head, or a method's payload
 CONFIG = "config"  # ConfigRecord: round, phase and per-round settings

@@ -2,7 +2,7 @@
 client, their count-weighted average on the server, and nearest-prototype prediction.
 
 Prototypes are per-class feature sums (the quantity FedLog shares) divided by the class
-counts; the sums come from the shared :func:`core.statistics.class_sums`.
+counts; the sums come from the shared :func:`headway.core.statistics.class_sums`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-from core.statistics import class_sums
+from headway.core.statistics import class_sums
 
 
 def class_prototypes(features: np.ndarray, labels: np.ndarray, num_classes: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,7 +1,7 @@
 """The data a run works on, wherever it lives: a built-in data set, the user's own source
 (a path, split over clients like a built-in in simulation), or each node's own source
 (``dataset=local``: a deployment where every SuperNode reads only its own folder).
-Plain functions, no Flower; readers and encoding are :mod:`core.sources`."""
+Plain functions, no Flower; readers and encoding are :mod:`headway.core.sources`."""
 
 from __future__ import annotations
 
@@ -11,18 +11,18 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.config import LOCAL, ConfigError, dataset_kind
-from core.data import NATURAL_COLUMNS, Dataset, DatasetSpec, builtin_spec, load_dataset, spec_of
-from core.fairness import parse_protected
-from core.settings import Settings
+from headway.core.config import LOCAL, ConfigError, dataset_kind
+from headway.core.data import NATURAL_COLUMNS, Dataset, DatasetSpec, builtin_spec, load_dataset, spec_of
+from headway.core.fairness import parse_protected
+from headway.core.settings import Settings
 
-if TYPE_CHECKING:  # core.sources is imported when a user source is read
-    from core.sources import RawSource, SourceOptions
+if TYPE_CHECKING:  # headway.core.sources is imported when a user source is read
+    from headway.core.sources import RawSource, SourceOptions
 
 
 def source_options(cfg: Settings) -> SourceOptions:
     """How the run reads a user source (its label column, image size, classes, ...)."""
-    from core.sources import options_from_config
+    from headway.core.sources import options_from_config
 
     return options_from_config(cfg.to_config())  # the options' own checks, as for a partial config (headway split)
 
@@ -42,14 +42,14 @@ def dataset_label(cfg: Settings) -> str:
 @lru_cache(maxsize=8)
 def _read(path: str, opts: Any, limits: Any = None) -> RawSource:
     """A source read once per process; ``limits``: the node's ReaderLimits (None: the defaults)."""
-    from core.sources import ReaderLimits, read_source
+    from headway.core.sources import ReaderLimits, read_source
 
     return read_source(path, opts, limits or ReaderLimits())
 
 
 @lru_cache(maxsize=4)
 def _whole_source(path: str, opts: Any) -> tuple[Dataset, Any]:
-    from core.sources import encode, merge, profile
+    from headway.core.sources import encode, merge, profile
 
     raw = _read(path, opts)
     schema = merge([profile(raw, opts)], opts)
@@ -137,7 +137,7 @@ def read_profile(text: Any) -> dict[str, Any]:
 def node_profile(path: str, cfg: Settings, limits: Any = None) -> dict[str, Any]:
     """What a node declares about its own source (classes and counts, columns and their
     summed moments; no rows), for the server to fix the run's schema; ``limits``: the node's ReaderLimits."""
-    from core.sources import profile
+    from headway.core.sources import profile
 
     opts = source_options(cfg)
     return profile(_read(str(Path(path).expanduser()), opts, limits), opts)
@@ -145,7 +145,7 @@ def node_profile(path: str, cfg: Settings, limits: Any = None) -> dict[str, Any]
 
 @lru_cache(maxsize=4)
 def _node_data(path: str, schema_json: str, opts: Any, limits: Any = None) -> Dataset:
-    from core.sources import DataSchema, encode
+    from headway.core.sources import DataSchema, encode
 
     return encode(_read(path, opts, limits), DataSchema.from_json(schema_json), opts, source_name(path))
 

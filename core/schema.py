@@ -71,6 +71,6 @@ def keys_of(settings: type | None, prefix: str = "") -> dict[str, Key]:
     out = {}
     for f in fields(settings):
         if KEY not in f.metadata:
-            raise TypeError(f"{settings.__qualname__}.{f.name} is not declared with core.schema.setting(Key(...))")
+            raise TypeError(f"{settings.__qualname__}.{f.name} is not declared with headway.core.schema.setting(Key(...))")
         out[key_name(prefix, f.name)] = f.metadata[KEY]
     return out

@@ -44,9 +44,8 @@ from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
-
-from core import secagg_primitives as C
-from core.settings import Settings
+from headway.core import secagg_primitives as C
+from headway.core.settings import Settings
 
 MOD_BITS = 64  # arithmetic mod 2^64, numpy's uint64 wrap-around
 HEADROOM_BITS = 62  # the largest |sum| a config may reach is below 2^62: one bit of margin for rounding

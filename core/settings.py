@@ -1,5 +1,5 @@
 """The typed settings of a run: the keys every method reads (:class:`CommonSettings`, one
-field per key, declared with its :class:`~core.schema.Key`), each method's own (its settings
+field per key, declared with its :class:`~headway.core.schema.Key`), each method's own (its settings
 class in core/methods.py) and :class:`Settings`, the frozen, typed value of a resolved run
 config. The run-config schema (:data:`SCHEMA`, which core/config.py checks configs against and
 headway/generate.py documents) is derived from these classes: one source.
@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from core.aggregate import AGGREGATIONS
-from core.fairness import protected_problem
-from core.methods import (
+from headway.core.aggregate import AGGREGATIONS
+from headway.core.fairness import protected_problem
+from headway.core.methods import (
     ALGORITHMS,
     METHODS,
     FedBABUSettings,
@@ -31,7 +31,7 @@ from core.methods import (
     LGFedAvgSettings,
     method_keys,
 )
-from core.schema import Key, field_name, fraction, key_name, keys_of, non_negative, positive, setting
+from headway.core.schema import Key, field_name, fraction, key_name, keys_of, non_negative, positive, setting
 
 DATASETS = (
     "mnist",
@@ -77,7 +77,7 @@ MAX_FEATURE_DIM = 16384  # 12x the widest body here (EfficientNet-Lite0, 1280); 
 
 LOCAL = "local"  # dataset value: every SuperNode reads its own data (node config 'data')
 BUILTIN_TRAIN_FRACTION = 0.05  # train-fraction=0 on a built-in data set: FedLog's Table 1 subset (5 % of MNIST), not a user's data
-AUTO_BODY = "auto"  # body value: the body that fits the data's input shape (core.models.auto_body), fixed once the shape is known
+AUTO_BODY = "auto"  # body value: the body that fits the data's input shape (headway.core.models.auto_body), fixed once the shape is known
 PATH_SUFFIXES = (".csv", ".parquet", ".npz")
 
 
@@ -457,7 +457,7 @@ class Settings(CommonSettings):
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Settings:
-        """The settings of a resolved run config (core.config.resolve); KeyError naming a schema key it lacks."""
+        """The settings of a resolved run config (headway.core.config.resolve); KeyError naming a schema key it lacks."""
         common = {f.name: cfg[key_name("", f.name)] for f in fields(CommonSettings)}
         own = {
             m.attr: m.settings(**{f.name: cfg[key_name(m.key_prefix, f.name)] for f in fields(m.settings)})
@@ -494,7 +494,7 @@ def _check_method_attributes() -> None:
             f"'{a}' is typed {have[a]}, but its method's settings class is {t}" for a, t in want.items() if a in have and have[a] != t
         ]
         lines += [f"remove '{a}': no declared method with keys has that attribute name" for a in have if a not in want]
-        raise RuntimeError("core.settings.Settings must hold one attribute per method with keys: " + "; ".join(lines))
+        raise RuntimeError("headway.core.settings.Settings must hold one attribute per method with keys: " + "; ".join(lines))
 
 
 _check_method_attributes()

@@ -6,10 +6,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 import torch
+from headway.core.data import augment_batch
+from headway.core.methods import ENSEMBLES
 from torch import nn
-
-from core.data import augment_batch
-from core.methods import ENSEMBLES
 
 CPU = torch.device("cpu")  # the default device of training and prediction
 Out = TypeVar("Out")  # what a training forward pass gives its loss: logits, or (features, logits)

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 def dispatch(name: str, argv: list[str]) -> int:
     """Run subcommand ``name`` with its own arguments; its exit code."""
     if name == "run":
-        from simulation.runner import main as run
+        from headway.simulation.runner import main as run
 
         return run(argv, prog=f"{PROG} run")
     if name == "generate":

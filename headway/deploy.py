@@ -37,10 +37,10 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from core.config import SCHEMA
-from core.labels import DEFAULT_MAX_LABEL_VALUES, DEFAULT_MAX_NUMERIC_LABEL_VALUES, NODE_LABEL_KEYS
-from core.secagg import NODE_PINS
-from core.sources import DEFAULT_MAX_ARRAY_BYTES, DEFAULT_MAX_IMAGE_PIXELS, NODE_LIMIT_KEYS
+from headway.core.config import SCHEMA
+from headway.core.labels import DEFAULT_MAX_LABEL_VALUES, DEFAULT_MAX_NUMERIC_LABEL_VALUES, NODE_LABEL_KEYS
+from headway.core.secagg import NODE_PINS
+from headway.core.sources import DEFAULT_MAX_ARRAY_BYTES, DEFAULT_MAX_IMAGE_PIXELS, NODE_LIMIT_KEYS
 from headway.processes import stop_pid, supervise
 
 FLEET_PORT = 9092  # SuperLink Fleet API (gRPC), where SuperNodes connect
@@ -660,7 +660,7 @@ def _flwr(args: list[str]) -> int:
 
 def _split(args: argparse.Namespace) -> int:
     """The `split` subcommand: run-config items from --set and the flags, then headway.split."""
-    from core.console import show_headway_log
+    from headway.core.console import show_headway_log
     from headway.split import report, run_config, split_nodes  # local import: loads numpy, torch and the data code
 
     show_headway_log()  # what reading a user source leaves out (an index column) is said at INFO

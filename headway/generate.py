@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from core.methods import METHODS, Method, method_keys, no_rules
-from core.schema import Key
-from core.settings import SCHEMA
-from strategies.capabilities import ROBUST_AGGREGATION, SECURE_SUM
-from strategies.registry import CAPABILITIES
+from headway.core.methods import METHODS, Method, method_keys, no_rules
+from headway.core.schema import Key
+from headway.core.settings import SCHEMA
+from headway.strategies.capabilities import ROBUST_AGGREGATION, SECURE_SUM
+from headway.strategies.registry import CAPABILITIES
 
 PYPROJECT = "pyproject.toml"
 DOC = "docs/configuration.md"

@@ -1,6 +1,6 @@
 """Split a data set into one folder per node (demo data for a deployment): the partition a run
 config asks for, written to disk as node-0/, node-1/, ... with each node's training and test rows
-and labels as class names, in a format core.sources reads back (npz, PNG folders or CSV).
+and labels as class names, in a format headway.core.sources reads back (npz, PNG folders or CSV).
 
     headway split mnist --partition dirichlet --num-clients 3 --out nodes/
 """
@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from core.config import resolve_settings
-from core.data import Dataset, load_dataset
-from core.partition import Partition, counts_line, empty_note, make_partition
-from core.run_data import source_options
-from core.settings import Settings
-from core.sources import (
+from headway.core.config import resolve_settings
+from headway.core.data import Dataset, load_dataset
+from headway.core.partition import Partition, counts_line, empty_note, make_partition
+from headway.core.run_data import source_options
+from headway.core.settings import Settings
+from headway.core.sources import (
     RawSource,
     RawSplit,
     encode,
@@ -135,5 +135,5 @@ def report(part: Partition, cfg: Settings, available: int | None = None) -> str:
     return (
         f"{counts_line([len(t) for t in part.train], who='node')}; train-fraction={cfg.train_fraction:g} ({used}{of} training rows); "
         f"{counts_line([len(t) for t in part.test], 'test rows', 'node')}"
-        + (f"\nwarning: {empty}" if (empty := empty_note([len(t) for t in part.train], "node")) else "")  # core.partition
+        + (f"\nwarning: {empty}" if (empty := empty_note([len(t) for t in part.train], "node")) else "")  # headway.core.partition
     )

@@ -180,7 +180,7 @@ def read_run_config(folder: Path) -> dict[str, Any]:
 def check_resumable(folder: Path) -> None:
     """ResumeRefused when ``folder`` recorded rounds but holds no checkpoint file to continue from
     (which checkpoint is whole, and whether the run config and code match, the ServerApp checks)."""
-    from server.checkpoint import FOLDER, checkpoint_files  # local import: keeps the command's start light
+    from headway.server.checkpoint import FOLDER, checkpoint_files  # local import: keeps the command's start light
 
     if checkpoint_files(folder / FOLDER):
         return
@@ -325,7 +325,7 @@ def judge(run_id: int, status: dict[str, str], summary: dict[str, Any] | None, f
     if flower.endswith(":completed") and said in (None, "complete"):
         figures = "" if not summary else f": final accuracy {_figure(summary.get('final_accuracy'))} after {_rounds(summary.get('rounds'))}"
         if summary:
-            from core.rounds import short_rounds_note  # local import: keeps the command's start light
+            from headway.core.rounds import short_rounds_note  # local import: keeps the command's start light
 
             figures += short_rounds_note(summary)  # rounds that ran without some client (summary.json: rounds_with_missing_clients)
         return Verdict(EXIT_COMPLETE, f"headway: run {run_id} complete{figures}{where}")
@@ -353,7 +353,7 @@ def _because(reason: str) -> str:
 
 def _rounds(count: Any) -> str:
     """summary.json's round count in words ("1 round", "3 rounds"); as written when it is not a whole number."""
-    from core.console import plural
+    from headway.core.console import plural
 
     return plural(count, "round") if isinstance(count, int) and not isinstance(count, bool) else f"{count} rounds"
 

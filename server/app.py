@@ -13,24 +13,23 @@ from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
-
-from core.config import LOCAL, ConfigError, check_against_spec, check_bodies, fit_body, resolve_settings
-from core.console import plural, score, show_headway_log
-from core.extractors import input_spec
-from core.methods import METHODS
-from core.rounds import short_rounds_note
-from core.run_data import dataset_label, run_spec
-from core.settings import Settings
-from server.checkpoint import resume_problem
-from server.results import Recorder
-from server.resume import Checkpoints, Resume, complete_summary, resume_point
-from server.tracking import check_trackers
-from strategies.base import HeadwayStrategy
-from strategies.discovery import DiscoveryFailed, discover
-from strategies.engine import RoundFailed
-from strategies.registry import STRATEGIES, check_capabilities
-from strategies.round_loop import RoundLoop
-from strategies.services import Services
+from headway.core.config import LOCAL, ConfigError, check_against_spec, check_bodies, fit_body, resolve_settings
+from headway.core.console import plural, score, show_headway_log
+from headway.core.extractors import input_spec
+from headway.core.methods import METHODS
+from headway.core.rounds import short_rounds_note
+from headway.core.run_data import dataset_label, run_spec
+from headway.core.settings import Settings
+from headway.server.checkpoint import resume_problem
+from headway.server.results import Recorder
+from headway.server.resume import Checkpoints, Resume, complete_summary, resume_point
+from headway.server.tracking import check_trackers
+from headway.strategies.base import HeadwayStrategy
+from headway.strategies.discovery import DiscoveryFailed, discover
+from headway.strategies.engine import RoundFailed
+from headway.strategies.registry import STRATEGIES, check_capabilities
+from headway.strategies.round_loop import RoundLoop
+from headway.strategies.services import Services
 
 log = logging.getLogger("headway")
 
@@ -45,7 +44,7 @@ def build_strategy(cfg: Settings, schema: Any = None, described: dict[int, dict[
     """The method's strategy for a resolved config; raises ConfigError when they cannot work
     together, before any client is asked: the config against the data set's spec, what the
     method itself checks (its ``check_config``), and (where the server holds the data) the partition.
-    ``schema``: with dataset=local, what the nodes' descriptions fixed (:mod:`strategies.discovery`),
+    ``schema``: with dataset=local, what the nodes' descriptions fixed (:mod:`headway.strategies.discovery`),
     and ``described`` those descriptions by node id (a node may not declare more at registration)."""
     data_spec = run_spec(cfg, schema)
     check_against_spec(cfg, data_spec)
@@ -70,7 +69,7 @@ def check_partition(cfg: Settings, dataset: Any) -> None:
         return
     import math
 
-    from core.partition import make_partition, server_holdout
+    from headway.core.partition import make_partition, server_holdout
 
     key = METHODS[cfg.algorithm].holdout_key
     rows, holdout, clients, fraction = len(dataset.y_train), server_holdout(cfg), cfg.num_clients, cfg.train_fraction

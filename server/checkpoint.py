@@ -30,8 +30,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import IO, Any
 
-from core.settings import Settings
-from strategies.state import ServerState
+from headway.core.settings import Settings
+from headway.strategies.state import ServerState
 
 log = logging.getLogger("headway")
 
@@ -42,7 +42,7 @@ HEADER = struct.Struct(">6sHQ32s")  # magic, format version, payload length, pay
 NAME = re.compile(r"round-(\d{6,})\.ckpt")
 TEMP_SUFFIX = ".tmp"
 CHUNK = 1 << 20  # bytes per write call: a large payload is written in pieces
-PACKAGES = ("core", "client", "server", "strategies", "simulation", "headway")
+PACKAGES = ("headway", "headway.core", "headway.client", "headway.server", "headway.strategies", "headway.simulation")
 
 MAY_CHANGE: frozenset[str] = frozenset(
     {
@@ -111,15 +111,14 @@ def _package_sources(package: str) -> list[tuple[str, bytes]]:
     """(path relative to the package's parent, bytes) of every .py file of ``package``, sorted by path;
     empty when the package is not installed. find_spec locates it without importing it."""
     spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
+    if spec is None or spec.origin is None:
         return []
-    out = []
-    for location in spec.submodule_search_locations:
-        root = Path(location)
-        for path in root.rglob("*.py"):
-            if "__pycache__" not in path.parts:
-                out.append((f"{package}/{path.relative_to(root).as_posix()}", path.read_bytes()))
-    return sorted(out)
+    # the package's own folder only: in a source tree headway's __path__ also holds the checkout's root
+    root = Path(spec.origin).parent
+    own = (p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    if package == "headway":  # its subpackages are hashed as packages of their own
+        own = (p for p in root.glob("*.py"))
+    return sorted((f"{package}/{path.relative_to(root).as_posix()}", path.read_bytes()) for path in own)
 
 
 def _headway_version() -> str:
@@ -186,8 +185,10 @@ _PLAIN = {
     ("builtins", name)
     for name in ("set", "frozenset", "complex", "bytearray", "slice", "range", "list", "dict", "tuple", "int", "float", "str", "bool")
 } | {("collections", name) for name in ("OrderedDict", "defaultdict", "deque", "Counter")}
-ALLOWED: frozenset[tuple[str, str]] = frozenset(_PLAIN | _NUMPY | {("strategies.state", "_restored"), ("server.checkpoint", "Checkpoint")})
-OWN_STATE_PACKAGES = ("core", "strategies")
+ALLOWED: frozenset[tuple[str, str]] = frozenset(
+    _PLAIN | _NUMPY | {("headway.strategies.state", "_restored"), ("headway.server.checkpoint", "Checkpoint")}
+)
+OWN_STATE_PACKAGES = ("headway.core", "headway.strategies")
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -198,7 +199,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         """The object ``module.name`` names, when a checkpoint may hold it; UnreadableCheckpoint otherwise."""
         if (module, name) in ALLOWED:
             return super().find_class(module, name)
-        if "." not in name and module.split(".")[0] in OWN_STATE_PACKAGES:
+        if "." not in name and module.startswith(tuple(f"{p}." for p in OWN_STATE_PACKAGES)):
             found = super().find_class(module, name)
             if isinstance(found, type) and found.__module__ == module and (is_dataclass(found) or issubclass(found, Enum)):
                 return found

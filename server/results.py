@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.goal import first_round_reaching
-from core.rounds import clients_note, eval_note, short_rounds
-from core.settings import Settings
-from server.tracking import EVENT_FILE_GLOB, Trackers
+from headway.core.goal import first_round_reaching
+from headway.core.rounds import clients_note, eval_note, short_rounds
+from headway.core.settings import Settings
+from headway.server.tracking import EVENT_FILE_GLOB, Trackers
 
 log = logging.getLogger("headway")
 
@@ -80,7 +80,7 @@ class Recorder:
     ``out_dir`` must be new or empty; with ``overwrite`` an earlier run's result files
     there are removed first. Otherwise :class:`ResultsFolderError` is raised and nothing
     is written. Each round record and the summary also go to the run's trackers
-    (:mod:`server.tracking`: TensorBoard event files here, MLflow where configured).
+    (:mod:`headway.server.tracking`: TensorBoard event files here, MLflow where configured).
     """
 
     def __init__(self, out_dir: str | Path, cfg: Settings, overwrite: bool = False):
@@ -191,8 +191,8 @@ class Recorder:
             record["round"],
             self.cfg.num_server_rounds,
             acc_s,
-            eval_note(record),  # core.rounds: accuracy over fewer clients' test splits than registered
-            clients_note(record),  # core.rounds: clients used of wanted, and who is missing
+            eval_note(record),  # headway.core.rounds: accuracy over fewer clients' test splits than registered
+            clients_note(record),  # headway.core.rounds: clients used of wanted, and who is missing
             record["bytes_down"] + record["bytes_up"],
             self.cumulative,
             record["failures"],
@@ -239,7 +239,7 @@ class Recorder:
             summary["goal_round"] = first_round_reaching(self.rounds, self.cfg.goal_accuracy)
         summary.update(values_totals(self.rounds, self.round_to_target))
         summary.update(params_totals(self.rounds))
-        summary.update(short_rounds(self.rounds))  # core.rounds: rounds that ran without some client
+        summary.update(short_rounds(self.rounds))  # headway.core.rounds: rounds that ran without some client
         summary.update(global_progress(self.rounds, self.cfg.target_accuracy))
         if self.cfg.client_noise:
             summary["participation_by_noise"] = participation_by_noise(self.rounds, self.cfg)
@@ -334,7 +334,7 @@ def global_progress(rounds: list[dict[str, Any]], target: float) -> dict[str, An
 
 def participation_by_noise(rounds: list[dict[str, Any]], cfg: Settings) -> dict[str, float]:
     """Per client-noise kind (and ``clean``): the mean number of rounds its clients trained in."""
-    from core.noise import noise_assignment
+    from headway.core.noise import noise_assignment
 
     kinds = noise_assignment(cfg.client_noise, cfg.num_clients, cfg.seed)
     members: dict[str, list[int]] = {}
@@ -354,7 +354,7 @@ ACCURACY_LABEL = "test accuracy (sample-weighted over clients' test splits)"
 def plot_title(algorithm: str, dataset: str) -> str:
     """What the user ran: the method on a built-in data set's name, their data's folder or file
     name, or "node-local data" where every node read its own (dataset=local)."""
-    from core.config import dataset_kind
+    from headway.core.config import dataset_kind
 
     name = str(dataset)
     kind = dataset_kind(name)

@@ -1,4 +1,4 @@
-"""Resuming a run: where it goes on from (its newest whole checkpoint, :mod:`server.checkpoint`), the
+"""Resuming a run: where it goes on from (its newest whole checkpoint, :mod:`headway.server.checkpoint`), the
 checkpoint written after every round, and the test-only hook that kills the server at a named point."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.config import ConfigError
-from core.settings import Settings
-from server.checkpoint import Checkpoint, CheckpointCost, checkpoint_name, code_version, load_checkpoint, write_checkpoint
-from server.results import Recorder
-from strategies.engine import Engine
-from strategies.state import ServerState
+from headway.core.config import ConfigError
+from headway.core.settings import Settings
+from headway.server.checkpoint import Checkpoint, CheckpointCost, checkpoint_name, code_version, load_checkpoint, write_checkpoint
+from headway.server.results import Recorder
+from headway.strategies.engine import Engine
+from headway.strategies.state import ServerState
 
 log = logging.getLogger("headway")
 

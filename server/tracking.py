@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-
-from core.config import ConfigError
-from core.settings import Settings
+from headway.core.config import ConfigError
+from headway.core.settings import Settings
 
 log = logging.getLogger("headway")
 

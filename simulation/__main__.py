@@ -1,5 +1,5 @@
-"""``python -m simulation ...``: the same command as ``headway run ...``, kept for scripts and the benchmarks."""
+"""``python -m headway.simulation ...``: the same command as ``headway run ...``, kept for scripts and the benchmarks."""
 
-from simulation.runner import main
+from headway.simulation.runner import main
 
-raise SystemExit(main(prog="python -m simulation"))
+raise SystemExit(main(prog="python -m headway.simulation"))

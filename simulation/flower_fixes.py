@@ -28,7 +28,7 @@
 Written against Flower :data:`FLOWER_VERSION`: they install only where every Flower file they patch
 (or whose private fields they read) is byte-identical to that version's (:data:`FLOWER_SOURCES`, by
 sha256), so a Flower release that leaves those files alone keeps them and one that changes any turns
-them off with a warning naming the file. ``python -m simulation.flower_fixes`` prints the installed
+them off with a warning naming the file. ``python -m headway.simulation.flower_fixes`` prints the installed
 Flower's hashes, to record once the fixes were checked against it.
 """
 
@@ -48,7 +48,7 @@ from pathlib import Path
 from queue import Queue
 from typing import Any
 
-from core.seeds import salt
+from headway.core.seeds import salt
 
 log = logging.getLogger("headway")
 
@@ -371,7 +371,7 @@ def _supported() -> str | None:
     return (
         f"{files} of the installed Flower {flwr.__version__} differ from Flower {FLOWER_VERSION}'s, which "
         "simulation/flower_fixes.py patches; check the fixes against them, then record "
-        "`python -m simulation.flower_fixes` in its FLOWER_SOURCES"
+        "`python -m headway.simulation.flower_fixes` in its FLOWER_SOURCES"
     )
 
 

@@ -23,14 +23,13 @@ from types import FrameType
 from typing import Any
 
 import psutil
-
-from core.config import LOCAL, ConfigError, check_against_spec, dataset_kind, resolve_settings
-from core.console import plural, show_headway_log, significant
-from core.data import DatasetMissingError
-from core.run_data import load_run_dataset, run_spec
-from core.settings import Settings
-from core.sources import SourceError
-from server.results import Recorder, ResultsFolderError, check_out_dir, clear_results
+from headway.core.config import LOCAL, ConfigError, check_against_spec, dataset_kind, resolve_settings
+from headway.core.console import plural, show_headway_log, significant
+from headway.core.data import DatasetMissingError
+from headway.core.run_data import load_run_dataset, run_spec
+from headway.core.settings import Settings
+from headway.core.sources import SourceError
+from headway.server.results import Recorder, ResultsFolderError, check_out_dir, clear_results
 
 # What pre-flight may raise; main() prints each as one line and exits 2.
 PREFLIGHT_ERRORS = (ConfigError, DatasetMissingError, ResultsFolderError, SourceError)  # SourceError: a user source that cannot be read
@@ -128,9 +127,9 @@ def resume_preflight(cfg: Settings, out_dir: str | Path) -> dict[str, Any] | Non
     """The checks of a resume before the simulation engine starts: a checkpoint (or a run stopped before its
     first round ended) to continue from, and one whose config and code this run may continue (ConfigError, one line).
     Returns the run's summary when it already completed ``num-server-rounds`` (nothing to run), else None."""
-    from server.app import build_strategy
-    from server.checkpoint import resume_problem
-    from server.resume import complete_summary, resume_point
+    from headway.server.app import build_strategy
+    from headway.server.checkpoint import resume_problem
+    from headway.server.resume import complete_summary, resume_point
 
     with warnings_left_to_the_server():
         point = resume_point(Path(out_dir))
@@ -160,7 +159,7 @@ def warnings_left_to_the_server() -> Iterator[None]:
 def preflight(cfg: Settings, out_dir: str | Path, overwrite: bool = False) -> None:
     """Every check that can stop a run before the simulation engine starts; changes nothing
     on disk. Raises ConfigError (the config against the data set's spec, and whatever the
-    method's strategy refuses: ``server.app.check_strategy``), ResultsFolderError (``out_dir``
+    method's strategy refuses: ``headway.server.app.check_strategy``), ResultsFolderError (``out_dir``
     holds files and ``overwrite`` is not set) or DatasetMissingError."""
     if cfg.dataset == LOCAL:
         raise ConfigError(
@@ -172,7 +171,7 @@ def preflight(cfg: Settings, out_dir: str | Path, overwrite: bool = False) -> No
     check_against_spec(cfg, run_spec(cfg))
     if cfg.ray_address == "auto":
         ray_address("auto")  # no cluster to join: stop here, not in ray.init
-    from server.app import check_strategy
+    from headway.server.app import check_strategy
 
     check_strategy(cfg)
 
@@ -253,7 +252,7 @@ def quiet_engine(verbose: bool) -> Iterator[None]:
     The supported entry point Flower names, `flwr run`, goes through a SuperLink and a
     separate flwr-simulation process that loads the apps from a FAB: it cannot take this
     process's ServerApp and ClientApp built from the resolved config (with --out and
-    --overwrite), nor run with the engine fixes (:mod:`simulation.flower_fixes`), the
+    --overwrite), nor run with the engine fixes (:mod:`headway.simulation.flower_fixes`), the
     signal handling and the error capture that live here; so the runner keeps
     ``run_simulation`` (still in Flower 1.39) and hides only its banner. Flower's DEBUG
     lines are its console handler's business: ``verbose_logging`` turns them on."""
@@ -305,10 +304,9 @@ def simulate(
 
     quiet_ray(verbose)  # effective where Ray is not imported yet (main() calls it first): Ray reads these when imported
     from flwr.simulation import run_simulation
-
-    from client.app import build_client_app
-    from server.app import build_server_app
-    from simulation.flower_fixes import faster_simulation_engine
+    from headway.client.app import build_client_app
+    from headway.server.app import build_server_app
+    from headway.simulation.flower_fixes import faster_simulation_engine
 
     address = ray_address(cfg.ray_address)
     if cfg.ray_address:  # config.json names the cluster the run ran on ("auto" resolved)
@@ -490,7 +488,7 @@ def main(argv: list[str] | None = None, prog: str = "headway run") -> int:
         parser.error("the following arguments are required: --out (or --resume DIR)")
     args.out = args.out or args.resume
     quiet_ray(args.verbose)  # before anything imports Ray: it reads RAY_DISABLE_FAILURE_SIGNAL_HANDLER when it is imported
-    show_headway_log()  # before preflight: reading a user source may say what it left out (core.sources)
+    show_headway_log()  # before preflight: reading a user source may say what it left out (headway.core.sources)
     try:
         if args.resume:
             cfg = load_resume_config(args.resume, args.set)

@@ -1,9 +1,9 @@
-"""How one exchange's replies become a round's :class:`~strategies.base.Step`, chosen once from
+"""How one exchange's replies become a round's :class:`~headway.strategies.base.Step`, chosen once from
 the run config and wrapped around a method's aggregation, as Flower wraps a strategy in its DP
 strategies (``flwr/serverapp/strategy/dp_*.py``) instead of branching inside it:
 
 - :class:`PlainAggregation`: the exchange, its quorum, and the method's ``aggregate_train``;
-- :class:`SecureAggregation`: SecAgg+ over the same messages (:mod:`strategies.secure_aggregation`),
+- :class:`SecureAggregation`: SecAgg+ over the same messages (:mod:`headway.strategies.secure_aggregation`),
   its quorum, and the method's ``aggregate_sum`` of what the clients added up (``sum_spec``).
 
 A method's hooks call ``self.aggregation.step(...)`` for every exchange whose replies are
@@ -17,15 +17,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from flwr.app import MessageType, RecordDict
-
-from core import protocol as P
-from core.config import ConfigError, scores_with_train
-from strategies.capabilities import SECURE_SUM, SecureSummable, capabilities_of
-from strategies.secure_aggregation import secure_sum
-from strategies.state import M
+from headway.core import protocol as P
+from headway.core.config import ConfigError, scores_with_train
+from headway.strategies.capabilities import SECURE_SUM, SecureSummable, capabilities_of
+from headway.strategies.secure_aggregation import secure_sum
+from headway.strategies.state import M
 
 if TYPE_CHECKING:
-    from strategies.base import HeadwayStrategy, Step, TrainRound
+    from headway.strategies.base import HeadwayStrategy, Step, TrainRound
 
 
 class Aggregation(Protocol):
@@ -42,7 +41,7 @@ class PlainAggregation:
         ``aggregate_train`` (no quorum: the arrays are kept); a round's training replies also carry the
         previous model's test scores where client-evaluation asks it. The step's method state is what
         the round's hooks left where ``aggregate_train`` made none."""
-        from strategies.base import Step  # base builds an Aggregation: a module-level import would be circular
+        from headway.strategies.base import Step  # base builds an Aggregation: a module-level import would be circular
 
         layout = strategy.train_layout(ctx)
         # each reply also scores the model it received
@@ -59,11 +58,11 @@ class PlainAggregation:
 
 class SecureAggregation:
     """SecAgg+ around a method that can aggregate from the sum of its replies (``sum_spec`` and
-    ``aggregate_sum``, :class:`~strategies.capabilities.SecureSummable`): the server sees only the sum."""
+    ``aggregate_sum``, :class:`~headway.strategies.capabilities.SecureSummable`): the server sees only the sum."""
 
     def step(self, strategy: HeadwayStrategy[M], phase: str, ctx: TrainRound[M], contents: Mapping[int, RecordDict]) -> Step[M]:
         """SecAgg+ over ``contents``, quorum on the clients in the sum, then ``aggregate_sum``."""
-        from strategies.base import Step  # see PlainAggregation.step
+        from headway.strategies.base import Step  # see PlainAggregation.step
 
         if not isinstance(strategy, SecureSummable):  # aggregation_for admits only a strategy that sums: the last guard
             raise TypeError(f"{type(strategy).__name__} cannot aggregate from a sum of replies")

@@ -1,10 +1,10 @@
 """The shape every headway strategy shares: a method's round hooks, driven by the round
-loop (:mod:`strategies.round_loop`) on the round engine (:mod:`strategies.engine`).
+loop (:mod:`headway.strategies.round_loop`) on the round engine (:mod:`headway.strategies.engine`).
 
-A strategy is built with the run's :class:`~core.settings.Settings`, the data set's spec and its
-:class:`~strategies.services.Services`, and fails at construction (``ConfigError``) when
+A strategy is built with the run's :class:`~headway.core.settings.Settings`, the data set's spec and its
+:class:`~headway.strategies.services.Services`, and fails at construction (``ConfigError``) when
 the config cannot work; it keeps only what the config fixes. What the server holds between
-rounds is one frozen :class:`~strategies.state.ServerState` (arrays and the method's own
+rounds is one frozen :class:`~headway.strategies.state.ServerState` (arrays and the method's own
 state): each hook takes the current state and returns what it made, and the loop keeps the
 next state. What one round's later hooks need from its first is the :class:`TrainRound` that
 ``configure_train`` returns:
@@ -12,7 +12,7 @@ next state. What one round's later hooks need from its first is the :class:`Trai
 - ``initial_state(arrays=None)`` → the :class:`ServerState` before round 1;
 - ``prepare(state, engine)`` → ``(state, Step | None)``: work before round 1 (its bytes count in round 1);
 - ``configure_train(rnd, state, engine)`` → ``(TrainRound, {node id: RecordDict})`` (content may differ per client);
-- ``train_layout(ctx)`` → the :class:`~strategies.replies.Layout` a training reply must match;
+- ``train_layout(ctx)`` → the :class:`~headway.strategies.replies.Layout` a training reply must match;
 - ``aggregate_train(ctx, replies)`` → :class:`Step`: new arrays and method state (None: keep), clients used, metrics;
 - ``train_round(rnd, state, engine)`` → :class:`Step`, for rounds shaped differently (several exchanges, relays);
 - ``configure_evaluate`` / ``aggregate_evaluate`` likewise, for clients' local test scores;
@@ -40,24 +40,23 @@ from typing import Any, Generic
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
-
-from core import protocol as P
-from core.config import body_names, fit_body
-from core.data import DatasetSpec
-from core.goal import reached
-from core.joining import parse_partition_ids
-from core.methods import METHODS
-from core.models import BODIES, build_model, common_width, is_custom_body
-from core.settings import Settings
-from core.training import predict, task_metrics
-from strategies.aggregation import Aggregation, aggregation_for
-from strategies.arrays import same_arrays
-from strategies.engine import Engine
-from strategies.evaluation import evaluation_figures, group_accuracies
-from strategies.participants import participants, train_counts
-from strategies.replies import Layout, Reply
-from strategies.services import Services
-from strategies.state import M, ServerState
+from headway.core import protocol as P
+from headway.core.config import body_names, fit_body
+from headway.core.data import DatasetSpec
+from headway.core.goal import reached
+from headway.core.joining import parse_partition_ids
+from headway.core.methods import METHODS
+from headway.core.models import BODIES, build_model, common_width, is_custom_body
+from headway.core.settings import Settings
+from headway.core.training import predict, task_metrics
+from headway.strategies.aggregation import Aggregation, aggregation_for
+from headway.strategies.arrays import same_arrays
+from headway.strategies.engine import Engine
+from headway.strategies.evaluation import evaluation_figures, group_accuracies
+from headway.strategies.participants import participants, train_counts
+from headway.strategies.replies import Layout, Reply
+from headway.strategies.services import Services
+from headway.strategies.state import M, ServerState
 
 log = logging.getLogger("headway")
 
@@ -95,7 +94,7 @@ class TrainRound(Generic[M]):
 def unknown_body(body: str, settings: Settings) -> str | None:
     """Why a node's declared ``body`` is not one this server may build, or None. Registry
     names are admitted; an import path or ``torchvision:`` name only when it is exactly one
-    of the run config's own ``body``/``bodies`` (checked, imported, by ``server.app.check_strategy``):
+    of the run config's own ``body``/``bodies`` (checked, imported, by ``headway.server.app.check_strategy``):
     what a node declares never makes the server import a module."""
     if body in BODIES:
         return None
@@ -124,7 +123,7 @@ def mean_finite(values: list[float]) -> float:
 
 
 class HeadwayStrategy(Generic[M]):
-    """Base strategy: subclasses set ``name`` (the method's name in :data:`core.methods.METHODS`)
+    """Base strategy: subclasses set ``name`` (the method's name in :data:`headway.core.methods.METHODS`)
     and implement the hooks above, over their method state ``M`` (``FedLog(HeadwayStrategy[FedLogState])``;
     ``HeadwayStrategy[None]`` for a method that keeps none)."""
 
@@ -134,7 +133,7 @@ class HeadwayStrategy(Generic[M]):
     arrays_from_method = False  # the arrays are what the method state makes (FedLog's η, FedProto's prototypes): no other may be given
 
     def __init__(self, settings: Settings, spec: DatasetSpec, services: Services):
-        # body=auto: the body that fits these inputs (server.app.build_strategy did it already)
+        # body=auto: the body that fits these inputs (headway.server.app.build_strategy did it already)
         self.settings = fit_body(settings, spec.input_shape)
         self.spec = spec
         self.services = services
@@ -144,7 +143,7 @@ class HeadwayStrategy(Generic[M]):
     @classmethod
     def check_config(cls, settings: Settings, spec: DatasetSpec) -> None:
         """ConfigError when this method cannot run ``settings`` on data of ``spec``, checked before
-        the strategy is built and any client asked (``server.app.check_strategy``); default: nothing."""
+        the strategy is built and any client asked (``headway.server.app.check_strategy``); default: nothing."""
 
     def initial_arrays(self) -> ArrayRecord:
         """What the server sends before round 1 (a model, a head, or nothing)."""
@@ -195,7 +194,7 @@ class HeadwayStrategy(Generic[M]):
         return train_counts(self.services, engine)
 
     def participants(self, engine: Engine) -> dict[str, Any]:
-        """Who took part, for summary.json (:func:`strategies.participants.participants`)."""
+        """Who took part, for summary.json (:func:`headway.strategies.participants.participants`)."""
         return participants(engine, self.train_counts(engine))
 
     def config(self, server_round: int, **fields: Any) -> ConfigRecord:
@@ -231,7 +230,7 @@ class HeadwayStrategy(Generic[M]):
         return ctx
 
     def train_round(self, server_round: int, state: ServerState[M], engine: Engine) -> Step[M]:
-        """Configure, then the run's aggregation (:mod:`strategies.aggregation`): exchange, quorum,
+        """Configure, then the run's aggregation (:mod:`headway.strategies.aggregation`): exchange, quorum,
         aggregate; a failed round's step keeps the state."""
         ctx, contents = self.configure_train(server_round, state, engine)
         return self.aggregation.step(self, P.PHASE_TRAIN, ctx, contents)
@@ -312,20 +311,20 @@ class HeadwayStrategy(Generic[M]):
         """Run ``num_rounds`` rounds on ``grid`` from ``initial_arrays`` (see :meth:`run`); returns the
         run's engine (its registry says who took part: :meth:`participants`). A caller that needs the
         engine or the last state when the run raises (the ServerApp, for summary.json) runs a
-        :class:`~strategies.round_loop.RoundLoop` itself."""
+        :class:`~headway.strategies.round_loop.RoundLoop` itself."""
         engine = self.connect(grid)
         self.run(engine, self.initial_state(initial_arrays), num_rounds, on_round)
         return engine
 
     def run(self, engine: Engine, state: ServerState[M], num_rounds: int, on_round: RoundCallback | None = None) -> ServerState[M]:
-        """Run ``num_rounds`` rounds on ``engine`` from ``state`` (:class:`~strategies.round_loop.RoundLoop`);
+        """Run ``num_rounds`` rounds on ``engine`` from ``state`` (:class:`~headway.strategies.round_loop.RoundLoop`);
         after each, call ``on_round`` with the round's record. Returns the server's last state."""
-        from strategies.round_loop import RoundLoop  # the loop drives strategies: it imports this module
+        from headway.strategies.round_loop import RoundLoop  # the loop drives strategies: it imports this module
 
         return RoundLoop(self, engine, on_round).run(state, num_rounds)
 
     def summary(self) -> None:
-        """Log the method's own run-config keys (those its declaration in :data:`core.methods.METHODS` names),
+        """Log the method's own run-config keys (those its declaration in :data:`headway.core.methods.METHODS` names),
         at DEBUG (``headway run --verbose``): config.json holds them for every run."""
         keys = METHODS[self.name].keys if self.name in METHODS else {}
         log.debug("strategy %s: %s", self.name, {k: self.settings.value(k) for k in keys})

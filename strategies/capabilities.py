@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from strategies.state import M
+from headway.strategies.state import M
 
 if TYPE_CHECKING:
-    from strategies.base import Step, TrainRound
-    from strategies.replies import Reply
-    from strategies.secure_aggregation import SecureSum, SumSpec
+    from headway.strategies.base import Step, TrainRound
+    from headway.strategies.replies import Reply
+    from headway.strategies.secure_aggregation import SecureSum, SumSpec
 
 SECURE_SUM = "secure_sum"
 ROBUST_AGGREGATION = "robust_aggregation"
@@ -38,7 +38,7 @@ class SecureSummable(Protocol[M]):
 @runtime_checkable
 class RobustAggregatable(Protocol[M]):
     """A strategy whose aggregation is a weighted average of model updates (the weights from
-    ``update_weights``), the average a robust rule replaces (:class:`strategies.robust.RobustAverage`)."""
+    ``update_weights``), the average a robust rule replaces (:class:`headway.strategies.robust.RobustAverage`)."""
 
     def update_weights(self, ctx: TrainRound[M], replies: list[Reply]) -> Sequence[float]: ...  # noqa: D102
 

@@ -10,7 +10,7 @@ refused later, at registration, if its data does not fit the schema. Listing ``c
 the run config pins the class list, so no node can add to it.
 
 The agreeing descriptions are then merged so that a minority of lying nodes shapes nothing
-(:mod:`core.node_merge`: no weight for row counts, medians for the scaling, class names and
+(:mod:`headway.core.node_merge`: no weight for row counts, medians for the scaling, class names and
 levels by support, outliers left out and the schema recomputed without them), over at most
 ``num-clients`` nodes, the lowest node ids first as registration offers them indices.
 """
@@ -25,16 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
+from headway.core import protocol as P
+from headway.core.run_data import read_profile, source_options
+from headway.core.settings import Settings
+from headway.strategies.engine import Engine, RoundFailed
+from headway.strategies.meter import short_reason
+from headway.strategies.services import Services
 
-from core import protocol as P
-from core.run_data import read_profile, source_options
-from core.settings import Settings
-from strategies.engine import Engine, RoundFailed
-from strategies.meter import short_reason
-from strategies.services import Services
-
-if TYPE_CHECKING:  # core.sources is imported when a description is merged
-    from core.sources import DataSchema, SourceOptions
+if TYPE_CHECKING:  # headway.core.sources is imported when a description is merged
+    from headway.core.sources import DataSchema, SourceOptions
 
 log = logging.getLogger("headway")
 
@@ -82,7 +81,7 @@ class Discovery:
 def discover(grid: Grid, settings: Settings) -> Discovery:
     """Wait for ``min-available-clients`` (0: ``num-clients``) nodes, ask each to describe its
     data within ``round-timeout``, and merge the descriptions; RoundFailed when none can be used."""
-    from core.run_data import MAX_PROFILE_CHARS
+    from headway.core.run_data import MAX_PROFILE_CHARS
 
     engine = Engine(grid, settings, Services(settings))
     nodes = engine.wait_for_clients()
@@ -128,7 +127,7 @@ def discover(grid: Grid, settings: Settings) -> Discovery:
 def _agreeing(described: list[tuple[str, int, dict[str, Any]]], opts: SourceOptions, left_out: list[str]) -> dict[int, dict[str, Any]]:
     """The descriptions that merge with each other (same kind, columns and types, classes
     within a pinned list), the largest group of agreeing ones first; the others go to ``left_out``."""
-    from core.sources import fits, merge, profile_problem
+    from headway.core.sources import fits, merge, profile_problem
 
     profiles: list[dict[str, Any]] = []
     kept: dict[int, dict[str, Any]] = {}
@@ -151,11 +150,11 @@ def _agreeing(described: list[tuple[str, int, dict[str, Any]]], opts: SourceOpti
 def _robust(
     agreeing: dict[int, dict[str, Any]], opts: SourceOptions, cap: int, clients: int, left_out: list[str]
 ) -> tuple[DataSchema | None, dict[int, dict[str, Any]]]:
-    """The schema of at most ``clients`` descriptions, merged by :func:`core.node_merge.merge_robustly`
+    """The schema of at most ``clients`` descriptions, merged by :func:`headway.core.node_merge.merge_robustly`
     (a minority cannot shape it), and the descriptions merged; the nodes left out go to ``left_out``.
     The nodes with the lowest ids come first, as registration offers them the client indices: a
     description beyond ``clients`` is merged only in place of one left out."""
-    from core.node_merge import merge_robustly
+    from headway.core.node_merge import merge_robustly
 
     out: dict[int, str] = {}
     schema: DataSchema | None = None

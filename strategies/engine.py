@@ -2,10 +2,10 @@
 
 :class:`Engine`: exchanges with a deadline (``round-timeout`` per exchange; a node that
 misses it is not asked again in the same round), quorum (``min-replies``), decoding of
-every reply against the method's :class:`~strategies.replies.Layout`, relays from one
+every reply against the method's :class:`~headway.strategies.replies.Layout`, relays from one
 client to the next with a per-hop deadline, and seeded sampling of the registered nodes.
-It delegates who the clients are to :mod:`strategies.registration` (its ``registry`` and
-``registrar``) and what a round cost to :mod:`strategies.meter` (its ``meter``).
+It delegates who the clients are to :mod:`headway.strategies.registration` (its ``registry`` and
+``registrar``) and what a round cost to :mod:`headway.strategies.meter` (its ``meter``).
 """
 
 from __future__ import annotations
@@ -19,17 +19,16 @@ from typing import Any
 from flwr.app import Message, MessageType, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
+from headway.core import protocol as P
+from headway.core.joining import join_plan, split_joined
+from headway.core.sampling import draw_with_replacement, sample_positions, sample_size
+from headway.core.settings import Settings
+from headway.strategies.meter import RoundMeter, array_elements, short_reason
+from headway.strategies.registration import ClientRegistry, Registrar
+from headway.strategies.replies import Layout, Problem, Rejection, Reply, decode
+from headway.strategies.services import Services, example_cap
+from headway.strategies.wire import WireMeter
 from typing_extensions import TypeVar
-
-from core import protocol as P
-from core.joining import join_plan, split_joined
-from core.sampling import draw_with_replacement, sample_positions, sample_size
-from core.settings import Settings
-from strategies.meter import RoundMeter, array_elements, short_reason
-from strategies.registration import ClientRegistry, Registrar
-from strategies.replies import Layout, Problem, Rejection, Reply, decode
-from strategies.services import Services, example_cap
-from strategies.wire import WireMeter
 
 log = logging.getLogger("headway")
 
@@ -220,7 +219,7 @@ class Engine:
 
     def example_cap(self) -> int:
         """The most examples one client may declare or report where the server holds no
-        partition sizes: ``max-client-examples``, else :data:`~strategies.services.DEFAULT_EXAMPLE_CAP`."""
+        partition sizes: ``max-client-examples``, else :data:`~headway.strategies.services.DEFAULT_EXAMPLE_CAP`."""
         return example_cap(self.settings.max_client_examples)
 
     def nodes(self) -> list[int]:
@@ -231,7 +230,7 @@ class Engine:
     def sample(self, fraction: float, weights: Mapping[int, float] | None = None) -> list[int]:
         """K = max(1, round(N·fraction)) of the N available nodes, without replacement,
         uniformly or by successive sampling ∝ ``weights`` (keyed by node id; see
-        :mod:`core.sampling` for the inclusion probabilities)."""
+        :mod:`headway.core.sampling` for the inclusion probabilities)."""
         nodes = self.nodes()
         if not nodes:
             return []

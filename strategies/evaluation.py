@@ -4,9 +4,8 @@ own test split, and the round's accuracy is Σ correct / Σ examples (sample-wei
 from __future__ import annotations
 
 import numpy as np
-
-from core import protocol as P
-from strategies.replies import Reply
+from headway.core import protocol as P
+from headway.strategies.replies import Reply
 
 
 def evaluation_figures(replies: list[Reply], task: str, eval_metrics: tuple[str, ...] = ()) -> dict[str, float]:

@@ -17,22 +17,21 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
-
-from core import protocol as P
-from core.aggregate import float_norm, relative_update_norm
-from core.config import ConfigError, body_names
-from core.data import DatasetSpec
-from core.models import build_model
-from core.settings import Settings
-from core.sum_bounds import count_problem, update_sum_problem
-from strategies.arrays import to_numpy, to_record
-from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
-from strategies.engine import Engine
-from strategies.replies import ArraySpec, Layout, Rejection, Reply
-from strategies.robust import Averaging, averaging_for
-from strategies.secure_aggregation import SecureSum, SumSpec
-from strategies.services import Services
-from strategies.state import M, ServerState
+from headway.core import protocol as P
+from headway.core.aggregate import float_norm, relative_update_norm
+from headway.core.config import ConfigError, body_names
+from headway.core.data import DatasetSpec
+from headway.core.models import build_model
+from headway.core.settings import Settings
+from headway.core.sum_bounds import count_problem, update_sum_problem
+from headway.strategies.arrays import to_numpy, to_record
+from headway.strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
+from headway.strategies.engine import Engine
+from headway.strategies.replies import ArraySpec, Layout, Rejection, Reply
+from headway.strategies.robust import Averaging, averaging_for
+from headway.strategies.secure_aggregation import SecureSum, SumSpec
+from headway.strategies.services import Services
+from headway.strategies.state import M, ServerState
 
 # to_numpy/to_record: where the layer-sharing methods import them
 __all__ = ["FedAvg", "FedAvgState", "ModelAveraging", "to_numpy", "to_record"]
@@ -162,7 +161,7 @@ class FedAvg(ModelAveraging[FedAvgState]):
         return [r.examples for r in replies]
 
     def aggregate_train(self, ctx: TrainRound[FedAvgState], replies: list[Reply]) -> Step[FedAvgState]:
-        """The run's averaging (:mod:`strategies.robust`) of the replies, weighted by :meth:`update_weights`;
+        """The run's averaging (:mod:`headway.strategies.robust`) of the replies, weighted by :meth:`update_weights`;
         under data-ratio sampling the state also keeps each reply's count for the next draws."""
         losses = [r.metrics.get(P.LOSS, float("nan")) for r in replies]
         metrics = {"loss": mean_finite(losses), **self.update_norms(ctx.sent, replies)}

@@ -6,10 +6,10 @@ model's. Secure aggregation and robust rules apply to the body as for FedPer."""
 
 from __future__ import annotations
 
-from core import protocol as P
-from core.layers import layer_names
-from core.models import Net
-from strategies.layer_sharing import LayerSharing
+from headway.core import protocol as P
+from headway.core.layers import layer_names
+from headway.core.models import Net
+from headway.strategies.layer_sharing import LayerSharing
 
 HEAD = "head"  # the Net's head module
 

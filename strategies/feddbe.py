@@ -19,19 +19,18 @@ from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
-
-from core.config import ConfigError
-from core.data import DatasetSpec
-from core.dbe import clipped_means, global_mean, mean_problem
-from core.methods import FEDDBE_RECORDS
-from core.models import common_width
-from core.settings import Settings
-from strategies.base import Step, TrainRound
-from strategies.engine import Engine
-from strategies.fedavg import FedAvg, FedAvgState
-from strategies.replies import ArraySpec, Layout, Rejection, Reply
-from strategies.services import Services
-from strategies.state import ServerState
+from headway.core.config import ConfigError
+from headway.core.data import DatasetSpec
+from headway.core.dbe import clipped_means, global_mean, mean_problem
+from headway.core.methods import FEDDBE_RECORDS
+from headway.core.models import common_width
+from headway.core.settings import Settings
+from headway.strategies.base import Step, TrainRound
+from headway.strategies.engine import Engine
+from headway.strategies.fedavg import FedAvg, FedAvgState
+from headway.strategies.replies import ArraySpec, Layout, Rejection, Reply
+from headway.strategies.services import Services
+from headway.strategies.state import ServerState
 
 FEATURE_MEAN = FEDDBE_RECORDS.feature_mean
 GLOBAL_MEAN = FEDDBE_RECORDS.global_mean

@@ -3,9 +3,9 @@ layers (two in FedLog's comparison) stay on each client; clients train everythin
 
 from __future__ import annotations
 
-from core.layers import layer_names, top_layers
-from core.models import Net
-from strategies.layer_sharing import LayerSharing
+from headway.core.layers import layer_names, top_layers
+from headway.core.models import Net
+from headway.strategies.layer_sharing import LayerSharing
 
 
 def all_but_top(model: Net, k: int) -> list[str]:

@@ -2,7 +2,7 @@
 their frozen-extractor features; the server draws |F_{i,c}| synthetic features from each
 and trains a linear head on their union (Alg. 1), or, under ``fedpft-topology=chain``,
 relays each client's mixtures to the next client in partition order and fits nothing
-itself (§4.2). The maths lives in :mod:`core.fedpft` and :mod:`core.gmm`.
+itself (§4.2). The maths lives in :mod:`headway.core.fedpft` and :mod:`headway.core.gmm`.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, RecordDict
-
-from core import protocol as P
-from core.config import ConfigError
-from core.data import DatasetSpec
-from core.extractors import feature_dim, feature_range
-from core.fedpft import (
+from headway.core import protocol as P
+from headway.core.config import ConfigError
+from headway.core.data import DatasetSpec
+from headway.core.extractors import feature_dim, feature_range
+from headway.core.fedpft import (
     ClassMixture,
     PayloadCheck,
     capped_counts,
@@ -30,15 +29,15 @@ from core.fedpft import (
     synthesize,
     train_head,
 )
-from core.models import resolve_device
-from core.settings import Settings
-from core.training import task_metrics
-from strategies.base import HeadwayStrategy, Step, TrainRound
-from strategies.engine import Engine
-from strategies.privacy import fedpft_dp_report
-from strategies.replies import ArraySpec, Layout, Reply
-from strategies.services import Services
-from strategies.state import ServerState
+from headway.core.models import resolve_device
+from headway.core.settings import Settings
+from headway.core.training import task_metrics
+from headway.strategies.base import HeadwayStrategy, Step, TrainRound
+from headway.strategies.engine import Engine
+from headway.strategies.privacy import fedpft_dp_report
+from headway.strategies.replies import ArraySpec, Layout, Reply
+from headway.strategies.services import Services
+from headway.strategies.state import ServerState
 
 log = logging.getLogger("headway")
 
@@ -110,7 +109,7 @@ class FedPFT(HeadwayStrategy[FedPFTState]):
 
     def payload_layout(self, relayed: int) -> Layout:
         """Class table and float16 mixtures, as many classes and components as a client
-        can hold (named dimensions), checked by :class:`core.fedpft.PayloadCheck`; in the
+        can hold (named dimensions), checked by :class:`headway.core.fedpft.PayloadCheck`; in the
         chain a client's mixtures also summarize the ``relayed`` examples of the ones it was sent."""
         cov = {"spherical": ("components",), "diag": ("components", self.dim), "full": ("components", self.dim * (self.dim + 1) // 2)}[
             self.covariance

@@ -3,11 +3,11 @@
 the server's baseline profile of the same global model version on its validation set D^V.
 
 Before round 1 every client profiles the initial model (line 4). Each round K clients are
-drawn without replacement by score (:mod:`core.sampling`); only they refresh their
+drawn without replacement by score (:mod:`headway.core.sampling`); only they refresh their
 profiles, an unselected client keeps its last score. Aggregation is ``full`` (an
 unselected client counts with the current global model), ``full-cache`` (with its last
 local model, which the server keeps: N models in server memory) or ``partial``. The maths
-lives in :mod:`core.profiles`.
+lives in :mod:`headway.core.profiles`.
 
 What a client cannot game (issue 23, item 4):
 
@@ -38,12 +38,11 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, MessageType, RecordDict
-
-from core import protocol as P
-from core.config import ConfigError
-from core.data import DatasetSpec
-from core.models import build_model
-from core.profiles import (
+from headway.core import protocol as P
+from headway.core.config import ConfigError
+from headway.core.data import DatasetSpec
+from headway.core.models import build_model
+from headway.core.profiles import (
     PRE_ACTIVATION,
     cached_aggregate,
     divergence,
@@ -54,13 +53,13 @@ from core.profiles import (
     profile_problem,
     score,
 )
-from core.settings import Settings
-from strategies.arrays import to_numpy, to_record
-from strategies.base import Step, TrainRound, mean_finite
-from strategies.engine import Engine
-from strategies.fedavg import ModelAveraging
-from strategies.replies import ArraySpec, Layout, Rejection, Reply
-from strategies.state import ServerState
+from headway.core.settings import Settings
+from headway.strategies.arrays import to_numpy, to_record
+from headway.strategies.base import Step, TrainRound, mean_finite
+from headway.strategies.engine import Engine
+from headway.strategies.fedavg import ModelAveraging
+from headway.strategies.replies import ArraySpec, Layout, Rejection, Reply
+from headway.strategies.state import ServerState
 
 log = logging.getLogger("headway")
 
@@ -157,7 +156,7 @@ class FedProf(ModelAveraging[FedProfState]):
     Neither secure-aggregation nor a robust ``aggregation`` rule: scoring needs each selected
     client's own profile, full-cache needs each client's own model, and its full/partial rules
     are not the update average a robust rule replaces. So it defines ``aggregate_train`` without
-    ``sum_spec``/``aggregate_sum``/``update_weights`` of its own (:mod:`strategies.capabilities`),
+    ``sum_spec``/``aggregate_sum``/``update_weights`` of its own (:mod:`headway.strategies.capabilities`),
     and building it with either setting is a ConfigError."""
 
     name = "fedprof"

@@ -10,20 +10,19 @@ from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
-
-from core import protocol as P
-from core.config import ConfigError, body_names
-from core.data import DatasetSpec
-from core.models import common_width
-from core.prototypes import average_prototypes, prototype_problem
-from core.settings import Settings
-from core.sum_bounds import count_problem
-from strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
-from strategies.engine import Engine
-from strategies.replies import ArraySpec, Layout, Reply
-from strategies.secure_aggregation import SecureSum, SumSpec
-from strategies.services import Services
-from strategies.state import ServerState
+from headway.core import protocol as P
+from headway.core.config import ConfigError, body_names
+from headway.core.data import DatasetSpec
+from headway.core.models import common_width
+from headway.core.prototypes import average_prototypes, prototype_problem
+from headway.core.settings import Settings
+from headway.core.sum_bounds import count_problem
+from headway.strategies.base import HeadwayStrategy, Step, TrainRound, mean_finite
+from headway.strategies.engine import Engine
+from headway.strategies.replies import ArraySpec, Layout, Reply
+from headway.strategies.secure_aggregation import SecureSum, SumSpec
+from headway.strategies.services import Services
+from headway.strategies.state import ServerState
 
 log = logging.getLogger("headway")
 

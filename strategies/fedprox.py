@@ -6,7 +6,7 @@ round loop and byte metering, so this subclass is the whole server side."""
 
 from __future__ import annotations
 
-from strategies.fedavg import FedAvg
+from headway.strategies.fedavg import FedAvg
 
 
 class FedProx(FedAvg):

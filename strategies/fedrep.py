@@ -4,9 +4,9 @@ layers (the head) stay local. Clients first fit their head with the body fixed
 
 from __future__ import annotations
 
-from core.models import Net
-from strategies.fedper import all_but_top
-from strategies.layer_sharing import LayerSharing
+from headway.core.models import Net
+from headway.strategies.fedper import all_but_top
+from headway.strategies.layer_sharing import LayerSharing
 
 
 class FedRep(LayerSharing):

@@ -15,18 +15,17 @@ from functools import lru_cache
 from typing import Any
 
 from flwr.app import ArrayRecord, RecordDict
-
-from core.config import ConfigError, body_names
-from core.data import DatasetSpec
-from core.layers import layer_names, select
-from core.models import Net, build_model
-from core.settings import Settings
-from strategies.arrays import to_numpy, to_record
-from strategies.base import unknown_body
-from strategies.engine import Engine
-from strategies.fedavg import FedAvg, FedAvgState
-from strategies.services import Services
-from strategies.state import ServerState
+from headway.core.config import ConfigError, body_names
+from headway.core.data import DatasetSpec
+from headway.core.layers import layer_names, select
+from headway.core.models import Net, build_model
+from headway.core.settings import Settings
+from headway.strategies.arrays import to_numpy, to_record
+from headway.strategies.base import unknown_body
+from headway.strategies.engine import Engine
+from headway.strategies.fedavg import FedAvg, FedAvgState
+from headway.strategies.services import Services
+from headway.strategies.state import ServerState
 
 
 @lru_cache(maxsize=64)

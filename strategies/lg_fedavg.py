@@ -5,7 +5,7 @@ Optionally the first ``lg-warmup-rounds`` rounds are plain FedAvg on the whole m
 the paper warm-starts from FedAvg. Clients are scored on their own test splits with
 their own body (the paper's *local test*); after the last round every client uploads its
 model once and the server scores the ensemble on the whole test set (*new test*,
-:mod:`strategies.new_test`; outputs combined by ``lg-ensemble``, mean logits by default),
+:mod:`headway.strategies.new_test`; outputs combined by ``lg-ensemble``, mean logits by default),
 counting those bytes in the ``upload`` phase.
 """
 
@@ -16,20 +16,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from core.config import ConfigError, body_names, fit_body
-from core.data import DatasetSpec
-from core.goal import lg_rounds_over, warming_up, warmup_end_after
-from core.layers import is_top_k, match_layers, select
-from core.methods import LG_FEDAVG_RECORDS
-from core.models import Net, build_model
-from core.settings import Settings
-from strategies.engine import Engine
-from strategies.fedavg import FedAvg, FedAvgState
-from strategies.layer_sharing import LayerSharing
-from strategies.new_test import new_test
-from strategies.replies import Layout, Reply
-from strategies.services import Services
-from strategies.state import ServerState
+from headway.core.config import ConfigError, body_names, fit_body
+from headway.core.data import DatasetSpec
+from headway.core.goal import lg_rounds_over, warming_up, warmup_end_after
+from headway.core.layers import is_top_k, match_layers, select
+from headway.core.methods import LG_FEDAVG_RECORDS
+from headway.core.models import Net, build_model
+from headway.core.settings import Settings
+from headway.strategies.engine import Engine
+from headway.strategies.fedavg import FedAvg, FedAvgState
+from headway.strategies.layer_sharing import LayerSharing
+from headway.strategies.new_test import new_test
+from headway.strategies.replies import Layout, Reply
+from headway.strategies.services import Services
+from headway.strategies.state import ServerState
 
 log = logging.getLogger("headway")
 FAIR_METRICS = (LG_FEDAVG_RECORDS.class_auc, LG_FEDAVG_RECORDS.adv_auc, LG_FEDAVG_RECORDS.posthoc_adv_auc)
@@ -116,7 +116,7 @@ class LGFedAvg(LayerSharing):
         return LGFedAvgState()
 
     def round_layers(self, model: Net, server_round: int, method: Any) -> list[str] | None:
-        """Every layer while the warm-up lasts (:func:`core.goal.warming_up`: a count, or until the goal), then the global layers."""
+        """Every layer while the warm-up lasts (:func:`headway.core.goal.warming_up`: a count, or until the goal), then the global layers."""
         lg = self.settings.lg_fedavg
         if warming_up(server_round, getattr(method, "warmup_end", None), lg.warmup_goal, lg.warmup_rounds):
             return None
@@ -161,7 +161,7 @@ class LGFedAvg(LayerSharing):
         return {**super().aggregate_evaluate(server_round, replies), **fair_figures(replies)}
 
     def final_evaluation(self, state: ServerState[FedAvgState], engine: Engine) -> dict[str, float]:
-        """New test (:mod:`strategies.new_test`): every client's model once, their outputs combined by ``lg-ensemble``."""
+        """New test (:mod:`headway.strategies.new_test`): every client's model once, their outputs combined by ``lg-ensemble``."""
         if not self.settings.lg_fedavg.new_test:
             return {}
         last = self.settings.num_server_rounds if state.end is None else state.end  # the round the run stopped at

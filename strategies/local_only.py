@@ -4,7 +4,7 @@ back only counts and a loss. A layer-sharing method that shares no layer.
 
 Clients are scored on their own test splits with their own models (*local test*); after the last
 round every client uploads its model once and the server scores the ensemble (``lg-ensemble``) on the
-whole test set (*new test*, :mod:`strategies.new_test`), as for LG-FedAvg, counting those bytes in the ``upload`` phase.
+whole test set (*new test*, :mod:`headway.strategies.new_test`), as for LG-FedAvg, counting those bytes in the ``upload`` phase.
 """
 
 from __future__ import annotations
@@ -12,16 +12,15 @@ from __future__ import annotations
 import logging
 
 from flwr.app import ArrayRecord
-
-from core import protocol as P
-from core.models import Net
-from strategies.base import Step, TrainRound, mean_finite
-from strategies.engine import Engine
-from strategies.fedavg import FedAvgState
-from strategies.layer_sharing import LayerSharing
-from strategies.new_test import new_test
-from strategies.replies import Reply
-from strategies.state import ServerState
+from headway.core import protocol as P
+from headway.core.models import Net
+from headway.strategies.base import Step, TrainRound, mean_finite
+from headway.strategies.engine import Engine
+from headway.strategies.fedavg import FedAvgState
+from headway.strategies.layer_sharing import LayerSharing
+from headway.strategies.new_test import new_test
+from headway.strategies.replies import Reply
+from headway.strategies.state import ServerState
 
 log = logging.getLogger("headway")
 
@@ -41,6 +40,6 @@ class LocalOnly(LayerSharing):
         return Step(ArrayRecord(), len(replies), {"loss": mean_finite([r.metrics.get(P.LOSS, float("nan")) for r in replies])})
 
     def final_evaluation(self, state: ServerState[FedAvgState], engine: Engine) -> dict[str, float]:
-        """New test (:mod:`strategies.new_test`): every client's model once, their outputs combined by ``lg-ensemble``."""
+        """New test (:mod:`headway.strategies.new_test`): every client's model once, their outputs combined by ``lg-ensemble``."""
         last = self.settings.num_server_rounds if state.end is None else state.end  # the round the run stopped at
         return new_test(self, engine, state.arrays, last, self.settings.lg_fedavg.ensemble)

@@ -1,5 +1,5 @@
 """What one round cost and what went wrong in it: bytes per phase (as shipped,
-:mod:`strategies.wire`) and the parameters (array elements) the messages carried, failures with
+:mod:`headway.strategies.wire`) and the parameters (array elements) the messages carried, failures with
 their reasons, absent and selected clients.
 
 The engine fills a :class:`RoundMeter` while a round runs and hands it over at the
@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from flwr.app import Message
-
-from core import protocol as P
+from headway.core import protocol as P
 
 log = logging.getLogger("headway")
 

@@ -2,7 +2,7 @@
 every client uploads its whole model once, and the server scores the models' combined outputs on the whole test set.
 
 An upload is checked for shapes and finite values only (a client's local model has no reference to compare it with),
-so how the outputs are combined decides what one lying client can do: see :func:`core.training.ensemble_outputs`.
+so how the outputs are combined decides what one lying client can do: see :func:`headway.core.training.ensemble_outputs`.
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ import logging
 
 import torch
 from flwr.app import ArrayRecord, MessageType
-
-from core import protocol as P
-from core.models import Net
-from core.training import ensemble_outputs, task_metrics
-from strategies.engine import Engine
-from strategies.layer_sharing import LayerSharing
-from strategies.replies import ArraySpec, Layout, Reply
+from headway.core import protocol as P
+from headway.core.models import Net
+from headway.core.training import ensemble_outputs, task_metrics
+from headway.strategies.engine import Engine
+from headway.strategies.layer_sharing import LayerSharing
+from headway.strategies.replies import ArraySpec, Layout, Reply
 
 log = logging.getLogger("headway")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from strategies.engine import Engine
-from strategies.services import Services
+from headway.strategies.engine import Engine
+from headway.strategies.services import Services
 
 
 def train_counts(services: Services, engine: Engine) -> dict[int, int]:

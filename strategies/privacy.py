@@ -1,6 +1,6 @@
 """ε of the DP modes' releases by Flower's RDP accountant (``flwr.supercore.privacy_accounting``,
 backed by Google's dp-accounting), reported in summary.json beside the ε the paper's
-calibration of σ promises. The releases themselves (σ, Δ₂, count) are :mod:`core.privacy`'s.
+calibration of σ promises. The releases themselves (σ, Δ₂, count) are :mod:`headway.core.privacy`'s.
 
 No amplification by sampling is claimed: which clients train in a round is drawn from the
 run seed and is no secret (the server logs who took part), and the statistics round and
@@ -16,10 +16,9 @@ from typing import Any, Protocol
 import numpy as np
 from flwr.supercore.privacy_accounting import GaussianPrivacyEvent, NeighboringRelation, PrivacyConfig, SamplingMethod
 from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
-
-from core.fedlog import add_noise, share_sigma
-from core.privacy import FEDLOG_RELEASED, NEIGHBOURING, GaussianRelease, fedlog_release, fedpft_release, withheld_release
-from core.settings import Settings
+from headway.core.fedlog import add_noise, share_sigma
+from headway.core.privacy import FEDLOG_RELEASED, NEIGHBOURING, GaussianRelease, fedlog_release, fedpft_release, withheld_release
+from headway.core.settings import Settings
 
 
 class Release(Protocol):

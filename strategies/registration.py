@@ -25,15 +25,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.app.typing import ConfigRecordValues, MetricRecordValues
 from flwr.serverapp import Grid
-
-from core import protocol as P
-from core.settings import Settings
-from strategies.meter import RoundMeter, short_reason
-from strategies.services import Services, example_cap
-from strategies.wire import WireMeter
+from headway.core import protocol as P
+from headway.core.settings import Settings
+from headway.strategies.meter import RoundMeter, short_reason
+from headway.strategies.services import Services, example_cap
+from headway.strategies.wire import WireMeter
 
 if TYPE_CHECKING:
-    from core.sources import DataSchema
+    from headway.core.sources import DataSchema
 
 log = logging.getLogger("headway")
 
@@ -356,7 +355,7 @@ class Registrar:
     def problem(self, node: int, reply: Message, connected: Collection[int], offered: int | None = None) -> str | None:
         """Register ``node`` from its reply (as client index ``offered`` with dataset=local);
         why it cannot take part, or None."""
-        from core.run_data import MAX_PROFILE_CHARS, read_profile
+        from headway.core.run_data import MAX_PROFILE_CHARS, read_profile
 
         meter, wire = self.channel.meter, self.channel.wire
         if reply.has_error():
@@ -393,14 +392,14 @@ class Registrar:
         (train, test) counts, or why it cannot take part (its data does not fit the run, it
         declares more of a class than its ``described`` discovery description did, or more
         examples than ``max-client-examples`` allows)."""
-        from core.node_merge import description_problem
-        from core.run_data import read_profile
+        from headway.core.node_merge import description_problem
+        from headway.core.run_data import read_profile
 
         schema = self.services.schema
         if schema is None:  # only a dataset=local run, which always has a schema, offers client indices
             raise RuntimeError("a node was offered a client index in a run without a data schema")
         profile = read_profile(text)
-        if (problem := description_problem(profile, schema)) is not None:  # discovery's checks (core.node_merge)
+        if (problem := description_problem(profile, schema)) is not None:  # discovery's checks (headway.core.node_merge)
             return None, f"its data does not fit the run: {problem}"
         declared = {str(k): [int(v[0]), int(v[1])] for k, v in profile["classes"].items()}
         if described is not None:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import importlib
 
-import strategies
-from core.methods import METHODS, Method, class_path
-from core.schema import ConfigError
-from core.settings import Settings
-from strategies.base import HeadwayStrategy
-from strategies.capabilities import ROBUST_AGGREGATION, ROBUST_HOOKS, SECURE_SUM, SECURE_SUM_HOOKS, capabilities_of, hidden_hooks
+import headway.strategies as strategies
+from headway.core.methods import METHODS, Method, class_path
+from headway.core.schema import ConfigError
+from headway.core.settings import Settings
+from headway.strategies.base import HeadwayStrategy
+from headway.strategies.capabilities import ROBUST_AGGREGATION, ROBUST_HOOKS, SECURE_SUM, SECURE_SUM_HOOKS, capabilities_of, hidden_hooks
 
 
 def load(method: Method) -> type[HeadwayStrategy]:
@@ -89,7 +89,7 @@ def able(capability: str) -> list[str]:
 
 def check_capabilities(settings: Settings) -> None:
     """ConfigError when the run's settings ask a method for what its strategy does not implement: a secure sum
-    (secure-aggregation) or a robust rule (aggregation). Run before any client is asked (server.app)."""
+    (secure-aggregation) or a robust rule (aggregation). Run before any client is asked (headway.server.app)."""
     name = settings.algorithm
     if settings.secure_aggregation != "off" and SECURE_SUM not in CAPABILITIES[name]:
         cls = STRATEGIES[name]

@@ -17,9 +17,8 @@ from typing import Any, Generic, cast
 import numpy as np
 from flwr.app import Message
 from flwr.app.typing import ConfigRecordValues, MetricRecordValues
+from headway.core import protocol as P
 from typing_extensions import TypeVar
-
-from core import protocol as P
 
 # What a layout's check makes of a reply's arrays: the reply's payload. A bare ``Layout`` or
 # ``Reply`` (a layout built where the payload's type is not known) has a payload of any type.

@@ -18,17 +18,16 @@ from flwr.serverapp.strategy.bulyan import aggregate_n_closest_weights
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from flwr.serverapp.strategy.multikrum import select_multikrum
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
-
-from core.aggregate import SELECTING, multi_krum_count, replies_needed, weighted_average
-from core.config import ConfigError
-from core.settings import Settings
-from strategies.arrays import to_record
-from strategies.capabilities import ROBUST_AGGREGATION, capabilities_of
-from strategies.replies import Reply
-from strategies.state import M
+from headway.core.aggregate import SELECTING, multi_krum_count, replies_needed, weighted_average
+from headway.core.config import ConfigError
+from headway.core.settings import Settings
+from headway.strategies.arrays import to_record
+from headway.strategies.capabilities import ROBUST_AGGREGATION, capabilities_of
+from headway.strategies.replies import Reply
+from headway.strategies.state import M
 
 if TYPE_CHECKING:
-    from strategies.base import HeadwayStrategy, Step, TrainRound
+    from headway.strategies.base import HeadwayStrategy, Step, TrainRound
 
 WEIGHT = "weight"  # the MetricRecord key aggregate_arrayrecords weighs by (Flower's strategies use num-examples)
 
@@ -71,7 +70,7 @@ class WeightedMean:
 
     def step(self, ctx: TrainRound[M], replies: list[Reply], weights: Sequence[float], metrics: dict[str, float]) -> Step[M]:
         """The mean of the replies' arrays, each array in the dtype it was sent."""
-        from strategies.base import Step  # base imports the strategies' modules' types: kept out of import time
+        from headway.strategies.base import Step  # base imports the strategies' modules' types: kept out of import time
 
         avg = weighted_average([r.payload for r in replies], list(weights), like=ctx.sent)
         return Step(to_record(avg), len(replies), metrics)
@@ -87,7 +86,7 @@ class RobustAverage:
     def step(self, ctx: TrainRound[M], replies: list[Reply], weights: Sequence[float], metrics: dict[str, float]) -> Step[M]:
         """The rule's combination of the replies; too few replies for the rule keep the previous
         model, the reason counted as a failure."""
-        from strategies.base import Step  # see WeightedMean.step
+        from headway.strategies.base import Step  # see WeightedMean.step
 
         if problem := self.rule.shortfall(len(replies)):
             ctx.engine.meter.fail(f"train: {problem}; keeping the previous model")

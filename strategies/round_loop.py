@@ -2,7 +2,7 @@
 each round's training and evaluation (or its scores carried by the next round's training
 replies), and one rounds.jsonl record per round handed to a callback.
 
-The loop holds the run's :class:`~strategies.state.ServerState` and replaces it with what
+The loop holds the run's :class:`~headway.strategies.state.ServerState` and replaces it with what
 each hook returns; :attr:`RoundLoop.state` is the last one, also after a round raised (what
 summary.json reports)."""
 
@@ -14,18 +14,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic
 
-from core import protocol as P
-from core.config import scores_with_train
-from core.partition import counts_line, empty_note
-from strategies.base import Step
-from strategies.engine import Engine, RoundFailed
-from strategies.meter import RoundMeter
-from strategies.replies import Reply
-from strategies.round_record import round_record
-from strategies.state import M, ServerState
+from headway.core import protocol as P
+from headway.core.config import scores_with_train
+from headway.core.partition import counts_line, empty_note
+from headway.strategies.base import Step
+from headway.strategies.engine import Engine, RoundFailed
+from headway.strategies.meter import RoundMeter
+from headway.strategies.replies import Reply
+from headway.strategies.round_record import round_record
+from headway.strategies.state import M, ServerState
 
 if TYPE_CHECKING:
-    from strategies.base import HeadwayStrategy
+    from headway.strategies.base import HeadwayStrategy
 
 log = logging.getLogger("headway")
 
@@ -181,7 +181,7 @@ class RoundLoop(Generic[M]):
         """Round 1's line on the clients' training rows, and a warning when some hold none."""
         counts = list(by_partition.values())
         log.info("%s (train-fraction=%g)", counts_line(counts), self.strategy.settings.train_fraction)
-        if empty := empty_note(counts):  # most empty is refused before the run (core.partition)
+        if empty := empty_note(counts):  # most empty is refused before the run (headway.core.partition)
             log.warning("%s", empty)
 
     def carried_scores(self, pending: Pending, scores: list[Reply]) -> dict[str, Any]:

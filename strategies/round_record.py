@@ -1,5 +1,5 @@
-"""One line of rounds.jsonl, built from what a round produced (its :class:`~strategies.base.Step`),
-its evaluation figures and its :class:`~strategies.engine.RoundMeter` (the results contract
+"""One line of rounds.jsonl, built from what a round produced (its :class:`~headway.strategies.base.Step`),
+its evaluation figures and its :class:`~headway.strategies.engine.RoundMeter` (the results contract
 in the design brief names the fields)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from core import protocol as P
-from strategies.base import Step
-from strategies.meter import RoundMeter
+from headway.core import protocol as P
+from headway.strategies.base import Step
+from headway.strategies.meter import RoundMeter
 
 # rounds.jsonl figures that are counts: written as whole numbers, though method metrics arrive as floats
 COUNT_FIELDS = ("prepare_clients", "eval_clients", "test_examples", "chain_hops", "synthetic_examples")

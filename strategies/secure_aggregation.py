@@ -20,12 +20,11 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, MessageType, RecordDict
-
-from core import protocol as P
-from core import secagg as S
-from core import secagg_primitives as C
-from strategies.engine import Engine
-from strategies.replies import ArraySpec, Layout, Reply
+from headway.core import protocol as P
+from headway.core import secagg as S
+from headway.core import secagg_primitives as C
+from headway.strategies.engine import Engine
+from headway.strategies.replies import ArraySpec, Layout, Reply
 
 log = logging.getLogger("headway")
 

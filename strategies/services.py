@@ -11,16 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from headway.core import seeds
+from headway.core.config import LOCAL
+from headway.core.data import Dataset, DatasetMissingError, to_tensors
+from headway.core.partition import make_partition
+from headway.core.run_data import load_run_dataset, load_server_data
+from headway.core.settings import Settings
 
-from core import seeds
-from core.config import LOCAL
-from core.data import Dataset, DatasetMissingError, to_tensors
-from core.partition import make_partition
-from core.run_data import load_run_dataset, load_server_data
-from core.settings import Settings
-
-if TYPE_CHECKING:  # core.sources is imported when a user source is read
-    from core.sources import DataSchema
+if TYPE_CHECKING:  # headway.core.sources is imported when a user source is read
+    from headway.core.sources import DataSchema
 
 log = logging.getLogger("headway")
 
@@ -73,8 +72,8 @@ class ServerData:
         frozen extractor's features of them (computed and cached as the clients' are)."""
         xt, yt = to_tensors(ds, x, y)
         if self.settings.inputs == "features":
-            from core.extractors import configured_features
-            from core.models import resolve_device
+            from headway.core.extractors import configured_features
+            from headway.core.models import resolve_device
 
             xt = configured_features(self.settings, ds.name, xt, resolve_device("auto"))
         return xt, yt

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from flwr.app import ArrayRecord
-
-from strategies.arrays import to_numpy, to_record
+from headway.strategies.arrays import to_numpy, to_record
 
 if TYPE_CHECKING:
-    from strategies.base import Step
+    from headway.strategies.base import Step
 
 M = TypeVar("M")  # a method's own state: its frozen dataclass, or None for a method that keeps none
 

@@ -7,12 +7,11 @@ from collections.abc import Callable
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-
-from core.config import body_for, resolve_settings
-from core.extractors import input_spec
-from strategies.engine import Engine
-from strategies.registry import STRATEGIES
-from strategies.services import Services
+from headway.core.config import body_for, resolve_settings
+from headway.core.extractors import input_spec
+from headway.strategies.engine import Engine
+from headway.strategies.registry import STRATEGIES
+from headway.strategies.services import Services
 
 Answer = Callable[[int, Message], "RecordDict | Error | None"]
 

@@ -9,11 +9,10 @@ import hashlib
 import numpy as np
 from flwr.app import Message
 from flwr.serverapp import Grid
-
-from strategies.engine import Engine
-from strategies.fedprof import FedProf
-from strategies.round_loop import RoundCallback, RoundLoop
-from strategies.state import ServerState
+from headway.strategies.engine import Engine
+from headway.strategies.fedprof import FedProf
+from headway.strategies.round_loop import RoundCallback, RoundLoop
+from headway.strategies.state import ServerState
 
 
 class Baseline:

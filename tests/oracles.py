@@ -1,6 +1,6 @@
 """Exact references the tests check the code against: nothing at run time calls these, so
-they live with the tests (formerly core.sampling.inclusion_probabilities,
-core.fedlog.log_posterior and core.fedpft.payload_values)."""
+they live with the tests (formerly headway.core.sampling.inclusion_probabilities,
+headway.core.fedlog.log_posterior and headway.core.fedpft.payload_values)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,15 @@ from collections.abc import Sequence
 from functools import cache
 
 import numpy as np
+from headway.core.fedpft import components_for
+from headway.core.gmm import parameter_count
+from headway.core.sampling import clean_weights
 from scipy.special import logsumexp
-
-from core.fedpft import components_for
-from core.gmm import parameter_count
-from core.sampling import clean_weights
 
 
 def inclusion_probabilities(weights: Sequence[float], k: int) -> np.ndarray:
     """π_i = P(position i is among the k drawn by successive sampling ∝ ``weights``)
-    (core.sampling's weighted draw). Exact, by recursion over the set already drawn
+    (headway.core.sampling's weighted draw). Exact, by recursion over the set already drawn
     (2^n states: meant for n ≲ 20; Σ π_i = k)."""
     w = clean_weights(weights)
     n = len(w)

@@ -6,13 +6,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
-
-from client.env import ClientEnv
-from client.procedures.fedlog import FedLogClient
-from core import protocol as P
-from core.config import resolve_settings
-from core.data import make_circle, to_tensors
-from core.fedlog import solve_head
+from headway.client.env import ClientEnv
+from headway.client.procedures.fedlog import FedLogClient
+from headway.core import protocol as P
+from headway.core.config import resolve_settings
+from headway.core.data import make_circle, to_tensors
+from headway.core.fedlog import solve_head
 
 
 def circle_round(seed: int, iterations: int = 30, lr: float = 0.01):

@@ -12,15 +12,15 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
+from headway.core.config import ConfigError, resolve_settings
+from headway.core.methods import METHODS
+from headway.strategies import registry
+from headway.strategies.base import Step, TrainRound
+from headway.strategies.capabilities import capabilities_of
+from headway.strategies.fedavg import FedAvg, FedAvgState, ModelAveraging
+from headway.strategies.replies import Reply
+from headway.strategies.state import ServerState
 
-from core.config import ConfigError, resolve_settings
-from core.methods import METHODS
-from strategies import registry
-from strategies.base import Step, TrainRound
-from strategies.capabilities import capabilities_of
-from strategies.fedavg import FedAvg, FedAvgState, ModelAveraging
-from strategies.replies import Reply
-from strategies.state import ServerState
 from tests.conftest import ROOT
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
@@ -115,12 +115,12 @@ def _broken_package(tmp_path, monkeypatch, package) -> None:
 def test_a_declared_class_that_cannot_load_is_named_in_the_runs_reason(tmp_path, monkeypatch, side, module):
     """The run's reason is the root of the exception's cause chain (simulation/runner.py): it must be the registry's
     message naming the method and the declared path, not a bare ModuleNotFoundError or NameError."""
-    import client.procedures
-    import strategies
-    from client import registry as client_registry
-    from simulation.runner import _reason
+    import headway.client.procedures
+    import headway.strategies as strategies
+    from headway.client import registry as client_registry
+    from headway.simulation.runner import _reason
 
-    package, load = (strategies, registry.load) if side == "strategy" else (client.procedures, client_registry.load)
+    package, load = (strategies, registry.load) if side == "strategy" else (headway.client.procedures, client_registry.load)
     _broken_package(tmp_path, monkeypatch, package)
     declared = f"{module}:FedAvgM"
     unknown = replace(METHODS["fedavg"], name="no-such-method-x")
@@ -142,15 +142,15 @@ def test_every_declared_method_has_its_section_in_docs_methods():
 
 def test_adding_a_method_says_the_settings_class_is_imported_in_core_settings():
     """Step 2 of 'Adding a method' names both lines a method with keys needs in core/settings.py, as the file requires."""
-    import core.settings
+    import headway.core.settings
 
     source = (ROOT / "core" / "settings.py").read_text()
     for method in METHODS.values():
         if method.settings is not None:
-            assert getattr(core.settings, method.settings.__name__) is method.settings and method.settings.__name__ in source
+            assert getattr(headway.core.settings, method.settings.__name__) is method.settings and method.settings.__name__ in source
     doc = (ROOT / "docs" / "methods.md").read_text()
     step = doc[doc.index("## Adding a method") :].split("\n2. ", 1)[1].split("\n3. ", 1)[0]
-    assert "from core.methods import" in step and "attribute in `Settings`" in step, step
+    assert "from headway.core.methods import" in step and "attribute in `Settings`" in step, step
 
 
 @pytest.mark.parametrize(
@@ -172,7 +172,7 @@ def test_a_layer_sharing_body_refusal_says_what_the_server_averages(algorithm, s
 
 def test_a_method_with_keys_but_no_settings_attribute_is_named_with_the_line_to_add(monkeypatch):
     """Step 2 of docs/methods.md left out: the import-time check names the method's attribute and the line that adds it."""
-    from core import settings as settings_module
+    from headway.core import settings as settings_module
 
     @dataclass(frozen=True)
     class NoSuchMethodXSettings:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, MessageType, MetricRecord, RecordDict
+from headway.core import protocol as P
+from headway.core.fedlog import StatsCheck
+from headway.core.fedpft import ClassMixture, encode
 
-from core import protocol as P
-from core.fedlog import StatsCheck
-from core.fedpft import ClassMixture, encode
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply, smuggle
 
 

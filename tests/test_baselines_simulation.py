@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from headway.core.layers import select, top_layers
+from headway.core.models import build_model
 
-from core.layers import select, top_layers
-from core.models import build_model
 from tests.test_simulation import down_bytes, near, reply_bytes, run, train_sizes
 
 pytestmark = pytest.mark.integration

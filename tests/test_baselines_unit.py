@@ -6,18 +6,18 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from headway.client.env import client_env
+from headway.client.procedures.fedavg import FedProxClient
+from headway.client.procedures.fedlog import FedLogClient
+from headway.client.procedures.fedrep import FedRepClient
+from headway.client.procedures.layer_sharing import PERSONAL, SharedLayersClient
+from headway.core.config import ConfigError
+from headway.core.data import SPECS
+from headway.core.layers import layer_names, select, top_layers
+from headway.core.models import build_model
+from headway.core.prototypes import average_prototypes, class_prototypes, nearest_prototype, prototype_problem
+from headway.core.training import ensemble_outputs
 
-from client.env import client_env
-from client.procedures.fedavg import FedProxClient
-from client.procedures.fedlog import FedLogClient
-from client.procedures.fedrep import FedRepClient
-from client.procedures.layer_sharing import PERSONAL, SharedLayersClient
-from core.config import ConfigError
-from core.data import SPECS
-from core.layers import layer_names, select, top_layers
-from core.models import build_model
-from core.prototypes import average_prototypes, class_prototypes, nearest_prototype, prototype_problem
-from core.training import ensemble_outputs
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 MNIST = SPECS["mnist"]
@@ -104,7 +104,7 @@ def test_lg_fedavg_logs_its_own_run_config_keys(caplog):
 def test_layer_sharing_runs_fedavg_init(monkeypatch):
     """LayerSharing is a FedAvg: its construction goes through FedAvg's (the one-body rule,
     relaxed only where mixed_bodies says so)."""
-    from strategies.fedavg import FedAvg
+    from headway.strategies.fedavg import FedAvg
 
     seen, original = [], FedAvg.__init__
 
@@ -255,8 +255,8 @@ def test_client_keeps_its_local_layers_and_takes_the_received_ones(data_dir):
 
 
 def test_lg_new_test_scores_the_ensemble_of_uploaded_models_and_rejects_bad_uploads(task_identity, data_dir):
-    from core.data import load_dataset, to_tensors
-    from core.training import task_metrics
+    from headway.core.data import load_dataset, to_tensors
+    from headway.core.training import task_metrics
 
     s = strategy("lg-fedavg", **{"data-dir": data_dir})
     models = [build_model("mnist-cnn", (1, 28, 28), 0, 10, seed) for seed in (1, 2)]
@@ -306,9 +306,8 @@ def test_fedproto_pulls_the_features_before_feature_dropout_towards_the_prototyp
     """The authors' FedProto takes its prototypes from the features before the dropout that
     feeds the classifier; on dropped-out features λ‖f − c_y‖² adds a hidden (p/(1-p))·‖f‖²
     penalty. With p = 0.95 the dropped-out features are nearly all zero."""
+    import headway.client.procedures.fedproto as fp
     from flwr.app import Array
-
-    import client.procedures.fedproto as fp
 
     seen = []
     real = fp.prototype_loss

@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 
 import flwr.simulation
+import headway.simulation as simulation
 import pytest
 import torch
+from headway.core.config import ConfigError, check_bodies, resolve, resolve_settings
+from headway.core.models import BODIES, BodyError, TorchvisionBody, body_factory, build_body, build_model
 
-import simulation
-from core.config import ConfigError, check_bodies, resolve, resolve_settings
-from core.models import BODIES, BodyError, TorchvisionBody, body_factory, build_body, build_model
 from tests.fakes import FakeGrid, engine_for, make_strategy
 
 ROOT = Path(__file__).resolve().parents[1]

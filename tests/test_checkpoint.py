@@ -19,10 +19,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from core.settings import SCHEMA, Settings
-from server import checkpoint as C
-from server.checkpoint import (
+from headway.core.settings import SCHEMA, Settings
+from headway.server import checkpoint as C
+from headway.server.checkpoint import (
     HEADER,
     MAY_CHANGE,
     Checkpoint,
@@ -31,10 +30,11 @@ from server.checkpoint import (
     resume_problem,
     write_checkpoint,
 )
-from strategies.arrays import to_numpy, to_record
-from strategies.fedlog import FedLogState
-from strategies.fedprof import FedProfClientState, FedProfState, Validation
-from strategies.state import ServerState
+from headway.strategies.arrays import to_numpy, to_record
+from headway.strategies.fedlog import FedLogState
+from headway.strategies.fedprof import FedProfClientState, FedProfState, Validation
+from headway.strategies.state import ServerState
+
 from tests.conftest import ROOT
 
 
@@ -162,10 +162,10 @@ def test_a_payload_that_names_other_code_is_refused_and_never_run(
 @pytest.mark.parametrize(
     ("module", "name"),
     [
-        ("strategies.engine", "Engine"),
-        ("strategies.state", "ServerState.advance"),
-        ("strategies.fedlog", "np"),
-        ("core.fedlog", "solve_head"),
+        ("headway.strategies.engine", "Engine"),
+        ("headway.strategies.state", "ServerState.advance"),
+        ("headway.strategies.fedlog", "np"),
+        ("headway.core.fedlog", "solve_head"),
     ],
     ids=["non-dataclass class", "dotted name", "re-exported module", "function"],
 )
@@ -295,8 +295,8 @@ SLOW_WRITER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     import numpy as np
-    from server import checkpoint as C
-    from strategies.arrays import to_record
+    from headway.server import checkpoint as C
+    from headway.strategies.arrays import to_record
     from tests.test_checkpoint import make, fedlog_state
     import dataclasses
 

@@ -81,5 +81,5 @@ def test_the_console_script_is_installed_and_keeps_exit_codes(tmp_path):
 
 @pytest.mark.slow
 def test_python_m_simulation_is_still_the_run_command():
-    done = subprocess.run([sys.executable, "-m", "simulation", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and done.stdout.startswith("usage: python -m simulation") and "--overwrite" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "headway.simulation", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("usage: python -m headway.simulation") and "--overwrite" in done.stdout

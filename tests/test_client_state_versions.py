@@ -7,13 +7,12 @@ from __future__ import annotations
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.common.serde import recorddict_to_proto
-
-from client.app import build_client_app
-from client.env import client_env
-from client.state_store import STORE_RECORD, versions
-from core import protocol as P
-from core.config import resolve
-from core.layers import select, top_layers
+from headway.client.app import build_client_app
+from headway.client.env import client_env
+from headway.client.state_store import STORE_RECORD, versions
+from headway.core import protocol as P
+from headway.core.config import resolve
+from headway.core.layers import select, top_layers
 
 NODE = {"partition-id": 0, "num-partitions": 2}
 
@@ -140,8 +139,9 @@ def test_a_restarted_node_with_its_own_data_picks_up_its_registration_and_body_a
     body from the version before round 2, and answers byte for byte as it did."""
     import csv
 
-    from client.app import JOINED
-    from core.data import ADULT_COLUMNS
+    from headway.client.app import JOINED
+    from headway.core.data import ADULT_COLUMNS
+
     from tests.conftest import data_root, missing_data
     from tests.test_node_merge_attacks import NodesGrid, adult_cfg, run
 

@@ -8,10 +8,10 @@ import shutil
 import tomllib
 
 import pytest
+from headway.core.config import SCHEMA, ConfigError, body_for, check_bodies, defaults, max_replies, resolve, resolve_settings
+from headway.core.methods import METHODS, method_keys, no_rules
+from headway.core.partition import server_holdout
 
-from core.config import SCHEMA, ConfigError, body_for, check_bodies, defaults, max_replies, resolve, resolve_settings
-from core.methods import METHODS, method_keys, no_rules
-from core.partition import server_holdout
 from headway import generate
 from tests.conftest import ROOT
 
@@ -82,7 +82,7 @@ def test_bodies_cycle_over_partition_ids_and_node_config_overrides():
     cfg = resolve_settings({"bodies": "cifar-cnn, cifar-cnn-small", "body": "cifar-cnn"})
     assert [body_for(cfg, i) for i in range(4)] == ["cifar-cnn", "cifar-cnn-small"] * 2
     assert body_for(cfg, 0, override="mlp") == "mlp"
-    assert body_for(resolve_settings({}), 7) == "auto"  # until the inputs' shape is known: core.config.fit_body
+    assert body_for(resolve_settings({}), 7) == "auto"  # until the inputs' shape is known: headway.core.config.fit_body
 
 
 # --- the methods' own rules (core/methods.py): each applies when its method runs ---

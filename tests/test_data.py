@@ -3,8 +3,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from core.data import SPECS, DatasetMissingError, augment_batch, load_dataset, make_circle, spec_of, to_tensors
+from headway.core.data import SPECS, DatasetMissingError, augment_batch, load_dataset, make_circle, spec_of, to_tensors
 
 
 def test_mnist_from_the_idx_files(data_dir):

@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from server.checkpoint import load_checkpoint
+from headway.server.checkpoint import load_checkpoint
+
 from tests.conftest import ROOT
 from tests.doc_commands import commands, placeholders
 

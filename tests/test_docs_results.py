@@ -34,8 +34,9 @@ def test_the_section_prints_the_commands_this_file_runs():
 
 
 def test_tensorboard_logdir_results_shows_a_recorded_run(tmp_path):
-    from core.config import resolve_settings
-    from server.results import Recorder
+    from headway.core.config import resolve_settings
+    from headway.server.results import Recorder
+
     from tests.test_watching import CFG, real_rounds
 
     rec = Recorder(tmp_path / "results" / "fedavg-mnist-demo", resolve_settings(CFG))
@@ -63,7 +64,7 @@ def test_the_mlflow_example_run_logs_its_rounds(tmp_path, data_dir):
     assert not (tmp_path / "mlflow.db").exists()  # the store lies in results/ (ignored by git), not loose in the checkout
     noise = [line for line in out.stderr.splitlines() if "SADeprecationWarning" in line or "mlflow.store.db.utils" in line]
     assert not noise, noise  # MLflow's SQLAlchemy deprecation warning and its table-creation INFO lines
-    from server.tracking import quiet_mlflow
+    from headway.server.tracking import quiet_mlflow
 
     quiet_mlflow()  # this reader's own store set-up, as the run's
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")

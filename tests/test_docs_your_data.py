@@ -133,8 +133,7 @@ def test_the_supernode_commands_are_accepted_by_the_launcher(page_commands, work
 
 def test_the_flwr_run_config_is_one_headway_accepts(page_commands):
     from flwr.common.config import parse_config_args
-
-    from core.config import resolve
+    from headway.core.config import resolve
 
     runs = [c for c in page_commands if kind(c) == "flwr run"]
     assert runs
@@ -179,7 +178,7 @@ def test_the_split_command_writes_node_folders(page_commands, workdir):
 def test_a_run_without_a_body_fits_the_data_and_a_named_misfit_names_those_that_fit():
     """The default body follows the inputs' shape (MNIST keeps the papers' mnist-cnn); a named
     body that does not fit is refused naming the bodies that do."""
-    from core.config import ConfigError, check_bodies, fitted_body, resolve_settings
+    from headway.core.config import ConfigError, check_bodies, fitted_body, resolve_settings
 
     cfg = resolve_settings({})
     assert cfg.body == "auto"
@@ -199,8 +198,8 @@ def test_a_run_without_a_body_fits_the_data_and_a_named_misfit_names_those_that_
 def test_server_and_client_pick_the_same_body_from_the_same_inputs():
     """The server's build_strategy and a client's environment resolve body=auto alike, and the
     server's settings (what config.json records) name the concrete body."""
-    from core.config import resolve_settings
-    from server.app import build_strategy
+    from headway.core.config import resolve_settings
+    from headway.server.app import build_strategy
 
     cfg = resolve_settings({"dataset": "uci-adult", "num-clients": 3, "partition": "iid", "algorithm": "fedavg"})
     if not (data_root() / "uci-adult").is_dir():
@@ -208,7 +207,7 @@ def test_server_and_client_pick_the_same_body_from_the_same_inputs():
     strategy = build_strategy(cfg)
     assert strategy.settings.body == strategy.settings.to_config()["body"] == "mlp"
     assert cfg.body == "auto"  # the settings are frozen: the strategy holds a fitted copy
-    from client.env import client_env
+    from headway.client.env import client_env
 
     env = client_env({"dataset": "uci-adult", "num-clients": 3, "partition": "iid", "algorithm": "fedavg"}, {"partition-id": 0})
     assert env.body == "mlp"

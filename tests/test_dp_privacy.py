@@ -8,13 +8,13 @@ import hashlib
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from headway.client.env import client_env
+from headway.client.procedures.fedlog import FedLogClient
+from headway.core.config import resolve_settings
+from headway.core.fedlog import noise_sigma, solve_head
+from headway.core.settings import Settings
+from headway.strategies.base import TrainRound
 
-from client.env import client_env
-from client.procedures.fedlog import FedLogClient
-from core.config import resolve_settings
-from core.fedlog import noise_sigma, solve_head
-from core.settings import Settings
-from strategies.base import TrainRound
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 DP = {"algorithm": "fedlog", "num-clients": 3, "train-fraction": 0.01, "local-epochs": 0, "fedlog-clip": 2.0, "fedlog-epsilon": 1.0}

@@ -6,13 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
-
-from client.env import client_env
-from client.registry import PROCEDURES
-from core.config import resolve_settings
-from core.data import load_dataset
-from core.partition import make_partition
-from core.protocol import as_int
+from headway.client.env import client_env
+from headway.client.registry import PROCEDURES
+from headway.core.config import resolve_settings
+from headway.core.data import load_dataset
+from headway.core.partition import make_partition
+from headway.core.protocol import as_int
 
 
 def empty_client(algorithm: str, data_dir: str):

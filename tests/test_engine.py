@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.serde import recorddict_to_proto
+from headway.core.aggregate import relative_update_norm, weighted_average
+from headway.core.sampling import draw_with_replacement, sample_positions
+from headway.strategies.fedavg import FedAvgState
+from headway.strategies.replies import ArraySpec, Layout
+from headway.strategies.state import ServerState
+from headway.strategies.wire import WireMeter, values_bytes
 
-from core.aggregate import relative_update_norm, weighted_average
-from core.sampling import draw_with_replacement, sample_positions
-from strategies.fedavg import FedAvgState
-from strategies.replies import ArraySpec, Layout
-from strategies.state import ServerState
-from strategies.wire import WireMeter, values_bytes
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 from tests.oracles import inclusion_probabilities
 
@@ -258,7 +258,7 @@ def test_data_ratio_without_server_data_weighs_by_the_counts_clients_reported(ta
 
 
 def test_client_sampling_is_refused_for_methods_that_draw_their_own_clients():
-    from core.config import ConfigError, resolve
+    from headway.core.config import ConfigError, resolve
 
     with pytest.raises(ConfigError, match="only fedavg and fedprox"):
         resolve({"algorithm": "fedprof", "client-sampling": "data-ratio"})

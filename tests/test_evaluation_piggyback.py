@@ -7,12 +7,12 @@ import json
 
 import pytest
 from flwr.app import Message, MetricRecord, RecordDict
+from headway.core import protocol as P
+from headway.core.config import ConfigError, resolve, resolve_settings, scores_with_train
+from headway.core.methods import METHODS
+from headway.simulation import simulate
+from headway.strategies.wire import WireMeter, message_size_uncached
 
-from core import protocol as P
-from core.config import ConfigError, resolve, resolve_settings, scores_with_train
-from core.methods import METHODS
-from simulation import simulate
-from strategies.wire import WireMeter, message_size_uncached
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 BASE = {

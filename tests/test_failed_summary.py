@@ -7,8 +7,8 @@ import json
 
 import pytest
 from flwr.app import Error
+from headway.server.app import run_server
 
-from server.app import run_server
 from tests.fakes import FakeGrid
 
 

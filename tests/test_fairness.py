@@ -7,20 +7,19 @@ import csv
 import json
 from pathlib import Path
 
+import headway.client.env as client_env_module
 import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
-
-import client.env as client_env_module
-from client.env import ClientEnv, client_env, with_protected
-from client.procedures.lg_fedavg import LGFedAvgClient
-from core import fairness
-from core import protocol as P
-from core.config import ConfigError, resolve_settings
-from core.data import ADULT_LEVELS, SPECS, Dataset, builtin_spec, load_dataset
-from core.layers import select, top_layers
-from core.run_data import load_run_dataset, natural_split_problem, node_profile, run_spec
+from headway.client.env import ClientEnv, client_env, with_protected
+from headway.client.procedures.lg_fedavg import LGFedAvgClient
+from headway.core import fairness
+from headway.core import protocol as P
+from headway.core.config import ConfigError, resolve_settings
+from headway.core.data import ADULT_LEVELS, SPECS, Dataset, builtin_spec, load_dataset
+from headway.core.layers import select, top_layers
+from headway.core.run_data import load_run_dataset, natural_split_problem, node_profile, run_spec
 
 
 @pytest.fixture(autouse=True)

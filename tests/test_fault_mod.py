@@ -3,13 +3,12 @@ handling replaced by a fixed honest reply: only the nodes that the run config's
 fault-clients names have their train and evaluate replies damaged; registration, error
 replies and every other node pass through untouched."""
 
+import headway.client.app
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-
-import client.app
-from client.app import JOINED, build_client_app
-from core import protocol as P
+from headway.client.app import JOINED, build_client_app
+from headway.core import protocol as P
 
 
 def _honest(msg: Message, context: Context, kind: str, overrides, state_dir=None) -> Message:
@@ -21,7 +20,7 @@ def _honest(msg: Message, context: Context, kind: str, overrides, state_dir=None
 
 @pytest.fixture
 def honest(monkeypatch, task_identity):
-    monkeypatch.setattr(client.app, "_handle", _honest)
+    monkeypatch.setattr(headway.client.app, "_handle", _honest)
 
 
 def _context(node_config, run_config=None, state=None) -> Context:
@@ -73,7 +72,7 @@ def test_a_node_with_its_own_data_is_named_by_its_registered_client_index(honest
 def test_bad_eval_damages_the_scores_a_train_reply_carries():
     """Under client-evaluation=with-next-train the scores ride in the train reply: bad-eval damages
     them there, and leaves the training payload alone."""
-    from client.faults import damage_reply
+    from headway.client.faults import damage_reply
 
     honest_reply = RecordDict(
         {P.METRICS: MetricRecord({P.NUM_EXAMPLES: 10}), P.SCORES: MetricRecord({P.CORRECT: 7, P.NUM_EXAMPLES: 9, P.LOSS: 0.5})}

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from headway.client.procedures.fedlog import BODY_STATE
+from headway.client.state_store import STORE_RECORD, load_state, versions
 
-from client.procedures.fedlog import BODY_STATE
-from client.state_store import STORE_RECORD, load_state, versions
 from headway.processes import descendants, running
 from tests.cluster import Cluster, free_port, read_rounds, run_folder
 

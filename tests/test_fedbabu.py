@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from headway.client.env import ClientEnv, client_env
+from headway.client.faults import MODEL_MODES, damage_reply
+from headway.client.procedures.fedbabu import INITIAL, FedBABUClient, part_names
+from headway.core.config import ConfigError
+from headway.core.layers import select
+from headway.core.models import build_model
+from headway.core.settings import Settings
 
-from client.env import ClientEnv, client_env
-from client.faults import MODEL_MODES, damage_reply
-from client.procedures.fedbabu import INITIAL, FedBABUClient, part_names
-from core.config import ConfigError
-from core.layers import select
-from core.models import build_model
-from core.settings import Settings
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 from tests.test_hostile_replies import EXPECTED_REASON, honest
 

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from headway.client.env import ClientEnv, client_env
+from headway.client.procedures.feddbe import BIAS, FedDBEClient
+from headway.core.dbe import clipped_means, global_mean, mean_problem, mean_regularization, running_mean
+from headway.core.models import build_model
+from headway.core.settings import Settings
+from headway.strategies.feddbe import FEATURE_MEAN, GLOBAL_MEAN, FedDBEState
 
-from client.env import ClientEnv, client_env
-from client.procedures.feddbe import BIAS, FedDBEClient
-from core.dbe import clipped_means, global_mean, mean_problem, mean_regularization, running_mean
-from core.models import build_model
-from core.settings import Settings
-from strategies.feddbe import FEATURE_MEAN, GLOBAL_MEAN, FedDBEState
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 M = 50  # mnist-cnn's feature width
@@ -112,7 +112,7 @@ def test_a_hostile_mean_is_refused_and_the_round_goes_on(task_identity, bad, rea
 
 
 def test_secure_aggregation_is_refused_and_a_robust_rule_is_taken():
-    from core.config import ConfigError
+    from headway.core.config import ConfigError
 
     with pytest.raises(ConfigError):
         make_strategy("feddbe", **{"secure-aggregation": "secagg+", "min-replies": 2})

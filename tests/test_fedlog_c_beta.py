@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from headway.client.env import client_env
+from headway.client.procedures.fedlog import feature_map, fedlog_c_loss, fedlog_c_repulsion, train_body
+from headway.core.config import ConfigError, resolve_settings
+from headway.core.extractors import input_spec
+from headway.strategies.fedlog import FedLog, FedLogState
 
-from client.env import client_env
-from client.procedures.fedlog import feature_map, fedlog_c_loss, fedlog_c_repulsion, train_body
-from core.config import ConfigError, resolve_settings
-from core.extractors import input_spec
-from strategies.fedlog import FedLog, FedLogState
 from tests.fakes import make_strategy
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from headway.client.env import client_env
+from headway.client.registry import PROCEDURES
+from headway.core.config import ConfigError, resolve
+from headway.core.fedlog import head_from_downlink
 
-from client.env import client_env
-from client.registry import PROCEDURES
-from core.config import ConfigError, resolve
-from core.fedlog import head_from_downlink
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 

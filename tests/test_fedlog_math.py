@@ -1,8 +1,6 @@
 import numpy as np
 import pytest
-from scipy.optimize import minimize
-
-from core.fedlog import (
+from headway.core.fedlog import (
     StatsCheck,
     add_noise,
     class_means,
@@ -11,6 +9,8 @@ from core.fedlog import (
     stationarity_residual,
     sufficient_statistics,
 )
+from scipy.optimize import minimize
+
 from tests.oracles import log_posterior
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from headway.client.env import client_env
+from headway.client.registry import PROCEDURES
+from headway.core.config import ConfigError, resolve
+from headway.core.fedlog import dense_statistics, present_rows
 
-from client.env import client_env
-from client.registry import PROCEDURES
-from core.config import ConfigError, resolve
-from core.fedlog import dense_statistics, present_rows
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 
@@ -108,8 +108,8 @@ def test_sparse_uplink_is_refused_under_local_dp():
 def test_float16_head_and_class_means_down_within_half_precision(task_identity):
     """fedlog-wire-dtype=float16: η and FedLog-C's Φ go down in float16 (Φ as its class means,
     which cannot overflow), within float16's rounding; float32 where float16 would overflow."""
-    from core.fedlog import class_means
-    from strategies.fedlog import FedLogState
+    from headway.core.fedlog import class_means
+    from headway.strategies.fedlog import FedLogState
 
     s = make_strategy("fedlog", **{"fedlog-wire-dtype": "float16", "fedlog-alpha": 0.1})
     rng = np.random.default_rng(0)
@@ -143,7 +143,7 @@ def test_a_client_trains_on_a_float16_head(data_dir):
 
 
 def test_float16_uplink_rows_rebuild_the_sums_within_half_precision():
-    from core.fedlog import sum_rows, uplink_array
+    from headway.core.fedlog import sum_rows, uplink_array
 
     stats = _stats(3).astype(np.float64)
     stats[3, 1:] *= 20000.0  # sums up to 160 000, past float16's 65504: as means they fit
@@ -167,7 +167,7 @@ def test_float16_uplink_rows_rebuild_the_sums_within_half_precision():
 
 
 def half_reply(pid: int, sparse: bool, dtype=np.float16, scale: float = 1.0):
-    from core.fedlog import uplink_array
+    from headway.core.fedlog import uplink_array
 
     stats = _stats(pid).astype(np.float64)
     sent = uplink_array(stats, sparse, "float16").astype(dtype)
@@ -205,7 +205,7 @@ def test_the_server_solves_nearly_the_same_head_from_float16_statistics(task_ide
 
 
 def test_float16_reply_whose_data_is_not_what_it_declares_or_with_means_on_an_empty_class_is_rejected(task_identity):
-    from core.fedlog import uplink_array
+    from headway.core.fedlog import uplink_array
 
     def lying(pid, msg):  # declares float16, ships float64 bytes
         sent = Array(uplink_array(_stats(pid).astype(np.float64), False, "float16").astype(np.float64))
@@ -246,7 +246,7 @@ def _poison_class_9(pid: int, dtype_key: str, count: float, value: float, shift:
 
 
 def uplink_array_of(stats: np.ndarray, dtype_key: str) -> np.ndarray:
-    from core.fedlog import uplink_array
+    from headway.core.fedlog import uplink_array
 
     return uplink_array(stats, False, dtype_key)
 
@@ -316,7 +316,7 @@ def test_float16_uplink_is_refused_under_dp_and_a_client_sends_it(data_dir):
 def test_float16_rounding_at_the_clip_bound_is_not_taken_for_a_hostile_reply(task_identity):
     """Features clipped to b = 2.3 have means at 2.3, which float16 rounds up (to 2.30078):
     within the half-precision allowance, not past the bound."""
-    from core.fedlog import uplink_array
+    from headway.core.fedlog import uplink_array
 
     def at_bound(pid, msg):
         stats = np.zeros((10, 51))
@@ -333,7 +333,7 @@ def test_fedlog_c_pulls_the_features_before_feature_dropout_towards_the_class_me
     """Eq. 13 on dropped-out features would add a hidden (p/(1-p))·‖φ‖² penalty (measured: FedLog-C
     fell from 98.5 % at round 11 to 96.8 % at round 100). With p = 0.95 the dropped-out features
     are nearly all zero; the term must see the features before the dropout."""
-    import client.procedures.fedlog as fl
+    import headway.client.procedures.fedlog as fl
 
     seen = []
     real = fl.fedlog_c_loss

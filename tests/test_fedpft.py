@@ -11,17 +11,16 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
-
-from core import protocol as P
-from core.config import ConfigError, resolve, resolve_settings
-from core.extractors import (
+from headway.core import protocol as P
+from headway.core.config import ConfigError, resolve, resolve_settings
+from headway.core.extractors import (
     ExtractorUnavailable,
     cached_extract,
     extract,
     feature_range,
     load_extractor,
 )
-from core.fedpft import (
+from headway.core.fedpft import (
     ClassMixture,
     PayloadCheck,
     components_for,
@@ -30,14 +29,15 @@ from core.fedpft import (
     fit_class_mixtures,
     privatize,
 )
-from core.gmm import (
+from headway.core.gmm import (
     fit_gmm,
     pack_symmetric,
     parameter_count,
     project_psd,
     unpack_symmetric,
 )
-from core.settings import Settings
+from headway.core.settings import Settings
+
 from tests.fakes import FakeGrid, make_strategy, reply
 from tests.oracles import payload_values
 
@@ -196,8 +196,8 @@ def test_dp_noise_has_theorem_4_1_scale_and_releases_psd_covariances():
 def test_client_dp_noise_comes_from_os_entropy(data_dir):
     """Two identical DP runs of one client release different means: the noise is not a
     function of the run config."""
-    from client.env import client_env
-    from client.procedures.fedpft import FedPFTClient
+    from headway.client.env import client_env
+    from headway.client.procedures.fedpft import FedPFTClient
 
     cfg = resolve(
         {
@@ -228,9 +228,9 @@ def test_strategy_refuses_configs_that_cannot_work():
 
 
 def test_frozen_feature_inputs_refuse_what_cannot_work_and_size_the_model_to_the_features():
-    from core.config import check_against_spec
-    from core.data import SPECS
-    from core.extractors import input_spec
+    from headway.core.config import check_against_spec
+    from headway.core.data import SPECS
+    from headway.core.extractors import input_spec
 
     with pytest.raises(ConfigError, match="always works on its extractor's features"):
         resolve({"algorithm": "fedpft", "inputs": "features"})
@@ -276,7 +276,7 @@ def test_a_hostile_reply_is_counted_and_the_head_is_trained_from_the_valid_ones(
         return reply(p, 40, pid)
 
     records: list[dict] = []
-    from strategies.round_loop import RoundLoop
+    from headway.strategies.round_loop import RoundLoop
 
     loop = RoundLoop(strategy, strategy.connect(FakeGrid(3, answer)), on_round=records.append)
     head = loop.run(strategy.initial_state(), 1).method
@@ -289,7 +289,7 @@ def test_a_hostile_reply_is_counted_and_the_head_is_trained_from_the_valid_ones(
 
 def test_efficientnet_lite0_loads_offline_and_gives_1280_features(data_dir):
     pytest.importorskip("efficientnet_lite_pytorch")
-    from core.data import load_dataset, to_tensors
+    from headway.core.data import load_dataset, to_tensors
 
     ds = load_dataset("mnist", data_dir, 0)
     x, _ = to_tensors(ds, ds.x_train[:3], ds.y_train[:3])  # grayscale: repeated to three channels
@@ -345,7 +345,7 @@ SIM = {
 
 
 def _run(tmp_path, data_dir, **overrides):
-    from simulation import simulate
+    from headway.simulation import simulate
 
     cfg = resolve_settings({**SIM, "data-dir": data_dir, "fedpft-cache-dir": str(tmp_path / "cache"), **overrides})
     summary = simulate(cfg, tmp_path / "run")
@@ -356,9 +356,9 @@ def _run(tmp_path, data_dir, **overrides):
 def _expected_reply_bytes(cfg: Settings, pid: int) -> int:
     """Wire bytes of the reply partition ``pid`` sends, recomputed here (same features, same seeded EM)."""
     from flwr.app import ConfigRecord
+    from headway.client.env import client_env
+    from headway.client.procedures.fedpft import FedPFTClient
 
-    from client.env import client_env
-    from client.procedures.fedpft import FedPFTClient
     from tests.test_simulation import reply_bytes
 
     env = client_env(cfg.to_config(), {"partition-id": pid})
@@ -401,8 +401,8 @@ def test_fedavg_of_a_linear_head_on_frozen_features_is_a_flower_run_sharing_fedp
     are the (C, d) head and its bias, clients and server read the same cached features as
     FedPFT would, and the head learns (chance is 0.1)."""
     pytest.importorskip("efficientnet_lite_pytorch")
-    from client.env import client_env
-    from core.fedpft import features
+    from headway.client.env import client_env
+    from headway.core.fedpft import features
 
     cfg, summary, rounds = _run(
         tmp_path,
@@ -429,7 +429,7 @@ def test_fedavg_of_a_linear_head_on_frozen_features_is_a_flower_run_sharing_fedp
 
 @pytest.mark.parametrize("covariance", ["full", "diag", "spherical"])
 def test_samples_follow_the_mixture(covariance):
-    from core.gmm import Mixture, sample
+    from headway.core.gmm import Mixture, sample
 
     d = 4
     a = torch.randn(2, d, d, generator=torch.Generator().manual_seed(0))
@@ -449,7 +449,7 @@ def test_samples_follow_the_mixture(covariance):
 def test_a_singular_full_covariance_never_crashes_the_sampler():
     """A hostile 'covariance' with a huge, exactly singular block (found by review): either
     rejected, or lifted so that the factorization sampling makes succeeds."""
-    from core.fedpft import synthesize
+    from headway.core.fedpft import synthesize
 
     d = 6
     cov = np.eye(d) * 0.5
@@ -472,7 +472,7 @@ def test_full_covariance_em_survives_fewer_points_than_dimensions():
 
 
 def test_claimed_counts_are_capped_before_sampling():
-    from core.fedpft import capped_counts
+    from headway.core.fedpft import capped_counts
 
     mixtures = [ClassMixture(c, n, np.ones(1), np.zeros((1, 3)), np.ones(1), "spherical") for c, n in ((0, 10**6), (1, 10**5), (2, 3))]
     counts = capped_counts(mixtures, 1000)
@@ -501,8 +501,7 @@ def test_a_torchvision_extractor_loads_weights_from_a_local_file(tmp_path, data_
     """fedpft-extractor-weights=PATH: a saved state dict stands in for the download; the
     classifier is cut off, so features are the pooled 512 of resnet18."""
     import torchvision
-
-    from core.data import load_dataset, to_tensors
+    from headway.core.data import load_dataset, to_tensors
 
     path = tmp_path / "resnet18.pth"
     torch.save(torchvision.models.resnet18(weights=None).state_dict(), path)

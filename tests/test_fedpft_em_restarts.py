@@ -1,19 +1,18 @@
 """fedpft-em-restarts: the number of EM starts each FedPFT class mixture is fitted from reaches
 every fit FedPFT makes (a real client's train call), changes the fit where one start lands
-worse, defaults to core.gmm.RESTARTS and refuses a value below 1 in one line."""
+worse, defaults to headway.core.gmm.RESTARTS and refuses a value below 1 in one line."""
 
 from __future__ import annotations
 
+import headway.core.fedpft
 import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, RecordDict
-
-import core.fedpft
-from core import protocol as P
-from core.config import ConfigError, resolve, resolve_settings
-from core.fedpft import fit_class_mixtures
-from core.gmm import RESTARTS
+from headway.core import protocol as P
+from headway.core.config import ConfigError, resolve, resolve_settings
+from headway.core.fedpft import fit_class_mixtures
+from headway.core.gmm import RESTARTS
 
 
 def test_the_key_defaults_to_the_em_default():
@@ -50,17 +49,17 @@ def test_more_starts_give_a_likelier_fit_where_one_start_lands_worse():
 
 def test_a_client_fits_its_mixtures_with_the_configured_starts(data_dir, monkeypatch):
     """The value a real FedPFT client's train call hands to fit_gmm is the run config's."""
-    from client.env import client_env
-    from client.procedures.fedpft import FedPFTClient
+    from headway.client.env import client_env
+    from headway.client.procedures.fedpft import FedPFTClient
 
     seen: list[int] = []
-    real = core.fedpft.fit_gmm
+    real = headway.core.fedpft.fit_gmm
 
     def spy(*args, **kwargs):
         seen.append(kwargs["restarts"])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(core.fedpft, "fit_gmm", spy)
+    monkeypatch.setattr(headway.core.fedpft, "fit_gmm", spy)
     base = {
         "algorithm": "fedpft",
         "num-server-rounds": 1,

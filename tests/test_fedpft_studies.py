@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from headway.core.fedpft import normalize
 
 from benchmarks.fedpft import _as_sent, dp_mixtures
-from core.fedpft import normalize
 
 
 def _data() -> tuple[torch.Tensor, np.ndarray]:

@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import MetricRecord, RecordDict
-
-from core.config import ConfigError, check_against_spec, resolve, resolve_settings
-from core.data import SPECS
-from core.noise import corrupt, noise_assignment, parse_client_noise
-from core.profiles import (
+from headway.core.config import ConfigError, check_against_spec, resolve, resolve_settings
+from headway.core.data import SPECS
+from headway.core.noise import corrupt, noise_assignment, parse_client_noise
+from headway.core.profiles import (
     divergence,
     full_aggregate,
     gaussian_kl,
@@ -21,7 +20,8 @@ from core.profiles import (
     representation_profile,
     score,
 )
-from strategies.fedprof import SECRET_ENV
+from headway.strategies.fedprof import SECRET_ENV
+
 from tests.fakes import FakeGrid, make_strategy, reply
 from tests.fedprof_baseline import Baseline, run
 
@@ -188,7 +188,7 @@ def test_each_image_kind_changes_the_images_as_specified():
 
 
 def test_client_noise_corrupts_the_chosen_clients_training_data_only(data_dir):
-    from client.env import client_env
+    from headway.client.env import client_env
 
     cfg = resolve({"num-clients": 4, "client-noise": "irrelevant:0.5", "data-dir": data_dir, "train-fraction": 0.01})
     clean = resolve({**{k: cfg[k] for k in ("num-clients", "data-dir", "train-fraction")}})

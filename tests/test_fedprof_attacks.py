@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import MetricRecord, RecordDict
+from headway.core.data import load_dataset, to_tensors
+from headway.core.models import build_model
+from headway.core.partition import make_partition
+from headway.core.profiles import divergence, gaussian_kl, model_profile, private_validation_rows, score, variance_floor
+from headway.strategies.fedprof import SECRET_ENV, validation_stream
 
-from core.data import load_dataset, to_tensors
-from core.models import build_model
-from core.partition import make_partition
-from core.profiles import divergence, gaussian_kl, model_profile, private_validation_rows, score, variance_floor
-from strategies.fedprof import SECRET_ENV, validation_stream
 from tests.fakes import FakeGrid, make_strategy, reply
 from tests.fedprof_baseline import Baseline, run
 
@@ -232,9 +232,9 @@ def test_clean_clients_outrank_salt_and_pepper_on_grayscale_cifar10(tmp_path, da
     salt-and-pepper client. Every round, every clean client must outrank every noisy one."""
     import json
 
-    from core.config import resolve_settings
-    from core.noise import noise_assignment
-    from simulation import simulate
+    from headway.core.config import resolve_settings
+    from headway.core.noise import noise_assignment
+    from headway.simulation import simulate
 
     monkeypatch.setenv(SECRET_ENV, "test-fedprof-attacks")  # a reproducible private D^V
     cfg = resolve_settings(

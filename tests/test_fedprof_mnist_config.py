@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import tomllib
 
-from core.config import resolve_settings
+from headway.core.config import resolve_settings
+
 from tests.conftest import ROOT
 
 

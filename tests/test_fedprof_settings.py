@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import MetricRecord, RecordDict
-
-from core.config import ConfigError, check_against_spec, resolve, resolve_settings
-from core.costmodel import (
+from headway.core.config import ConfigError, check_against_spec, resolve, resolve_settings
+from headway.core.costmodel import (
     P_F,
     P_TRANS,
     DeviceSpec,
@@ -21,12 +20,13 @@ from core.costmodel import (
     draw_devices,
     round_cost,
 )
-from core.data import SPECS, load_dataset
-from core.models import build_model
-from core.partition import client_sizes, make_partition
-from core.training import task_metrics
-from server.results import global_progress, participation_by_noise
-from strategies.fedprof import SECRET_ENV
+from headway.core.data import SPECS, load_dataset
+from headway.core.models import build_model
+from headway.core.partition import client_sizes, make_partition
+from headway.core.training import task_metrics
+from headway.server.results import global_progress, participation_by_noise
+from headway.strategies.fedprof import SECRET_ENV
+
 from tests.fakes import FakeGrid, make_strategy, reply
 from tests.fedprof_baseline import Baseline
 
@@ -93,7 +93,7 @@ def test_size_keys_are_checked():
 
 
 def test_learning_rate_decays_per_round(data_dir):
-    from client.env import client_env
+    from headway.client.env import client_env
 
     env = client_env(
         resolve({"lr": 0.01, "lr-decay": 0.9, "num-clients": 2, "train-fraction": 0.01, "data-dir": data_dir}), {"partition-id": 0}
@@ -150,7 +150,7 @@ def test_fedprof_rounds_record_the_scores_the_sampler_used(task_identity, data_d
 
 def test_participation_by_noise_counts_rounds_per_kind():
     cfg = resolve_settings({"num-clients": 4, "client-noise": "blur:0.5"})
-    from core.noise import noise_assignment
+    from headway.core.noise import noise_assignment
 
     blurred = sorted(noise_assignment(cfg.client_noise, 4, cfg.seed))
     clean = sorted(set(range(4)) - set(blurred))

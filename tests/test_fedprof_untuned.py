@@ -51,9 +51,8 @@ def test_clean_share_is_the_chance_a_draw_by_score_picks_a_clean_client():
 
 def test_pre_activation_is_the_bodys_last_linear_operator_before_its_relu():
     import torch
-
-    from core.models import build_model
-    from core.profiles import model_profile, resolve_layer
+    from headway.core.models import build_model
+    from headway.core.profiles import model_profile, resolve_layer
 
     cnn, lenet, linear = (build_model(b, (1, 28, 28), 0, 10) for b in ("mnist-cnn", "lenet5", "linear"))
     assert (resolve_layer(cnn, "pre-activation"), resolve_layer(lenet, "pre-activation")) == ("body.fcs.0", "body.fcs.1")
@@ -65,7 +64,7 @@ def test_pre_activation_is_the_bodys_last_linear_operator_before_its_relu():
 
 def test_fedprof_defaults_to_partial_aggregation_on_the_post_relu_features():
     """Issue 42: full aggregation trailed partial for FedProf and uniform selection alike (benchmarks/README.md)."""
-    from core.config import resolve_settings
+    from headway.core.config import resolve_settings
 
     cfg = resolve_settings({"algorithm": "fedprof"})
     assert (cfg.fedprof.aggregation, cfg.fedprof.layer) == ("partial", "body")

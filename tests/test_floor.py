@@ -7,10 +7,10 @@ import json
 
 import numpy as np
 import pytest
+from headway.core.settings import Settings
+from headway.simulation import simulate
 
 from benchmarks.floor import CONFIG, load_cfg, repeated_mnist, run_floor, setup_sets
-from core.settings import Settings
-from simulation import simulate
 
 VARIANTS = {
     "fedlog": [],
@@ -62,8 +62,8 @@ def test_repeated_mnist_source_for_more_clients_than_mnist_feeds(tmp_path, data_
     assert np.array_equal(np.roll(x[:60_000], (0, 1), axis=(1, 2)), x[60_000:])
     assert not np.array_equal(x[:60_000], x[60_000:])
     cfg = load_cfg(CONFIG, [*sets, f"data-dir={data_dir}"])
-    from core.partition import make_partition
-    from core.run_data import load_run_dataset
+    from headway.core.partition import make_partition
+    from headway.core.run_data import load_run_dataset
 
     part = make_partition(load_run_dataset(cfg), cfg)
     sizes = [len(t) for t in part.train]  # the pathological split's shards: 60 a client on average, as in Table 1

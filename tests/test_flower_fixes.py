@@ -18,10 +18,10 @@ from flwr.app import Message, Metadata, RecordDict
 from flwr.server.superlink.fleet.vce import vce_api
 from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+from headway.simulation import flower_fixes
+from headway.simulation.flower_fixes import faster_simulation_engine, hand_out
 
 from benchmarks.extractor import instruction, link_state
-from simulation import flower_fixes
-from simulation.flower_fixes import faster_simulation_engine, hand_out
 
 
 def tag(msg: Message) -> int:
@@ -446,8 +446,8 @@ def test_other_state_class_gets_flowers_extractor(monkeypatch):
 def test_headway_run_uses_the_fixed_extractor(tmp_path, data_dir, monkeypatch):
     """simulate() runs a real simulation through our pass (Flower's per-node query is never
     called) and gets the same rounds; Flower's functions are back afterwards."""
-    from core.config import resolve_settings
-    from simulation import simulate
+    from headway.core.config import resolve_settings
+    from headway.simulation import simulate
 
     passes = []
     ours = flower_fixes.hand_out
@@ -535,8 +535,8 @@ def _tiny_run(out, data_dir, monkeypatch) -> tuple[list[dict[str, Any]], list[in
     """A real 3-client, 2-round FedAvg simulation: its rounds, the node ids Flower registered and the run ids its messages carried."""
     import json
 
-    from core.config import resolve_settings
-    from simulation import simulate
+    from headway.core.config import resolve_settings
+    from headway.simulation import simulate
 
     nodes: list[int] = []
     runs: set[int] = set()

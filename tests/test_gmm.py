@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from core.gmm import _component_mask, _converged, _kmeans, fit_gmm, predict
+from headway.core.gmm import _component_mask, _converged, _kmeans, fit_gmm, predict
 
 sklearn_mixture = pytest.importorskip("sklearn.mixture")
 from sklearn.metrics import adjusted_rand_score  # noqa: E402
@@ -79,7 +78,7 @@ def test_chunked_passes_fit_what_one_pass_over_all_rows_fits(monkeypatch, covari
     """EM and Lloyd's steps read the points in cache-sized chunks: with chunks of 64 rows
     (a ragged last one, two padded groups) the fit equals the one-chunk fit up to float64
     rounding, so no row is skipped, counted twice or mixed with padding."""
-    import core.gmm as gmm
+    import headway.core.gmm as gmm
 
     a, _ = clusters(d=24, n=1000, seed=4)
     b, _ = clusters(d=24, n=333, seed=5)
@@ -100,7 +99,7 @@ def test_em_pass_scores_and_sums_a_padded_group_as_that_group_alone(covariance):
     """One EM pass over a batch of two groups of unequal size (the shorter padded) gives
     each group the mean log-likelihood and M-step sums that a pass over that group alone
     gives under the same mixture: padding rows neither score nor pull a component."""
-    import core.gmm as gmm
+    import headway.core.gmm as gmm
 
     a, _ = clusters(d=12, n=300, seed=7)
     b, _ = clusters(d=12, n=111, seed=8)
@@ -141,7 +140,7 @@ def test_lloyd_pass_sums_only_the_points_of_weight_one(monkeypatch):
     """A Lloyd pass's centre sums (a scatter into one bin per component, plus a spare bin per
     group for points of weight 0) equal Σ over each label's weight-1 points, group by group,
     chunk by chunk: padding and outliers pull no centre, and no group's points reach another's."""
-    import core.gmm as gmm
+    import headway.core.gmm as gmm
 
     rng = np.random.default_rng(8)
     x = torch.from_numpy(rng.normal(size=(2, 300, 12))).double()
@@ -190,7 +189,7 @@ def test_a_pass_over_the_gathered_unsettled_rows_sums_what_those_rows_sum_in_pla
     """The unsettled rows of two groups (unequal counts), gathered and padded by _rows_of,
     score and sum as they do in place in the whole batch: no row lost, swapped between
     groups or mixed with padding."""
-    import core.gmm as gmm
+    import headway.core.gmm as gmm
 
     groups = [torch.from_numpy(bridged(seed=3, n=400)), torch.from_numpy(bridged(seed=4, n=250, share=0.3))]
     fit = fit_gmm(groups, 10, "diag", max_iter=2, seed=0)
@@ -215,7 +214,7 @@ def test_sparse_em_on_a_batch_keeps_each_groups_components_budget_and_reported_l
     components at weight 0, takes at most max_iter M-steps, and reports the log-likelihood
     of the mixture it returns, also when max_iter ends it inside the sparse passes. (From one
     start: the likeliest of three needs no sparse passes here.)"""
-    import core.gmm as gmm
+    import headway.core.gmm as gmm
 
     groups = [torch.from_numpy(bridged(seed=s, n=n)) for s, n in ((3, 800), (4, 500), (5, 700))]
     ks = [10, 3, 10]

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import MetricRecord, RecordDict
+from headway.client.faults import MODEL_MODES, TRAIN_MODES, damage_reply
+from headway.core.fedpft import ClassMixture, encode
+from headway.core.methods import ALGORITHMS
+from headway.strategies.fedavg import ModelAveraging
+from headway.strategies.registry import STRATEGIES
+from headway.strategies.state import ServerState
 
-from client.faults import MODEL_MODES, TRAIN_MODES, damage_reply
-from core.fedpft import ClassMixture, encode
-from core.methods import ALGORITHMS
-from strategies.fedavg import ModelAveraging
-from strategies.registry import STRATEGIES
-from strategies.state import ServerState
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 EXPECTED_REASON = {
@@ -115,7 +115,7 @@ def test_an_honest_reply_of_a_model_with_hundreds_of_arrays_fits_the_cap(task_id
 
     state = s.initial_state()
     if algorithm == "fedprof":  # the profiling round is not part of this test: its baseline is given
-        from strategies.fedprof import FedProfState
+        from headway.strategies.fedprof import FedProfState
 
         state = ServerState(state.arrays, FedProfState(units=1024, baselines={0: np.tile(np.array([[0.5, 1.0]]), (1024, 1))}))
     engine = engine_for(s, FakeGrid(3, answer))

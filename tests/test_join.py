@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import MessageType
+from headway.core.config import ConfigError, resolve_settings
+from headway.core.joining import JoinPlan, parse_partition_ids
+from headway.core.noise import parse_client_transform, transform
+from headway.strategies.base import Step
+from headway.strategies.engine import Engine
+from headway.strategies.evaluation import group_accuracies
+from headway.strategies.replies import Reply
+from headway.strategies.round_record import round_record
 
-from core.config import ConfigError, resolve_settings
-from core.joining import JoinPlan, parse_partition_ids
-from core.noise import parse_client_transform, transform
-from strategies.base import Step
-from strategies.engine import Engine
-from strategies.evaluation import group_accuracies
-from strategies.replies import Reply
-from strategies.round_record import round_record
 from tests.fakes import FakeGrid, engine_for, make_strategy
 
 JOIN = {"num-clients": 6, "join-clients": "4,5", "join-round": 2, "num-server-rounds": 5}
@@ -116,7 +116,7 @@ def test_rotate90_turns_train_and_test_images_counter_clockwise():
 
 
 def test_client_transform_reaches_only_the_named_clients_train_and_test_data():
-    from client.env import client_env
+    from headway.client.env import client_env
 
     run = {"dataset": "cifar10", "num-clients": 4, "partition": "iid", "train-fraction": 0.01, "client-transform": "3:rotate90"}
     plain = client_env(run, {"partition-id": 3, "num-partitions": 4})
@@ -209,8 +209,9 @@ def test_the_table3_new_device_holds_the_papers_3000_training_and_500_test_image
     """benchmarks/lg_table3.py's default: partition 100 gets exactly 3,000/500 MNIST images (not its 1/101 share), rotated."""
     import tomllib
 
+    from headway.client.env import client_env
+
     from benchmarks.lg_table3 import CONFIG, overrides
-    from client.env import client_env
 
     with open(CONFIG, "rb") as f:
         base = tomllib.load(f)["run-config"]

@@ -5,8 +5,7 @@ fedlog-beta on another algorithm (the outside probe's finding in issue 42)."""
 from __future__ import annotations
 
 import pytest
-
-from core.config import ConfigError, resolve
+from headway.core.config import ConfigError, resolve
 
 
 @pytest.mark.parametrize(
@@ -42,7 +41,7 @@ def test_fedlog_c_takes_the_stats_downlink(config):
 
 
 def test_the_defaults_pass_on_every_algorithm():
-    from core.methods import ALGORITHMS
+    from headway.core.methods import ALGORITHMS
 
     for algorithm in ALGORITHMS:
         resolve({"algorithm": algorithm})

@@ -308,7 +308,7 @@ def test_every_launcher_option_says_what_it_does_and_shows_its_default():
     assert "(default: 9092)" in link and "(default: 8000)" in link and "(default: 10.0)" in link
     assert "default: a free port the system picks" in node
     assert "signed the SuperLink's certificate" in node and "(default: 67108864, 8192 x 8192)" in node and "(default: 100)" in node
-    from core.config import resolve
+    from headway.core.config import resolve
 
     defaults = resolve({})  # split's flags default to the run config's defaults: shown as values, not "the run config's"
     for flag, key in (("--partition PARTITION", "partition"), ("--num-clients NUM_CLIENTS", "num-clients"), ("--seed SEED", "seed")):
@@ -359,7 +359,7 @@ def test_a_bind_name_that_does_not_resolve_is_refused_with_what_to_do(capsys):
 def test_os_errors_say_what_was_wrong_and_what_to_do(tmp_path, capsys, data_dir):
     """Tester: a missing config file gave `error: [Errno 2] No such file or directory: 'nosuch.toml'`, and
     `split --out /etc/passwd/x` `error: [Errno 20] Not a directory: ...`."""
-    import simulation
+    import headway.simulation as simulation
 
     a_file = tmp_path / "a-file"
     a_file.write_text("")

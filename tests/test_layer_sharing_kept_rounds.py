@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import MessageType, MetricRecord, RecordDict
+from headway.core import protocol as P
+from headway.core.layers import select
 
-from core import protocol as P
-from core.layers import select
 from tests.fakes import FakeGrid, make_strategy, reply
 
 FAULTY = 0  # sends NaN in round 1: 4 valid replies of 5, too few for trimmed-mean-beta=0.2 to cut one at each end

@@ -1,7 +1,7 @@
 """The layers import one way (server -> strategies -> core, client -> core): checked on the
 import graph of every module, built with ``ast`` from its import statements (function-local
 ones too), the module names it passes to importlib, and strings naming a module of a layer
-(``"strategies.fedavg:FedAvg"``), which are imports waiting to happen.
+(``"headway.strategies.fedavg:FedAvg"``), which are imports waiting to happen.
 
 Inside core, two more rules: core imports no Flower at all (not even its cryptographic
 primitives: core/secagg_primitives.py has its own), checked on the source and by importing every
@@ -14,8 +14,10 @@ import ast
 import re
 import subprocess
 import sys
+from pathlib import Path
 
-from core.methods import METHODS
+from headway.core.methods import METHODS
+
 from tests.conftest import ROOT
 
 LAYERS = ("core", "client", "strategies", "server", "simulation", "headway")
@@ -34,7 +36,12 @@ BOTH_APPS_STUDIES = {
 }
 # each method's maths module in core, by method name. core/<name>.py for a declared method must be here
 # (checked); the others are named for what they compute, which no rule derives from the method's name
-METHOD_MATHS = {"fedlog": "core.fedlog", "fedpft": "core.fedpft", "fedproto": "core.prototypes", "fedprof": "core.profiles"}
+METHOD_MATHS = {
+    "fedlog": "headway.core.fedlog",
+    "fedpft": "headway.core.fedpft",
+    "fedproto": "headway.core.prototypes",
+    "fedprof": "headway.core.profiles",
+}
 MODULE_PATH = re.compile(rf"({'|'.join(LAYERS)})(\.[A-Za-z_]\w*)+(:[A-Za-z_]\w*)?")
 IMPORTERS = ("import_module", "__import__")
 
@@ -62,19 +69,31 @@ def references(source: str, module: str) -> set[str]:
             if called in IMPORTERS and isinstance(node.args[0].value, str):
                 found.add(node.args[0].value)
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_PATH.fullmatch(node.value):
-            if is_module(node.value.split(":")[0]):  # "server.crt" is a file name, "strategies.fedavg" a module
+            if is_module(node.value.split(":")[0]):  # "server.crt" is a file name, "headway.strategies.fedavg" a module
                 found.add(node.value.split(":")[0])
     return found
 
 
+CODE = ("core", "client", "strategies", "server", "simulation")  # headway.<these> live in the repository's top-level folders
+
+
+def source_path(name: str) -> Path:
+    """Where module ``name`` (dotted) lives in the checkout, without its suffix: headway.core.x in core/x."""
+    parts = name.split(".")
+    if parts[0] == "headway" and len(parts) > 1 and parts[1] in CODE:
+        parts = parts[1:]
+    return ROOT.joinpath(*parts)
+
+
 def is_module(name: str) -> bool:
-    path = ROOT.joinpath(*name.split("."))
+    path = source_path(name)
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def top(name: str) -> str:
-    """The top-level package ``name`` belongs to."""
-    return name.split(".")[0]
+    """The layer ``name`` belongs to: a code package (headway.core.x -> core), headway's own modules, or a third party's top-level name."""
+    parts = name.split(".")
+    return parts[1] if parts[0] == "headway" and len(parts) > 1 and parts[1] in CODE else parts[0]
 
 
 def modules(folder: str) -> dict[str, tuple[str, str]]:
@@ -82,7 +101,7 @@ def modules(folder: str) -> dict[str, tuple[str, str]]:
     ``folder``: a package's own ``__init__`` resolves relative imports inside the package."""
     out = {}
     for path in sorted((ROOT / folder).rglob("*.py")):
-        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        module = ("headway." if folder in CODE else "") + ".".join(path.relative_to(ROOT).with_suffix("").parts)
         out[module.removesuffix(".__init__")] = (module, path.read_text())
     return out
 
@@ -98,26 +117,32 @@ def graph(folders: tuple[str, ...] = LAYERS) -> dict[str, set[str]]:
 
 def test_the_checker_sees_every_kind_of_reference():
     source = """
-import client.app
-from strategies import fedavg
+import headway.client.app
+from headway.strategies import fedavg
 from ..server import results
 import importlib
 
 def late():
-    from simulation import runner
+    from headway.simulation import runner
     importlib.import_module("headway.cli")
     __import__("flwr")
 
-DECLARED = "strategies.fedavg:FedAvg"
-PROSE = "rows it keeps from clients; see core.methods for the rest"
+DECLARED = "headway.strategies.fedavg:FedAvg"
+PROSE = "rows it keeps from clients; see headway.core.methods for the rest"
 FILE = "client.key"
 """
-    found = {top(n) for n in references(source, "core.example")}
+    found = {top(n) for n in references(source, "headway.core.example")}
     assert found == {"client", "strategies", "server", "simulation", "headway", "importlib", "flwr"}
-    assert references("from . import schema\nfrom .methods import METHODS\n", "core.config") == {"core", "core.schema", "core.methods"}
-    crypto = references("from flwr.common.secure_aggregation.crypto.shamir import create_shares\n", "core.x")
+    assert references("from . import schema\nfrom .methods import METHODS\n", "headway.core.config") == {
+        "core",
+        "headway.core.schema",
+        "headway.core.methods",
+    }
+    crypto = references("from flwr.common.secure_aggregation.crypto.shamir import create_shares\n", "headway.core.x")
     assert {top(n) for n in crypto} == {"flwr"}  # Flower's primitives are Flower
-    assert "core.fedlog" in references("from core import fedlog as f\n", "core.prototypes")  # a module imported by name
+    assert "headway.core.fedlog" in references(
+        "from headway.core import fedlog as f\n", "headway.core.prototypes"
+    )  # a module imported by name
 
 
 def test_no_layer_refers_to_a_layer_above_it():
@@ -160,7 +185,7 @@ def method_imports() -> dict[str, set[str]]:
 
 def test_the_method_maths_list_follows_the_declarations():
     assert set(METHOD_MATHS) <= set(METHODS), f"{sorted(set(METHOD_MATHS) - set(METHODS))} are not declared in core/methods.py"
-    named = {f"core.{m.replace('-', '_')}" for m in METHODS} & set(modules("core"))  # core/<method>.py
+    named = {f"headway.core.{m.replace('-', '_')}" for m in METHODS} & set(modules("core"))  # core/<method>.py
     assert named <= set(METHOD_MATHS.values()), (
         f"{sorted(named - set(METHOD_MATHS.values()))}: a method's maths module missing from METHOD_MATHS"
     )

@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 from flwr.app import MessageType, MetricRecord, RecordDict
+from headway.core import protocol as P
+from headway.core.config import ConfigError, resolve_settings
+from headway.core.goal import first_round_reaching, lg_rounds_over, warming_up, warmup_end_after
+from headway.strategies.engine import Engine
+from headway.strategies.round_loop import RoundLoop
+from headway.strategies.state import ServerState
 
-from core import protocol as P
-from core.config import ConfigError, resolve_settings
-from core.goal import first_round_reaching, lg_rounds_over, warming_up, warmup_end_after
-from strategies.engine import Engine
-from strategies.round_loop import RoundLoop
-from strategies.state import ServerState
 from tests.fakes import FakeGrid, make_strategy, reply
 
 CLIENTS = 4
@@ -165,7 +165,7 @@ def test_the_goal_functions():
 
 
 def test_summary_says_the_goal_round_and_null_when_never_reached(tmp_path):
-    from server.results import Recorder
+    from headway.server.results import Recorder
 
     def summary(goal: float) -> dict:
         rec = Recorder(tmp_path / str(goal), resolve_settings({"algorithm": "fedavg", "goal-accuracy": goal}))

@@ -1,19 +1,19 @@
 """LG-FedAvg's global part named by layer patterns (lg-global-layers, issue 41 §1): how a spec resolves
-(core.layers.match_layers), the one-line refusals at config time, the paper's split on LeNet-5, an mlp
+(headway.core.layers.match_layers), the one-line refusals at config time, the paper's split on LeNet-5, an mlp
 split on UCI Adult, and the averaging, SecAgg+ and median paths on a pattern split (fake grid)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from headway.client.secure_aggregation import answer
+from headway.core import protocol as P
+from headway.core.config import ConfigError, resolve, resolve_settings
+from headway.core.data import SPECS
+from headway.core.layers import layer_names, match_layers, select, top_layers
+from headway.core.models import build_model
+from headway.server.results import params_totals
 
-from client.secure_aggregation import answer
-from core import protocol as P
-from core.config import ConfigError, resolve, resolve_settings
-from core.data import SPECS
-from core.layers import layer_names, match_layers, select, top_layers
-from core.models import build_model
-from server.results import params_totals
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 from tests.test_secure_aggregation import Clients
 

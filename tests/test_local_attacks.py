@@ -22,16 +22,16 @@ from typing import Any
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from headway.core import protocol as P
+from headway.core.config import resolve_settings
+from headway.core.extractors import input_spec
+from headway.core.run_data import MAX_PROFILE_CHARS, local_spec, node_profile
+from headway.strategies.base import TrainRound
+from headway.strategies.discovery import discover
+from headway.strategies.engine import Engine
+from headway.strategies.registry import STRATEGIES
+from headway.strategies.services import Services
 
-from core import protocol as P
-from core.config import resolve_settings
-from core.extractors import input_spec
-from core.run_data import MAX_PROFILE_CHARS, local_spec, node_profile
-from strategies.base import TrainRound
-from strategies.discovery import discover
-from strategies.engine import Engine
-from strategies.registry import STRATEGIES
-from strategies.services import Services
 from tests.fakes import GridStub
 
 SILENT = object()  # a node that never answers that message
@@ -540,10 +540,10 @@ def test_a_node_answering_unregistered_every_round_costs_the_others_nothing(task
 
 # ----- 6. what the server's logs and summary hold ----------------------------------------------
 def test_no_cell_of_a_nodes_table_reaches_the_servers_logs_or_summary(task_identity, tmp_path, caplog):
-    """Honest CSV nodes described by the client's own code (client.app.description), one node whose
+    """Honest CSV nodes described by the client's own code (headway.client.app.description), one node whose
     data does not fit, one that errors with its path: the server's logs (every level), the discovery
     summary and the participants summary hold class names, counts and reasons, never a cell value."""
-    from client.app import description
+    from headway.client.app import description
 
     cfg = local_cfg(classes="a,b")
     secrets = [f"{7000 + 37 * i}.{3125 + i}" for i in range(24)]

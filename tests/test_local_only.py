@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from headway.client.env import client_env
+from headway.client.procedures.layer_sharing import PERSONAL
+from headway.client.procedures.local_only import LocalOnlyClient
+from headway.core import protocol as P
+from headway.core.config import ConfigError, resolve_settings
+from headway.strategies.registry import check_capabilities
 
-from client.env import client_env
-from client.procedures.layer_sharing import PERSONAL
-from client.procedures.local_only import LocalOnlyClient
-from core import protocol as P
-from core.config import ConfigError, resolve_settings
-from strategies.registry import check_capabilities
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 
 from flwr.app import ConfigRecord, MessageType, RecordDict
+from headway.core import protocol as P
+from headway.strategies.base import TrainRound
+from headway.strategies.discovery import discover
 
-from core import protocol as P
-from strategies.base import TrainRound
-from strategies.discovery import discover
 from tests.test_local_attacks import Script, ScriptedGrid, _stats_reply, image_profile, local_cfg, registered, text
 
 PROFILES = [text(image_profile({"0": [6 + k, 2], "1": [6 - k, 2]})) for k in range(3)]  # three nodes, three different data folders

@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
+from headway.core.methods import METHODS
+from headway.core.settings import SCHEMA
 
-from core.methods import METHODS
-from core.settings import SCHEMA
 from headway import generate
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,16 +12,16 @@ import operator
 import re
 import typing
 
+import headway.core.protocol as P
 import pytest
+from headway.core.config import ConfigError, resolve, resolve_settings
+from headway.core.methods import METHODS, Method, class_path
+from headway.core.schema import KEY, key_name
+from headway.core.settings import SCHEMA, CommonSettings, Settings, attribute_path
+from headway.strategies.capabilities import ROBUST_AGGREGATION, SECURE_SUM
+from headway.strategies.registry import CAPABILITIES, STRATEGIES, check_capabilities, problems
+from headway.strategies.registry import load as load_strategy
 
-import core.protocol as P
-from core.config import ConfigError, resolve, resolve_settings
-from core.methods import METHODS, Method, class_path
-from core.schema import KEY, key_name
-from core.settings import SCHEMA, CommonSettings, Settings, attribute_path
-from strategies.capabilities import ROBUST_AGGREGATION, SECURE_SUM
-from strategies.registry import CAPABILITIES, STRATEGIES, check_capabilities, problems
-from strategies.registry import load as load_strategy
 from tests.conftest import ROOT
 
 DECLARED = list(METHODS.values())
@@ -40,18 +40,18 @@ def ids(methods: list[Method]) -> list[str]:
 
 @pytest.mark.parametrize("method", DECLARED, ids=ids(DECLARED))
 def test_a_method_loads_its_strategy_and_client_procedure(method):
-    from client.registry import PROCEDURES
+    from headway.client.registry import PROCEDURES
 
     cls = STRATEGIES[method.name]
-    assert f"{cls.__module__.removeprefix('strategies.')}:{cls.__qualname__}" == method.strategy
+    assert f"{cls.__module__.removeprefix('headway.strategies.')}:{cls.__qualname__}" == method.strategy
     assert cls.name == method.name and problems(method, cls) == []
     procedure = PROCEDURES[method.name]
-    assert f"{type(procedure).__module__.removeprefix('client.procedures.')}:{type(procedure).__qualname__}" == method.procedure
+    assert f"{type(procedure).__module__.removeprefix('headway.client.procedures.')}:{type(procedure).__qualname__}" == method.procedure
     assert method.name in procedure.methods
 
 
 def test_the_registries_hold_exactly_the_declared_methods_in_order():
-    from client.registry import PROCEDURES
+    from headway.client.registry import PROCEDURES
 
     assert list(STRATEGIES) == list(METHODS) == list(PROCEDURES)
 
@@ -65,14 +65,14 @@ def test_a_declaration_naming_a_missing_class_is_refused_naming_the_method():
     with pytest.raises(RuntimeError, match="method 'fedavg' declares strategy strategies.no_such_module.X"):
         load_strategy(dataclasses.replace(METHODS["fedavg"], strategy="no_such_module:X"))
     with pytest.raises(ValueError, match="not 'module:Class'"):
-        class_path("strategies.fedavg.FedAvg")
+        class_path("headway.strategies.fedavg.FedAvg")
 
 
 def test_a_declaration_whose_procedure_does_not_claim_it_is_refused():
-    from client.registry import load as load_procedure
+    from headway.client.registry import load as load_procedure
 
     with pytest.raises(
-        RuntimeError, match="method 'fedlog' declares client procedure client.procedures.fedavg.FedAvgClient, whose methods"
+        RuntimeError, match="method 'fedlog' declares client procedure headway.client.procedures.fedavg.FedAvgClient, whose methods"
     ):
         load_procedure(dataclasses.replace(METHODS["fedlog"], procedure="fedavg:FedAvgClient"))
 

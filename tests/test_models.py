@@ -1,7 +1,6 @@
 import pytest
 import torch
-
-from core.models import BODIES, CNN, build_body, build_model
+from headway.core.models import BODIES, CNN, build_body, build_model
 
 SHAPES = {
     "mnist-cnn": (1, 28, 28),
@@ -59,9 +58,8 @@ def test_papers_cnn_bodies_drop_out_in_training_only():
     are deterministic in eval mode, the mode they are built in; the parameters are the same
     as without dropout, so every method's arrays are unchanged."""
     import torch
-
-    from core.config import resolve
-    from core.models import build_body
+    from headway.core.config import resolve
+    from headway.core.models import build_body
 
     assert resolve({})["body-dropout"] == 0.5
     for name, shape in (("mnist-cnn", (1, 28, 28)), ("cifar-cnn", (3, 32, 32))):
@@ -88,7 +86,7 @@ def test_feature_pair_gives_the_features_with_and_without_the_bodys_dropout(name
     """Terms that pull features to class centres use the second of the pair (FedLog-C, FedProto);
     in training the first is what the head sees. MobileNet V2 keeps torchvision's classifier
     dropout (0.2) before the projection; bodies without dropout give one tensor twice."""
-    from core.models import feature_pair
+    from headway.core.models import feature_pair
 
     shape = SHAPES[name]
     body = build_body(name, shape, m=m, dropout=0.5).train()

@@ -17,10 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from PIL import Image
-
-from core.data import ADULT_COLUMNS, data_dir
-from core.sources import (
+from headway.core.data import ADULT_COLUMNS, data_dir
+from headway.core.sources import (
     DEFAULT_MAX_ARRAY_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
     ReaderLimits,
@@ -34,6 +32,8 @@ from core.sources import (
     profile,
     read_source,
 )
+from PIL import Image
+
 from tests.conftest import needs_data
 
 ADULT = SourceOptions(label_column="income", seed=0)
@@ -449,8 +449,8 @@ def test_reader_limits_come_from_the_nodes_config():
 @needs_data("cifar10")
 def test_a_nodes_description_reads_within_its_node_config(tmp_path):
     """The plumbing a SuperNode uses: its --node-config limits reach the reader that builds its description."""
-    from client.app import description
-    from core.config import resolve_settings
+    from headway.client.app import description
+    from headway.core.config import resolve_settings
 
     root = _cifar_folder(tmp_path / "data")
     cfg = resolve_settings({"dataset": "local"})

@@ -90,7 +90,7 @@ def write_png_folder(folder: Path, images: dict[str, tuple[np.ndarray, np.ndarra
 
 
 def mnist(data_dir: str):
-    from core.data import load_dataset
+    from headway.core.data import load_dataset
 
     return load_dataset("mnist", data_dir)
 
@@ -240,7 +240,7 @@ def test_nodes_read_only_their_own_data_across_hosts(tmp_path, data_dir, hosts):
 def test_nodes_whose_data_or_start_do_not_fit_a_local_run_are_refused(tmp_path, data_dir):
     ds = mnist(data_dir)
     rng = np.random.default_rng(0)
-    from core.sources import write_npz
+    from headway.core.sources import write_npz
 
     good = []
     for k in range(2):  # two nodes with disjoint MNIST slices (all ten digits)
@@ -329,8 +329,7 @@ class DescribingGrid(GridStub):
 
     def send_and_receive(self, messages, *, timeout=None):
         from flwr.app import ConfigRecord, Message, RecordDict
-
-        from core import protocol as P
+        from headway.core import protocol as P
 
         self.sent.extend(messages)
         return [
@@ -349,14 +348,14 @@ def test_a_refused_nodes_client_index_is_offered_to_a_node_still_waiting(task_id
     """num-clients=2 and five nodes: the two with the lowest node ids are offered the indices
     first, one's data has a class outside the run's list and one never answers; the indices
     then go to the next two, which fit; the fifth finds none left."""
-    from core import protocol as P
-    from core.config import resolve_settings
-    from core.extractors import input_spec
-    from core.run_data import local_spec, source_options
-    from core.sources import merge
-    from strategies.engine import Engine
-    from strategies.registry import STRATEGIES
-    from strategies.services import Services
+    from headway.core import protocol as P
+    from headway.core.config import resolve_settings
+    from headway.core.extractors import input_spec
+    from headway.core.run_data import local_spec, source_options
+    from headway.core.sources import merge
+    from headway.strategies.engine import Engine
+    from headway.strategies.registry import STRATEGIES
+    from headway.strategies.services import Services
 
     cfg = resolve_settings(
         {

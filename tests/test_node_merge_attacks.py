@@ -1,7 +1,7 @@
 """Issue 37, items 4 and 5: lying nodes in a ``dataset=local`` run, on UCI Adult.
 
-Every node here runs the real ClientApp (:func:`client.app.build_client_app`) on a CSV of its
-own, and the real ServerApp (:func:`server.app.run_server`) drives the run through an
+Every node here runs the real ClientApp (:func:`headway.client.app.build_client_app`) on a CSV of its
+own, and the real ServerApp (:func:`headway.server.app.run_server`) drives the run through an
 in-process grid (no Ray, no processes: a few seconds). A lying node is the real ClientApp with
 its description and registration replies rewritten before they leave the node, as a SuperNode
 running edited client code would send them. With one liar of three, the run must complete
@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from headway.client.app import JOINED, build_client_app
+from headway.core import protocol as P
+from headway.core.config import resolve
+from headway.core.data import ADULT_COLUMNS
 
-from client.app import JOINED, build_client_app
-from core import protocol as P
-from core.config import resolve
-from core.data import ADULT_COLUMNS
 from tests.conftest import data_root, missing_data
 from tests.fakes import GridStub
 
@@ -116,7 +116,7 @@ def adult_cfg(**keys) -> dict[str, Any]:
 
 
 def run(tmp_path: Path, cfg: dict[str, Any], grid: NodesGrid, name: str) -> tuple[dict, list[dict]]:
-    from server.app import run_server
+    from headway.server.app import run_server
 
     out = tmp_path / name
     try:
@@ -212,7 +212,7 @@ def test_one_lying_node_of_three_neither_stops_nor_shapes_the_run(task_identity,
 def test_two_honest_nodes_with_their_own_spread_keep_a_scaling_between_them(task_identity):
     """The median rules on honest descriptions: a node's own moments alone give its own
     mean and std (as before); two nodes give the midpoint, and a scale with their spread."""
-    from core.node_merge import robust_moments
+    from headway.core.node_merge import robust_moments
 
     assert robust_moments([(5.0, 4.0)]) == (5.0, 2.0)
     centre, scale = robust_moments([(0.0, 1.0), (2.0, 1.0)])
@@ -222,7 +222,7 @@ def test_two_honest_nodes_with_their_own_spread_keep_a_scaling_between_them(task
 
 
 def test_names_enter_by_support_or_within_one_nodes_cap_of_lone_names():
-    from core.node_merge import MAX_NEW_NAMES, supported
+    from headway.core.node_merge import MAX_NEW_NAMES, supported
 
     assert supported([["a", "b"], ["a", "b"], ["a", "b", *map(str, range(9998))]]) == {"a", "b"}
     assert supported([["a", "b", "x"], ["a", "c"], ["b", "c"]]) == {"a", "b", "c", "x"}  # x: one honest site's own class
@@ -239,9 +239,9 @@ def test_a_numeric_label_column_is_refused_by_the_node_and_nothing_is_sent(task_
     """The server names a numeric column of Adult as the label: every node answers the
     description with an error naming the column and the rule; no reply carries a profile,
     and discovery fails with that reason."""
-    from core.settings import Settings
-    from strategies.discovery import discover
-    from strategies.engine import RoundFailed
+    from headway.core.settings import Settings
+    from headway.strategies.discovery import discover
+    from headway.strategies.engine import RoundFailed
 
     cfg = adult_cfg(**{"label-column": column})
     grid = NodesGrid(cfg, adult_nodes)
@@ -259,7 +259,7 @@ def test_a_numeric_label_column_is_refused_by_the_node_and_nothing_is_sent(task_
 def test_a_server_that_skips_the_description_still_gets_no_statistics_of_a_refused_column(task_identity, adult_nodes):
     """A server that registers a node directly, with a schema whose classes are every age,
     gets an error on registration and on training: the node checks the column on every message."""
-    from core.sources import DataSchema
+    from headway.core.sources import DataSchema
 
     cfg = adult_cfg(**{"label-column": "age"})
     grid = NodesGrid(cfg, adult_nodes[:1])
@@ -342,7 +342,7 @@ def test_numbers_written_as_people_write_them_are_no_label_column(task_identity,
 
 
 def test_the_label_rule_itself():
-    from core.labels import label_problem
+    from headway.core.labels import label_problem
 
     assert label_problem(["<=50K", ">50K"], "income", 100, 20) is None
     assert label_problem([str(d) for d in range(10)], "label", 100, 20) is None  # digits: whole, few
@@ -372,9 +372,9 @@ def test_the_launcher_hands_the_nodes_own_limits_to_flower(capsys, tmp_path):
     """`headway supernode` passes the node's reader and label limits into its node config, where
     core/sources.py and core/labels.py read them (the run config cannot raise them); a bad value exits 2."""
     from flwr.common.config import parse_config_args
+    from headway.core.labels import node_limit
+    from headway.core.sources import limits_from_node_config
 
-    from core.labels import node_limit
-    from core.sources import limits_from_node_config
     from headway.deploy import main
 
     argv = ["supernode", "--superlink", "srv:9092", "--data", str(tmp_path), "--insecure", "--dry-run"]
@@ -391,15 +391,15 @@ def test_the_launcher_hands_the_nodes_own_limits_to_flower(capsys, tmp_path):
 
 def _profiles(folders: list[Path]) -> list[dict]:
     """The real descriptions the nodes' readers make of their folders (what the ClientApp sends)."""
-    from core.sources import options_from_config, profile, read_source
+    from headway.core.sources import options_from_config, profile, read_source
 
     opts = options_from_config({"label-column": "income"})
     return [profile(read_source(f, opts), opts) for f in folders]
 
 
 def _merge(profiles: list[dict]) -> tuple[Any, dict[int, str]]:
-    from core.node_merge import merge_robustly
-    from core.sources import options_from_config
+    from headway.core.node_merge import merge_robustly
+    from headway.core.sources import options_from_config
 
     return merge_robustly(dict(enumerate(profiles)), options_from_config({"label-column": "income"}), 1_000_000)
 
@@ -433,7 +433,7 @@ def test_a_column_too_few_nodes_hold_is_unused_so_a_liar_cannot_set_it(adult_nod
     """One honest site has hours-per-week all missing; the liar's hours are 1e14. A median of the two
     that hold values would be the liar's to set (the honest site's hours encoded to one constant):
     the column is unused instead, and the lying description shapes nothing an honest one would not."""
-    from core.sources import encode, options_from_config, read_source
+    from headway.core.sources import encode, options_from_config, read_source
 
     a, b, c = _profiles(adult_nodes)
     a["columns"]["hours-per-week"].update(n=0, sum=0.0, sumsq=0.0)
@@ -452,7 +452,7 @@ def test_a_column_too_few_nodes_hold_is_unused_so_a_liar_cannot_set_it(adult_nod
 def test_a_nodes_lone_levels_are_capped_over_all_its_columns(adult_nodes):
     """A liar adding 64 invented values (the per-node cap) to every categorical column widened the input
     from 91 to 532: the cap holds over all of a node's columns together, so none of them enter."""
-    from core.node_merge import MAX_NEW_NAMES
+    from headway.core.node_merge import MAX_NEW_NAMES
 
     a, b, c = _profiles(adult_nodes)
     honest, _ = _merge([a, b, c])

@@ -1,9 +1,9 @@
 """What `make setup` and `pip install headway` get: the constraints file pins every dependency `make`
-installs inside pyproject's ranges, and the built wheel carries the licence and (once the `headway.*`
-move lands) no top-level module but `headway`."""
+installs inside pyproject's ranges, and the built wheel carries the licence and no top-level module but `headway`."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -112,12 +112,67 @@ def test_the_wheel_carries_the_apache_licence(wheel):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 43: the wheel still installs core, client, server, strategies and simulation beside headway; "
-    "passes (and this mark must go) once everything lives under headway.*",
-)
 def test_the_wheel_installs_only_headway_as_a_top_level_module(wheel):
     info = dist_info(wheel)
     assert wheel.read(f"{info}/top_level.txt").decode().split() == ["headway"]
     assert {name.split("/", 1)[0] for name in wheel.namelist()} == {"headway", info}
+
+
+CODE_FOLDERS = ("core", "client", "server", "strategies", "simulation")
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_every_code_module_under_headway(wheel):
+    """Each .py of the repository's code folders is in the wheel as headway/<folder>/..., byte for byte."""
+    expected = {
+        f"headway/{p.relative_to(ROOT).as_posix()}"
+        for folder in CODE_FOLDERS
+        for p in (ROOT / folder).rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    expected |= {f"headway/{p.name}" for p in (ROOT / "headway").glob("*.py")}
+    held = {name for name in wheel.namelist() if name.endswith(".py")}
+    assert held == expected
+    assert wheel.read("headway/core/fedlog.py") == (ROOT / "core" / "fedlog.py").read_bytes()
+
+
+USER_MODULES = {
+    "client.py": "MINE = 'client'\n",
+    "server.py": "MINE = 'server'\n",
+    "core/__init__.py": "MINE = 'core'\n",
+    "strategies/__init__.py": "MINE = 'strategies'\n",
+}
+PROBE = (
+    "import client, core, server, strategies\n"
+    "import headway.client.app, headway.core.settings, headway.server.app, headway.strategies.fedavg\n"
+    "assert (client.MINE, core.MINE, server.MINE, strategies.MINE) == ('client', 'core', 'server', 'strategies')\n"
+    "print(headway.client.app.__file__); print(headway.core.settings.__file__); print(headway.strategies.fedavg.__file__)\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("install", ["wheel", "checkout"])
+def test_a_users_client_py_and_core_package_shadow_nothing_of_ours(install, wheel, tmp_path):
+    """A user's run folder holding client.py, server.py and packages core/ and strategies/: both theirs and
+    headway's import, each from where it lives (the built wheel installed, or this checkout on the path)."""
+    user = tmp_path / "my-run"
+    for name, text in USER_MODULES.items():
+        (user / name).parent.mkdir(parents=True, exist_ok=True)
+        (user / name).write_text(text)
+    if install == "wheel":
+        site = tmp_path / "site"
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(site), wheel.filename],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        home = site / "headway"
+    else:
+        site, home = ROOT, ROOT
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    done = subprocess.run([sys.executable, "-c", PROBE], cwd=user, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = [Path(line).resolve() for line in done.stdout.split()]
+    assert len(files) == 3 and all(home.resolve() in f.parents and user.resolve() not in f.parents for f in files), files

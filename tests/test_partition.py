@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
+from headway.core.config import resolve_settings
+from headway.core.data import load_dataset
+from headway.core.partition import _make_partition, make_partition
 
-from core.config import resolve_settings
-from core.data import load_dataset
-from core.partition import _make_partition, make_partition
 from tests.conftest import needs_data
 
 
@@ -115,7 +115,7 @@ def test_shards_deal_equal_sorted_shards_so_a_client_may_hold_one_class_twice(da
 
 
 def test_counts_line_lists_few_clients_and_summarises_many():
-    from core.partition import counts_line
+    from headway.core.partition import counts_line
 
     assert counts_line([8, 4, 4]) == "training rows per client: 8, 4, 4 (16 over 3 clients)"
     many = counts_line(list(range(1, 101)), who="node")

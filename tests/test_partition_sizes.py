@@ -7,11 +7,10 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from core.config import ConfigError, resolve_settings
-from core.data import Dataset
-from core.partition import make_partition, parse_partition_sizes
-from core.settings import Settings
+from headway.core.config import ConfigError, resolve_settings
+from headway.core.data import Dataset
+from headway.core.partition import make_partition, parse_partition_sizes
+from headway.core.settings import Settings
 
 
 def _images(n: int, n_test: int) -> Dataset:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 
 import flwr.simulation
+import headway.simulation as simulation
 import pytest
 from flwr.app import Error, MessageType, MetricRecord, RecordDict
+from headway.core import protocol as P
+from headway.core.config import MAX_FEATURE_DIM, MAX_SEED, ConfigError, resolve
 
-import simulation
-from core import protocol as P
-from core.config import MAX_FEATURE_DIM, MAX_SEED, ConfigError, resolve
 from tests.fakes import FakeGrid, reply
 
 SMALL = ["dataset=mnist", "num-clients=3", "num-server-rounds=2", "train-fraction=0.02", "local-epochs=1", "partition=iid"]
@@ -75,9 +75,8 @@ def test_a_seed_at_the_bound_seeds_everything():
     those of seed 0 (a bound that wrapped or was ignored would give seed 0's)."""
     import numpy as np
     import torch
-
-    from core import seeds
-    from core.models import build_model
+    from headway.core import seeds
+    from headway.core.models import build_model
 
     def weights(seed: int) -> np.ndarray:
         return torch.cat([p.detach().ravel() for p in build_model("mnist-cnn", (1, 28, 28), 0, 10, seed).parameters()]).numpy()
@@ -98,7 +97,7 @@ def test_a_seed_at_the_bound_seeds_everything():
 def test_a_run_in_which_no_round_aggregated_is_not_complete(tmp_path, task_identity, data_dir, min_replies, status):
     """Three clients, one of which always errs: with min-replies=3 no round reaches its
     quorum and the model never moves, so the run is failed with that reason, not complete."""
-    from server.app import run_server
+    from headway.server.app import run_server
 
     def answer(pid, msg):
         if msg.metadata.message_type == MessageType.EVALUATE:

@@ -12,17 +12,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord
+from headway.core.config import resolve_settings
+from headway.core.fedlog import sufficient_statistics
+from headway.core.privacy import fedlog_release, fedlog_sensitivity, fedpft_release, fedpft_sensitivity
+from headway.core.settings import Settings
+from headway.simulation import simulate
+from headway.strategies.fedpft import FedPFTState
+from headway.strategies.privacy import fedlog_dp_report, fedpft_dp_report, rdp_epsilon
+from headway.strategies.state import ServerState
 from scipy.optimize import brentq, minimize_scalar
 from scipy.stats import norm
 
-from core.config import resolve_settings
-from core.fedlog import sufficient_statistics
-from core.privacy import fedlog_release, fedlog_sensitivity, fedpft_release, fedpft_sensitivity
-from core.settings import Settings
-from simulation import simulate
-from strategies.fedpft import FedPFTState
-from strategies.privacy import fedlog_dp_report, fedpft_dp_report, rdp_epsilon
-from strategies.state import ServerState
 from tests.fakes import FakeGrid, engine_for, make_strategy
 
 

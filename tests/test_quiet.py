@@ -13,10 +13,10 @@ import warnings
 
 import pytest
 from flwr.supercore.logger import warn_deprecated_feature
+from headway.core.console import figure, show_headway_log, significant
+from headway.simulation.runner import RAY_GPU_TIP, quiet_engine
 
-from core.console import figure, show_headway_log, significant
 from headway import cli
-from simulation.runner import RAY_GPU_TIP, quiet_engine
 from tests.conftest import ROOT
 
 NOISE = ("httpx", "DEPRECATED FEATURE", "FutureWarning", "DEBUG flwr", "ServerApp finished running")

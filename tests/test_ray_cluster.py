@@ -17,9 +17,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from headway.core.config import ConfigError
+from headway.simulation.runner import ray_address
 
-from core.config import ConfigError
-from simulation.runner import ray_address
 from tests.cluster import free_port
 from tests.conftest import ROOT
 

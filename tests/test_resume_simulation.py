@@ -1,7 +1,7 @@
 """Checkpoint and resume in simulation (issue 40): real `headway run` processes killed by SIGKILL and
 resumed with `headway run --resume`, compared round by round with an unbroken run of the same config.
 
-The kill points come from the server's test-only fault hook (``server.resume.KILL_ENV``): ``record:K`` kills
+The kill points come from the server's test-only fault hook (``headway.server.resume.KILL_ENV``): ``record:K`` kills
 the process after round K's record went to rounds.jsonl and before its checkpoint (the resume redoes round
 K, and rounds.jsonl holds it once), ``checkpoint:K`` right after round K's checkpoint. A kill during round 1
 is a plain SIGKILL from outside once the clients are up and before any record.
@@ -29,17 +29,16 @@ from typing import Any
 import numpy as np
 import psutil
 import pytest
-
-from core.schema import ConfigError
-from server.checkpoint import Checkpoint, decode, encode
-from server.resume import resume_point
-from strategies.arrays import to_record
-from strategies.base import Step
-from strategies.fedprof import SECRET_ENV
-from strategies.meter import RoundMeter
-from strategies.registration import ClientRegistry
-from strategies.round_loop import Pending
-from strategies.state import ServerState
+from headway.core.schema import ConfigError
+from headway.server.checkpoint import Checkpoint, decode, encode
+from headway.server.resume import resume_point
+from headway.strategies.arrays import to_record
+from headway.strategies.base import Step
+from headway.strategies.fedprof import SECRET_ENV
+from headway.strategies.meter import RoundMeter
+from headway.strategies.registration import ClientRegistry
+from headway.strategies.round_loop import Pending
+from headway.strategies.state import ServerState
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["dataset=mnist", "partition=iid", "num-clients=3", "train-fraction=0.02", "local-epochs=1", "num-server-rounds=3"]

@@ -16,25 +16,25 @@ import sys
 from pathlib import Path
 
 import flwr.simulation
+import headway.client.app
+import headway.simulation as simulation
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Bulyan, FedMedian, FedTrimmedAvg, Krum, MultiKrum
+from headway.client.app import build_client_app as honest_client_app
+from headway.client.app import partition_of
+from headway.core import protocol as P
+from headway.core.aggregate import relative_update_norm, weighted_average
+from headway.core.config import ConfigError, resolve, resolve_settings
+from headway.core.methods import METHODS
+from headway.strategies.capabilities import ROBUST_AGGREGATION
+from headway.strategies.fedavg import FedAvg
+from headway.strategies.feddbe import FEATURE_MEAN, GLOBAL_MEAN
+from headway.strategies.registry import CAPABILITIES, check_capabilities
+from headway.strategies.robust import Rule, robust_aggregate
 
-import client.app
-import simulation
-from client.app import build_client_app as honest_client_app
-from client.app import partition_of
-from core import protocol as P
-from core.aggregate import relative_update_norm, weighted_average
-from core.config import ConfigError, resolve, resolve_settings
-from core.methods import METHODS
-from strategies.capabilities import ROBUST_AGGREGATION
-from strategies.fedavg import FedAvg
-from strategies.feddbe import FEATURE_MEAN, GLOBAL_MEAN
-from strategies.registry import CAPABILITIES, check_capabilities
-from strategies.robust import Rule, robust_aggregate
 from tests.conftest import needs_data
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
@@ -441,7 +441,7 @@ def test_in_a_simulation_two_attackers_of_eleven_drag_the_mean_but_not_the_media
         return step
 
     monkeypatch.setattr(FedAvg, "aggregate_train", capture)
-    monkeypatch.setattr(client.app, "build_client_app", hostile_client_app)
+    monkeypatch.setattr(headway.client.app, "build_client_app", hostile_client_app)
     cfg = resolve_settings(
         {
             "algorithm": "fedavg",
@@ -493,7 +493,7 @@ def test_in_a_simulation_two_attackers_of_eleven_drag_the_mean_but_not_the_media
 def test_a_run_whose_rounds_all_kept_the_model_says_why_not_a_min_replies_shortfall():
     """An outside probe's run (trimmed-mean, 2 valid replies a round, min-replies 1) failed with "fewer than
     min-replies=1 valid replies arrived (at most 2)", which contradicts itself: the reason is the rounds' own."""
-    from server.app import never_aggregated
+    from headway.server.app import never_aggregated
 
     why = "train: aggregation=trimmed-mean with trimmed-mean-beta=0.34 cuts floor(0.34 x 2) = 0 of 2 valid replies at each end"
     kept = [{"aggregated": False, "clients": 2, "failure_reasons": [why]}] * 3

@@ -12,13 +12,13 @@ import logging
 import numpy as np
 import pytest
 from flwr.app import MessageType, MetricRecord, RecordDict
+from headway.core import protocol as P
+from headway.core.data import Dataset
+from headway.core.partition import check_filled, empty_note, make_partition
+from headway.core.rounds import clients_note, eval_note, short_rounds, short_rounds_note
+from headway.core.settings import Settings
+from headway.strategies.engine import Engine
 
-from core import protocol as P
-from core.data import Dataset
-from core.partition import check_filled, empty_note, make_partition
-from core.rounds import clients_note, eval_note, short_rounds, short_rounds_note
-from core.settings import Settings
-from strategies.engine import Engine
 from tests.fakes import FakeGrid, make_strategy, reply
 
 
@@ -83,7 +83,7 @@ def test_every_round_has_its_failure_and_absence_lists_and_whole_counts_are_ints
 
 
 def test_fedlog_prepare_clients_is_an_int(task_identity, data_dir):
-    from strategies.round_record import round_record
+    from headway.strategies.round_record import round_record
 
     record = round_record(1, _Step(), {"prepare_clients": 3.0, "eval_clients": 3.0, "test_examples": 120.0}, _Meter(), 1.0, 1.0, {})
     assert (record["prepare_clients"], record["eval_clients"], record["test_examples"]) == (3, 3, 120)
@@ -91,19 +91,19 @@ def test_fedlog_prepare_clients_is_an_int(task_identity, data_dir):
 
 
 def _Step():
-    from strategies.base import Step
+    from headway.strategies.base import Step
 
     return Step(None, 3)
 
 
 def _Meter():
-    from strategies.engine import RoundMeter
+    from headway.strategies.engine import RoundMeter
 
     return RoundMeter(selected={0, 1, 2}, registered=3)
 
 
 def test_the_round_line_says_who_is_missing_and_the_summary_which_rounds(task_identity, data_dir, tmp_path, caplog):
-    from server.results import Recorder
+    from headway.server.results import Recorder
 
     records, s = _three_rounds(data_dir)
     recorder = Recorder(tmp_path / "out", dataclasses.replace(s.settings, num_server_rounds=3))
@@ -135,7 +135,7 @@ def _images(n: int) -> Dataset:
 
 
 def _cfg(num_clients: int, **extra) -> Settings:
-    from core.config import resolve_settings
+    from headway.core.config import resolve_settings
 
     cfg = resolve_settings({"dataset": "mnist", "algorithm": "fedavg", "num-clients": num_clients, "partition": "iid", **extra})
     return dataclasses.replace(cfg, train_fraction=1.0)
@@ -158,8 +158,8 @@ def test_a_few_empty_clients_are_warned_of_not_refused():
 
 
 def test_the_server_refuses_it_before_any_client_is_asked(task_identity, data_dir):
-    from core.config import ConfigError, resolve_settings
-    from server.app import build_strategy
+    from headway.core.config import ConfigError, resolve_settings
+    from headway.server.app import build_strategy
 
     cfg = resolve_settings({"algorithm": "fedavg", "dataset": "mnist", "data-dir": data_dir, "num-clients": 1000, "train-fraction": 0.005})
     with pytest.raises(ConfigError, match=r"699 of 1000 clients get no training rows.*lower num-clients"):

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from flwr.app import Context, RecordDict
 from flwr.common.logger import log as flower_log
+from headway.core.console import plural, score
+from headway.core.settings import Settings
+from headway.server.app import build_server_app, header
+from headway.strategies.discovery import DiscoveryFailed
+from headway.strategies.engine import RoundFailed
 
-from core.console import plural, score
-from core.settings import Settings
-from server.app import build_server_app, header
-from strategies.discovery import DiscoveryFailed
-from strategies.engine import RoundFailed
 from tests.conftest import ROOT
 from tests.test_user_data import LocalGrid, local_cfg, profile_json, write_npz
 
@@ -186,7 +186,7 @@ def test_a_failed_simulation_ends_with_one_error_line(tmp_path):
 def test_a_stop_by_signal_leaves_no_process_that_ignores_sigterm():
     """Ray's agents outlived a SIGTERMed run by 60-70 s: the runner sends SIGTERM and leaves a
     detached helper that SIGKILLs what is left after the grace (here a process that ignores SIGTERM)."""
-    from simulation.runner import stop_processes
+    from headway.simulation.runner import stop_processes
 
     stubborn = subprocess.Popen(
         [

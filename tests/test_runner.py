@@ -11,17 +11,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import flwr.simulation
+import headway.client.app
+import headway.server.app
+import headway.simulation as simulation
+import headway.simulation.runner
 import pytest
-
-import client.app
-import server.app
-import simulation
-import simulation.runner
-from core.config import ConfigError, check_against_spec, resolve_settings
-from core.data import SPECS
-from core.settings import Settings
-from server.results import Recorder, ResultsFolderError
-from strategies.engine import RoundFailed
+from headway.core.config import ConfigError, check_against_spec, resolve_settings
+from headway.core.data import SPECS
+from headway.core.settings import Settings
+from headway.server.results import Recorder, ResultsFolderError
+from headway.strategies.engine import RoundFailed
 
 BASE = {"dataset": "mnist", "num-clients": 2, "num-server-rounds": 2}
 
@@ -183,7 +182,7 @@ def one_error_line(err: str) -> str:
         (["classes-per-client=11"], "'classes-per-client'"),
         (["fedlog-dp=local"], "'fedlog-clip'"),
         (["lr"], "--set takes key=value"),
-        (["algorithm=fedavg", "bodies=mnist-cnn,mlp"], "'bodies'"),  # server.app.check_strategy: FedAvg with mixed bodies
+        (["algorithm=fedavg", "bodies=mnist-cnn,mlp"], "'bodies'"),  # headway.server.app.check_strategy: FedAvg with mixed bodies
         (["algorithm=fedlog", "bodies=mnist-cnn,mlp"], "'feature-dim'"),  # bodies of different widths
     ],
 )
@@ -223,12 +222,12 @@ def test_missing_data_set_exits_2(tmp_path, capsys, no_engine):
 def test_missing_mnist_lists_each_searched_folder_once(tmp_path, capsys, no_engine, monkeypatch):
     """`make run` without ../shared: one error line naming every folder searched, each once
     (mnist's folder and its underscore spelling are the same folder). Offline, as here."""
-    import core.data
+    import headway.core.data
 
     def offline(tv_cls, root, name, searched, expected):
-        raise core.data.DatasetMissingError(name, searched, expected, "download failed: URLError")
+        raise headway.core.data.DatasetMissingError(name, searched, expected, "download failed: URLError")
 
-    monkeypatch.setattr(core.data, "_download", offline)
+    monkeypatch.setattr(headway.core.data, "_download", offline)
     missing = tmp_path / "shared" / "data"
     code, err = run_main(capsys, ["--out", tmp_path / "out", "--set", "dataset=mnist", "--set", f"data-dir={missing}"])
     line = one_error_line(err)
@@ -283,8 +282,8 @@ def engine(monkeypatch):
 
     eng = Engine()
     monkeypatch.setattr(flwr.simulation, "run_simulation", eng)
-    monkeypatch.setattr(server.app, "build_server_app", FakeServer)
-    monkeypatch.setattr(client.app, "build_client_app", lambda cfg, state_dir=None: object())
+    monkeypatch.setattr(headway.server.app, "build_server_app", FakeServer)
+    monkeypatch.setattr(headway.client.app, "build_client_app", lambda cfg, state_dir=None: object())
     return eng
 
 
@@ -378,7 +377,7 @@ def test_ctrl_c_on_the_command_line_writes_the_summary_and_plots_and_exits_130(t
 
     engine.play = play
     monkeypatch.setattr(os, "_exit", fake_exit)
-    monkeypatch.setattr(simulation.runner, "_descendants", lambda pid: [])  # signal none of pytest's processes
+    monkeypatch.setattr(headway.simulation.runner, "_descendants", lambda pid: [])  # signal none of pytest's processes
     # Ctrl-C as a terminal delivers it: a test suite started in the background of a script inherits SIGINT ignored,
     # and main rightly leaves an ignored SIGINT alone
     inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -408,7 +407,7 @@ def test_the_runner_exports_its_entry_points():  # which layers import which: te
 
 
 def test_the_runner_checks_classes_per_client_itself(tmp_path, capsys, no_engine, data_dir, monkeypatch):
-    monkeypatch.setattr(server.app, "check_strategy", lambda cfg: None)  # whatever server.app checks or not
+    monkeypatch.setattr(headway.server.app, "check_strategy", lambda cfg: None)  # whatever headway.server.app checks or not
     code, err = run_main(capsys, ["--out", tmp_path / "out", "--set", f"data-dir={data_dir}", "--set", "classes-per-client=11"])
     assert code == 2 and "'classes-per-client'" in one_error_line(err)
 

@@ -7,8 +7,7 @@ import random
 
 import numpy as np
 import pytest
-
-from core import secagg as S
+from headway.core import secagg as S
 
 FLOOR = S.Floor(neighbours=3, threshold=2, fraction=0.5)  # the protocol's own floor: what min-replies=1, secagg-shares=0 imply
 

@@ -12,8 +12,7 @@ import struct
 
 import pytest
 from Crypto.Protocol.SecretSharing import Shamir
-
-from core import secagg_primitives as C
+from headway.core import secagg_primitives as C
 
 CHUNK = 16  # an element of GF(2^128), the size PyCryptodome shares
 # lengths around the chunk size (a multiple of it pads a whole chunk), and secrets with leading zero bytes

@@ -9,17 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 import flwr.simulation
+import headway.simulation as simulation
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, RecordDict
+from headway.client.secure_aggregation import SESSION, answer
+from headway.core import protocol as P
+from headway.core import secagg as S
+from headway.core.config import ConfigError, resolve, resolve_settings
+from headway.core.secagg_primitives import agree, combine_shares, encrypt, pack_pair
+from headway.core.settings import Settings
 
-import simulation
-from client.secure_aggregation import SESSION, answer
-from core import protocol as P
-from core import secagg as S
-from core.config import ConfigError, resolve, resolve_settings
-from core.secagg_primitives import agree, combine_shares, encrypt, pack_pair
-from core.settings import Settings
 from tests.conftest import needs_data
 from tests.fakes import reply
 
@@ -231,8 +231,7 @@ def test_two_invented_holders_still_unmask_a_client_as_the_trust_model_says():
 def _adult_client(node_config: dict, **keys: Any) -> tuple[Any, Any]:
     """The real ClientApp of a UCI Adult run submitted with ``keys``, and the context of a node whose operator set ``node_config``."""
     from flwr.app import Context
-
-    from client.app import build_client_app
+    from headway.client.app import build_client_app
 
     cfg = resolve({"algorithm": "fedavg", "dataset": "uci-adult", "body": "mlp", "num-clients": 3, "local-epochs": 1, **keys})
     ctx = Context(

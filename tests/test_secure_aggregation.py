@@ -10,19 +10,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
+from headway.client.env import client_env
+from headway.client.procedures.fedlog import feature_map, local_statistics
+from headway.client.secure_aggregation import SESSION, answer, is_stage
+from headway.client.state_store import load_state, save_state
+from headway.core import protocol as P
+from headway.core.aggregate import float_norm
+from headway.core.config import ConfigError, resolve, resolve_settings
+from headway.core.fedlog import noise_sigma, share_sigma, solve_head
+from headway.core.prototypes import average_prototypes
+from headway.core.settings import Settings
+from headway.strategies.capabilities import ROBUST_AGGREGATION, SECURE_SUM
+from headway.strategies.registry import able, check_capabilities
 
-from client.env import client_env
-from client.procedures.fedlog import feature_map, local_statistics
-from client.secure_aggregation import SESSION, answer, is_stage
-from client.state_store import load_state, save_state
-from core import protocol as P
-from core.aggregate import float_norm
-from core.config import ConfigError, resolve, resolve_settings
-from core.fedlog import noise_sigma, share_sigma, solve_head
-from core.prototypes import average_prototypes
-from core.settings import Settings
-from strategies.capabilities import ROBUST_AGGREGATION, SECURE_SUM
-from strategies.registry import able, check_capabilities
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 SECURE = {"secure-aggregation": "secagg+", "fedlog-clip": 2.0, "min-replies": 1}
@@ -278,8 +278,7 @@ def test_fewer_vectors_than_min_replies_are_never_unmasked(task_identity):
 
 def test_a_client_refuses_a_plain_training_message_in_a_secure_run(task_identity, data_dir):
     from flwr.app import ArrayRecord, Context, Message, MessageType
-
-    from client.app import build_client_app
+    from headway.client.app import build_client_app
 
     cfg = {"algorithm": "fedlog", "num-clients": 3, "train-fraction": 0.01, "local-epochs": 0, "data-dir": data_dir, **SECURE}
     app = build_client_app(resolve(cfg))

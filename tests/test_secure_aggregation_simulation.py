@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from core.config import resolve_settings
-from simulation import simulate
+from headway.core.config import resolve_settings
+from headway.simulation import simulate
 
 pytestmark = [pytest.mark.integration, pytest.mark.system]
 

@@ -14,16 +14,16 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from flwr.app import Message, RecordDict
+from headway.client.secure_aggregation import answer
+from headway.core import protocol as P
+from headway.core import secagg as S
+from headway.core.aggregate import float_norm
+from headway.core.config import ConfigError, resolve, resolve_settings
+from headway.core.fedlog import noise_sigma, releases, share_sigma
+from headway.core.privacy import fedlog_sensitivity
+from headway.core.sum_bounds import largest_mean_move
+from headway.strategies.privacy import fedlog_dp_report, rdp_epsilon
 
-from client.secure_aggregation import answer
-from core import protocol as P
-from core import secagg as S
-from core.aggregate import float_norm
-from core.config import ConfigError, resolve, resolve_settings
-from core.fedlog import noise_sigma, releases, share_sigma
-from core.privacy import fedlog_sensitivity
-from core.sum_bounds import largest_mean_move
-from strategies.privacy import fedlog_dp_report, rdp_epsilon
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 
 CLIENTS = 3

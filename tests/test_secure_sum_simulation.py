@@ -9,18 +9,18 @@ import json
 import sys
 from pathlib import Path
 
+import headway.client.app
+import headway.simulation as simulation
 import numpy as np
 import pytest
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
+from headway.client.app import build_client_app as honest_client_app
+from headway.client.app import partition_of
+from headway.core import protocol as P
+from headway.core import secagg as S
+from headway.core.config import resolve_settings
 
-import client.app
-import simulation
-from client.app import build_client_app as honest_client_app
-from client.app import partition_of
-from core import protocol as P
-from core import secagg as S
-from core.config import resolve_settings
 from tests.conftest import needs_data
 
 pytestmark = [pytest.mark.integration, pytest.mark.system]
@@ -74,7 +74,7 @@ def test_one_client_of_three_lying_inside_its_masked_vector_has_its_round_refuse
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the liar's ClientApp crosses to Ray's actors by value
-    monkeypatch.setattr(client.app, "build_client_app", lying_client_app)
+    monkeypatch.setattr(headway.client.app, "build_client_app", lying_client_app)
     cfg = resolve_settings(
         {
             "algorithm": "fedavg",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from core import seeds
+from headway.core import seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("core", "client", "server", "strategies", "simulation", "headway")

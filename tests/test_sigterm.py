@@ -13,9 +13,9 @@ import sys
 import time
 
 import pytest
+from headway.simulation.runner import STOP_GRACE
 
 from headway.processes import descendants, running
-from simulation.runner import STOP_GRACE
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.system]  # a real process sent a signal: make test-system

@@ -8,13 +8,12 @@ import math
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-
-from core.config import resolve_settings
-from core.data import load_dataset
-from core.models import build_model
-from core.partition import make_partition
-from simulation import simulate
-from strategies.wire import WireMeter
+from headway.core.config import resolve_settings
+from headway.core.data import load_dataset
+from headway.core.models import build_model
+from headway.core.partition import make_partition
+from headway.simulation import simulate
+from headway.strategies.wire import WireMeter
 
 pytestmark = pytest.mark.integration
 
@@ -183,7 +182,7 @@ def test_model_averaging_carries_a_batchnorm_body_through_rounds(tmp_path, data_
 def test_fedprof_scores_irrelevant_clients_down_and_counts_profile_bytes(tmp_path, data_dir):
     """Half the clients hold structured noise instead of digits: their profiles diverge from
     the baseline and they are (almost) never selected; the profiling round is metered."""
-    from core.noise import noise_assignment
+    from headway.core.noise import noise_assignment
 
     cfg, summary, rounds = run(
         tmp_path,

@@ -11,9 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from PIL import Image
-
-from core.sources import (
+from headway.core.sources import (
     DataSchema,
     SourceError,
     SourceOptions,
@@ -29,6 +27,7 @@ from core.sources import (
     write_image_folder,
     write_npz,
 )
+from PIL import Image
 
 OPTS = SourceOptions()
 

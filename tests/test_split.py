@@ -1,4 +1,4 @@
-"""`headway split` (headway/split.py): node folders that read back, through core.sources, to
+"""`headway split` (headway/split.py): node folders that read back, through headway.core.sources, to
 exactly the rows and labels of the in-memory partition."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from headway.core.data import load_dataset
+from headway.core.partition import make_partition
+from headway.core.sources import SourceOptions, encode, merge, profile, read_source
 
-from core.data import load_dataset
-from core.partition import make_partition
-from core.sources import SourceOptions, encode, merge, profile, read_source
 from headway.split import run_config, split
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,9 +7,8 @@ import logging
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
-
-from client.secure_aggregation import SESSION
-from client.state_store import (
+from headway.client.secure_aggregation import SESSION
+from headway.client.state_store import (
     LINEAGE_RECORD,
     STORE_RECORD,
     is_fresh,
@@ -24,7 +23,7 @@ from client.state_store import (
     version_path,
     versions,
 )
-from core import protocol as P
+from headway.core import protocol as P
 
 KEY = "0123456789abcdef0123456789abcdef"  # a run key as a server draws it
 

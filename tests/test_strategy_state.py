@@ -10,25 +10,25 @@ from typing import Any
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, MessageType, MetricRecord, RecordDict
+from headway.core import protocol as P
+from headway.core.config import ConfigError
+from headway.core.fedpft import ClassMixture, encode
+from headway.strategies.aggregation import PlainAggregation, SecureAggregation
+from headway.strategies.base import Step
+from headway.strategies.capabilities import ROBUST_AGGREGATION, SECURE_SUM, capabilities_of
+from headway.strategies.engine import Engine
+from headway.strategies.fedavg import FedAvg, FedAvgState
+from headway.strategies.fedlog import FedLog, FedLogState
+from headway.strategies.fedpft import FedPFT
+from headway.strategies.fedprof import SECRET_ENV, FedProf
+from headway.strategies.fedproto import FedProto
+from headway.strategies.fedprox import FedProx
+from headway.strategies.lg_fedavg import LGFedAvg
+from headway.strategies.privacy import CentralNoise, exact_release, release_for
+from headway.strategies.robust import RobustAverage, WeightedMean
+from headway.strategies.round_loop import RoundLoop
+from headway.strategies.state import ServerState
 
-from core import protocol as P
-from core.config import ConfigError
-from core.fedpft import ClassMixture, encode
-from strategies.aggregation import PlainAggregation, SecureAggregation
-from strategies.base import Step
-from strategies.capabilities import ROBUST_AGGREGATION, SECURE_SUM, capabilities_of
-from strategies.engine import Engine
-from strategies.fedavg import FedAvg, FedAvgState
-from strategies.fedlog import FedLog, FedLogState
-from strategies.fedpft import FedPFT
-from strategies.fedprof import SECRET_ENV, FedProf
-from strategies.fedproto import FedProto
-from strategies.fedprox import FedProx
-from strategies.lg_fedavg import LGFedAvg
-from strategies.privacy import CentralNoise, exact_release, release_for
-from strategies.robust import RobustAverage, WeightedMean
-from strategies.round_loop import RoundLoop
-from strategies.state import ServerState
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 from tests.fedprof_baseline import Baseline
 

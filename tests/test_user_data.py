@@ -10,17 +10,17 @@ import json
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Error, Message, MessageType, RecordDict
+from headway.client.env import client_env, local_data
+from headway.core import protocol as P
+from headway.core.config import ConfigError, resolve, resolve_settings
+from headway.core.extractors import input_spec
+from headway.core.run_data import local_spec, node_profile
+from headway.strategies.base import TrainRound
+from headway.strategies.discovery import discover
+from headway.strategies.engine import Engine, RoundFailed
+from headway.strategies.registry import STRATEGIES
+from headway.strategies.services import Services
 
-from client.env import client_env, local_data
-from core import protocol as P
-from core.config import ConfigError, resolve, resolve_settings
-from core.extractors import input_spec
-from core.run_data import local_spec, node_profile
-from strategies.base import TrainRound
-from strategies.discovery import discover
-from strategies.engine import Engine, RoundFailed
-from strategies.registry import STRATEGIES
-from strategies.services import Services
 from tests.fakes import GridStub, reply
 from tests.test_results_doc import undocumented
 
@@ -192,9 +192,8 @@ def test_local_runs_are_refused_where_they_cannot_work():
 def digit_folder(tmp_path_factory, request, data_dir):
     """600 MNIST training and 200 test digits written as PNG files, in class folders named by word
     (skipped, saying why, without MNIST)."""
+    from headway.core.data import load_dataset
     from PIL import Image
-
-    from core.data import load_dataset
 
     ds = load_dataset("mnist", data_dir)
     root = tmp_path_factory.mktemp("digits")
@@ -244,7 +243,7 @@ def adult_csv(tmp_path_factory):
 
 
 def simulate_on(tmp_path, source, **keys):
-    from simulation.runner import load_config, preflight, simulate
+    from headway.simulation.runner import load_config, preflight, simulate
 
     sets = [
         f"{k}={v}"
@@ -298,7 +297,7 @@ def assert_every_training_row_used(folder, summary, rounds, rows: int) -> None:
 def test_a_node_imports_only_the_body_it_runs():
     """A site's own body module need not be installed at the other sites: a client reads the run
     config without importing the import-path bodies it does not run (the server imports them all)."""
-    from client.env import node_cfg
+    from headway.client.env import node_cfg
 
     run = {"body": "mnist-cnn", "bodies": "mnist-cnn,site_b_private.bodies:net"}
     with pytest.raises(ConfigError, match="site_b_private"):

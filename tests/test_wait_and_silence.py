@@ -8,8 +8,8 @@ import logging
 import numpy as np
 from flwr.app import MessageType, RecordDict
 from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
+from headway.strategies.engine import WAIT_REPORT_EVERY, Engine
 
-from strategies.engine import WAIT_REPORT_EVERY, Engine
 from tests.fakes import FakeGrid, engine_for, make_strategy, reply
 from tests.test_engine import LAYOUT
 

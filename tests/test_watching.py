@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from core.config import ConfigError, resolve_settings
-from server.results import ACCURACY_LABEL, Recorder, clear_results, plot_curves, plot_title, progress, troubled_rounds
-from server.tracking import Trackers, round_scalars
+from headway.core.config import ConfigError, resolve_settings
+from headway.server.results import ACCURACY_LABEL, Recorder, clear_results, plot_curves, plot_title, progress, troubled_rounds
+from headway.server.tracking import Trackers, round_scalars
 
 FIXTURE = Path(__file__).parent / "fixtures" / "rounds-fedavg-mnist.jsonl"
 CFG = {"dataset": "mnist", "algorithm": "fedavg", "num-clients": 6, "num-server-rounds": 8, "target-accuracy": 0.8}
@@ -248,8 +247,7 @@ def test_mlflow_uri_without_mlflow_names_the_extra(tmp_path, monkeypatch):
 
 def test_headway_run_refuses_an_mlflow_uri_without_mlflow_before_the_engine(tmp_path, capsys, monkeypatch, data_dir):
     import flwr.simulation
-
-    import simulation
+    import headway.simulation as simulation
 
     monkeypatch.setitem(sys.modules, "mlflow", None)
     monkeypatch.setattr(flwr.simulation, "run_simulation", lambda **kw: pytest.fail("the simulation engine started"))
@@ -305,7 +303,7 @@ def test_a_real_fedprof_run_writes_event_files_tensorboard_reads_back(tmp_path, 
     """FedProf on MNIST through Flower's simulation, partition 1 sending NaN: TensorBoard reads
     back every round's figures from the results folder, its scores as a histogram, and the
     failures the plots mark."""
-    from simulation import simulate
+    from headway.simulation import simulate
 
     cfg = resolve_settings(
         {

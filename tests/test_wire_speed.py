@@ -8,8 +8,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 from flwr.supercore.inflatable import inflatable_object
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from headway.strategies.wire import WireMeter, message_size_uncached
 
-from strategies.wire import WireMeter, message_size_uncached
 from tests.test_engine import EMPTY_CONTENT_FIELD, shipped
 
 

@@ -9,10 +9,9 @@ from typing import Protocol
 import torch
 from flwr.app import MetricRecord, RecordDict
 from flwr.app.typing import MetricRecordValues
-
-from client.env import ClientEnv
-from core import protocol as P
-from core.training import predict, task_metrics
+from headway.client.env import ClientEnv
+from headway.core import protocol as P
+from headway.core.training import predict, task_metrics
 
 
 class Procedure(Protocol):

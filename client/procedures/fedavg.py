@@ -5,11 +5,10 @@ FedProx adds (μ/2)‖w − w_global‖² to the task loss (``fedprox-mu``)."""
 from __future__ import annotations
 
 import torch
-
-from client.env import ClientEnv
-from client.procedures.layer_sharing import SharedLayersClient
-from core.models import Net
-from core.training import task_loss
+from headway.client.env import ClientEnv
+from headway.client.procedures.layer_sharing import SharedLayersClient
+from headway.core.models import Net
+from headway.core.training import task_loss
 
 
 class FedAvgClient(SharedLayersClient):

@@ -12,15 +12,14 @@ The reply also counts the global model's correct predictions before fine-tuning
 from __future__ import annotations
 
 from flwr.app import RecordDict
-
-from client.env import ClientEnv
-from client.procedures.base import round_of, test_metrics
-from client.procedures.layer_sharing import SharedLayersClient
-from core import protocol as P
-from core import seeds
-from core.layers import in_layers
-from core.models import Net, build_model
-from core.training import trainable_only
+from headway.client.env import ClientEnv
+from headway.client.procedures.base import round_of, test_metrics
+from headway.client.procedures.layer_sharing import SharedLayersClient
+from headway.core import protocol as P
+from headway.core import seeds
+from headway.core.layers import in_layers
+from headway.core.models import Net, build_model
+from headway.core.training import trainable_only
 
 HEAD = "head"  # the Net's last linear layer: fixed during federated training
 INITIAL = f"{P.CORRECT}-initial"  # the strategy's eval_metrics names it too

@@ -16,15 +16,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, RecordDict
-
-from client.env import ClientEnv
-from client.procedures.base import round_of, test_metrics, train_metrics
-from client.procedures.layer_sharing import SharedLayersClient
-from core import protocol as P
-from core.dbe import mean_regularization, running_mean
-from core.methods import FEDDBE_RECORDS
-from core.models import Net, body_width, feature_pair
-from core.training import predict, task_loss, train_epochs
+from headway.client.env import ClientEnv
+from headway.client.procedures.base import round_of, test_metrics, train_metrics
+from headway.client.procedures.layer_sharing import SharedLayersClient
+from headway.core import protocol as P
+from headway.core.dbe import mean_regularization, running_mean
+from headway.core.methods import FEDDBE_RECORDS
+from headway.core.models import Net, body_width, feature_pair
+from headway.core.training import predict, task_loss, train_epochs
 
 BIAS = "feddbe-bias"  # the PRBM vector in the node's state
 FEATURE_MEAN = FEDDBE_RECORDS.feature_mean

@@ -15,13 +15,12 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
-
-from client.env import ClientEnv
-from client.procedures.base import round_of, test_metrics, train_metrics
-from core import protocol as P
-from core.fedlog import add_noise, class_means, head_from_downlink, noise_sigma, share_sigma, sufficient_statistics, uplink_array
-from core.models import body_width, build_body, feature_pair
-from core.training import predict, train_epochs
+from headway.client.env import ClientEnv
+from headway.client.procedures.base import round_of, test_metrics, train_metrics
+from headway.core import protocol as P
+from headway.core.fedlog import add_noise, class_means, head_from_downlink, noise_sigma, share_sigma, sufficient_statistics, uplink_array
+from headway.core.models import body_width, build_body, feature_pair
+from headway.core.training import predict, train_epochs
 
 BODY_STATE = "fedlog-body"
 

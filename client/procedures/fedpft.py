@@ -8,7 +8,7 @@ the shared frozen extractor, fit one Gaussian mixture per class, send them in fl
   in the node's state and send the new mixtures on.
 - ``evaluate``: the head the server sent, or under ``chain`` the own heads.
 
-Under ``fedpft-dp=on`` each class's Gaussian is released by :func:`core.fedpft.privatize`
+Under ``fedpft-dp=on`` each class's Gaussian is released by :func:`headway.core.fedpft.privatize`
 with noise from OS entropy, never from the run seed.
 """
 
@@ -17,13 +17,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, RecordDict
-
-from client.env import ClientEnv
-from client.procedures.base import outputs_metrics, train_metrics
-from core import protocol as P
-from core import seeds
-from core.extractors import feature_dim
-from core.fedpft import (
+from headway.client.env import ClientEnv
+from headway.client.procedures.base import outputs_metrics, train_metrics
+from headway.core import protocol as P
+from headway.core import seeds
+from headway.core.extractors import feature_dim
+from headway.core.fedpft import (
     ClassMixture,
     PayloadCheck,
     capped_counts,

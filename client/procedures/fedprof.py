@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
-
-from client.env import ClientEnv
-from client.procedures.base import round_of, train_metrics
-from client.procedures.fedavg import FedAvgClient
-from core import protocol as P
-from core.profiles import model_profile
+from headway.client.env import ClientEnv
+from headway.client.procedures.base import round_of, train_metrics
+from headway.client.procedures.fedavg import FedAvgClient
+from headway.core import protocol as P
+from headway.core.profiles import model_profile
 
 
 class FedProfClient(FedAvgClient):

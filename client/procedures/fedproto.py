@@ -8,14 +8,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, RecordDict
-
-from client.env import ClientEnv
-from client.procedures.base import round_of, test_metrics, train_metrics
-from client.procedures.layer_sharing import PERSONAL, local_model
-from core import protocol as P
-from core.models import feature_pair
-from core.prototypes import class_prototypes, nearest_prototype
-from core.training import predict, train_epochs
+from headway.client.env import ClientEnv
+from headway.client.procedures.base import round_of, test_metrics, train_metrics
+from headway.client.procedures.layer_sharing import PERSONAL, local_model
+from headway.core import protocol as P
+from headway.core.models import feature_pair
+from headway.core.prototypes import class_prototypes, nearest_prototype
+from headway.core.training import predict, train_epochs
 
 
 def global_prototypes(content: RecordDict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:

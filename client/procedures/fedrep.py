@@ -3,11 +3,11 @@ the shared body with the head fixed (``local-epochs``); return the body."""
 
 from __future__ import annotations
 
-from client.env import ClientEnv
-from client.procedures.layer_sharing import SharedLayersClient
-from core import seeds
-from core.models import Net
-from core.training import trainable_only
+from headway.client.env import ClientEnv
+from headway.client.procedures.layer_sharing import SharedLayersClient
+from headway.core import seeds
+from headway.core.models import Net
+from headway.core.training import trainable_only
 
 
 class FedRepClient(SharedLayersClient):

@@ -11,13 +11,12 @@ from collections.abc import Callable
 
 import torch
 from flwr.app import ArrayRecord, RecordDict
-
-from client.env import ClientEnv
-from client.procedures.base import round_of, test_metrics, train_metrics
-from core import protocol as P
-from core import seeds
-from core.models import Net
-from core.training import task_loss, train_epochs
+from headway.client.env import ClientEnv
+from headway.client.procedures.base import round_of, test_metrics, train_metrics
+from headway.core import protocol as P
+from headway.core import seeds
+from headway.core.models import Net
+from headway.core.training import task_loss, train_epochs
 
 PERSONAL = "personal-model"
 

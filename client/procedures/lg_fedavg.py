@@ -14,17 +14,16 @@ import math
 
 import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from headway.client.env import ClientEnv
+from headway.client.procedures.base import round_of, test_metrics, train_metrics
+from headway.client.procedures.layer_sharing import PERSONAL, SharedLayersClient
+from headway.core import fairness
+from headway.core import protocol as P
+from headway.core.data import augment_batch
+from headway.core.methods import LG_FEDAVG_RECORDS as R
+from headway.core.models import Net
+from headway.core.training import batches, make_optimizer, predict, task_loss
 from torch import nn
-
-from client.env import ClientEnv
-from client.procedures.base import round_of, test_metrics, train_metrics
-from client.procedures.layer_sharing import PERSONAL, SharedLayersClient
-from core import fairness
-from core import protocol as P
-from core.data import augment_batch
-from core.methods import LG_FEDAVG_RECORDS as R
-from core.models import Net
-from core.training import batches, make_optimizer, predict, task_loss
 
 ADVERSARY = "lg-adversary"  # state record of the local adversary r_k
 AUX = "lg-aux-head"  # state record of the local auxiliary head a_k

@@ -4,10 +4,9 @@ send no layer back (the server sends none); for the new test it uploads its whol
 from __future__ import annotations
 
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
-
-from client.env import ClientEnv
-from client.procedures.layer_sharing import SharedLayersClient
-from core import protocol as P
+from headway.client.env import ClientEnv
+from headway.client.procedures.layer_sharing import SharedLayersClient
+from headway.core import protocol as P
 
 
 class LocalOnlyClient(SharedLayersClient):

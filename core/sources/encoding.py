@@ -1,4 +1,4 @@
-"""Encoding a node's raw rows with the run's schema into a :class:`core.data.Dataset`, the same
+"""Encoding a node's raw rows with the run's schema into a :class:`headway.core.data.Dataset`, the same
 way at every node: images resized to the schema's size and channels, tables scaled and one-hot
 encoded in the schema's column order, labels as the schema's class indices."""
 
@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from core.data import Dataset
-from core.sources.common import SourceError, _is_missing, _label_name, _numbers, _one_line, sort_classes
-from core.sources.options import SourceOptions
-from core.sources.profiling import profile
-from core.sources.reading import HFImage, RawSource, RawSplit, read_source
-from core.sources.schema import DataSchema, merge
+from headway.core.data import Dataset
+from headway.core.sources.common import SourceError, _is_missing, _label_name, _numbers, _one_line, sort_classes
+from headway.core.sources.options import SourceOptions
+from headway.core.sources.profiling import profile
+from headway.core.sources.reading import HFImage, RawSource, RawSplit, read_source
+from headway.core.sources.schema import DataSchema, merge
 
 
 def _decoded(image: Any, mode: str, size: int) -> np.ndarray:
@@ -129,7 +128,7 @@ def _encode_labels(labels: list[str], schema: DataSchema, where: str) -> np.ndar
 
 
 def encode(raw: RawSource, schema: DataSchema, opts: SourceOptions, name: str) -> Dataset:
-    """The rows as a core.data.Dataset laid out by `schema`: images uint8 (n, C, S, S), tables and
+    """The rows as a headway.core.data.Dataset laid out by `schema`: images uint8 (n, C, S, S), tables and
     vectors float32 standardized with the federated mean/std, labels int64 indices into
     schema.classes; the natural column becomes attrs_train/attrs_test."""
     if raw.kind != schema.kind:

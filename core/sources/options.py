@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from core.sources.common import SourceError
+from headway.core.sources.common import SourceError
 
 MAX_IMAGE_SIZE = 1_024  # pixels a side the images' own size may set (image-size=0); larger: set image-size
 DEFAULT_MAX_IMAGE_PIXELS = 8_192 * 8_192  # of one image (h x w), from its header: 192 MiB decoded as RGB, one image at a time
@@ -86,8 +86,8 @@ def _class_list(value: Any) -> tuple[str, ...]:
 
 
 def _protected_list(value: Any) -> tuple[str, ...]:
-    """The [protected-columns] key's column names (their levels are the client's business: core.fairness)."""
-    from core.fairness import ProtectedError, parse_protected
+    """The [protected-columns] key's column names (their levels are the client's business: headway.core.fairness)."""
+    from headway.core.fairness import ProtectedError, parse_protected
 
     try:
         return tuple(p.column for p in parse_protected(str(value or "")))
@@ -123,6 +123,6 @@ def options_from_config(cfg: Mapping[str, Any]) -> SourceOptions:
 def is_path_source(name: str) -> bool:
     """True when run-config `dataset` names a path (contains '/' or '\\', starts with '.' or '~',
     or ends in .csv/.parquet/.npz), False for a built-in name."""
-    from core.config import dataset_kind  # the one rule, shared with the run-config check
+    from headway.core.config import dataset_kind  # the one rule, shared with the run-config check
 
     return dataset_kind(name) == "path"

@@ -8,8 +8,7 @@ import math
 from typing import Any, TypeGuard
 
 import numpy as np
-
-from core.sources.common import (
+from headway.core.sources.common import (
     KINDS,
     SourceError,
     _column_key,
@@ -20,8 +19,8 @@ from core.sources.common import (
     _one_line,
     sort_classes,
 )
-from core.sources.options import SourceOptions
-from core.sources.reading import RawSource
+from headway.core.sources.options import SourceOptions
+from headway.core.sources.reading import RawSource
 
 GRAY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
 MAX_NAMES = 10_000  # classes, columns, or levels of one column that one profile may declare

@@ -1,6 +1,6 @@
 """Reading a user source raw: image folders, CSV and Parquet tables, npz arrays and Hugging Face
 datasets, rows as read and labels as class names, not yet encoded. Sizes are checked from
-headers against the node's :class:`~core.sources.options.ReaderLimits` before anything is
+headers against the node's :class:`~headway.core.sources.options.ReaderLimits` before anything is
 decoded; a source without a test split gets a seeded share of its rows held out."""
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from core import seeds
-from core.console import HEADWAY_LOGGER
-from core.sources.common import CONTROL, SourceError, _control_problem, _is_missing, _label_name, _numbers, _one_line, sort_classes
-from core.sources.options import DEFAULT_LIMITS, ReaderLimits, SourceOptions
+from headway.core import seeds
+from headway.core.console import HEADWAY_LOGGER
+from headway.core.sources.common import CONTROL, SourceError, _control_problem, _is_missing, _label_name, _numbers, _one_line, sort_classes
+from headway.core.sources.options import DEFAULT_LIMITS, ReaderLimits, SourceOptions
 
 log = logging.getLogger(HEADWAY_LOGGER)
 

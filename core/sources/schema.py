@@ -9,14 +9,14 @@ import logging
 import math
 from dataclasses import dataclass
 
-from core.console import HEADWAY_LOGGER
-from core.sources.common import KINDS, SourceError, _column_key, _one_line, sort_classes
-from core.sources.options import MAX_IMAGE_SIZE, SourceOptions
-from core.sources.profiling import profile_problem
+from headway.core.console import HEADWAY_LOGGER
+from headway.core.sources.common import KINDS, SourceError, _column_key, _one_line, sort_classes
+from headway.core.sources.options import MAX_IMAGE_SIZE, SourceOptions
+from headway.core.sources.profiling import profile_problem
 
 log = logging.getLogger(HEADWAY_LOGGER)
-STD_EPS = 1e-8  # added to every federated std, as core.data does for its tables
-MAX_INPUT_WIDTH = 16_384  # features a table may encode to, one-hot levels included (core.config's widest feature-dim)
+STD_EPS = 1e-8  # added to every federated std, as headway.core.data does for its tables
+MAX_INPUT_WIDTH = 16_384  # features a table may encode to, one-hot levels included (headway.core.config's widest feature-dim)
 
 
 @dataclass(frozen=True)

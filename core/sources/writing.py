@@ -1,5 +1,5 @@
 """Writing rows as a source (``headway split``): npz arrays, image folders or CSV, each of which
-reads back with :func:`core.sources.reading.read_source` to the same rows."""
+reads back with :func:`headway.core.sources.reading.read_source` to the same rows."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from core.sources.common import SourceError
+from headway.core.sources.common import SourceError
 
 
 def _names_array(names: Iterable[Any]) -> np.ndarray:
