@@ -42,7 +42,9 @@ HEADER = struct.Struct(">6sHQ32s")  # magic, format version, payload length, pay
 NAME = re.compile(r"round-(\d{6,})\.ckpt")
 TEMP_SUFFIX = ".tmp"
 CHUNK = 1 << 20  # bytes per write call: a large payload is written in pieces
-PACKAGES = ("headway", "headway.core", "headway.client", "headway.server", "headway.strategies", "headway.simulation")
+# the packages whose sources the code version hashes: headway and each of its code packages, named,
+# not imported (found with find_spec: the server side never imports the client's or the runner's code)
+PACKAGES = ("headway", *(f"headway.{name}" for name in ("core", "client", "server", "strategies", "simulation")))
 
 MAY_CHANGE: frozenset[str] = frozenset(
     {

@@ -134,7 +134,7 @@ FILE = "client.key"
     found = {top(n) for n in references(source, "headway.core.example")}
     assert found == {"client", "strategies", "server", "simulation", "headway", "importlib", "flwr"}
     assert references("from . import schema\nfrom .methods import METHODS\n", "headway.core.config") == {
-        "core",
+        "headway.core",
         "headway.core.schema",
         "headway.core.methods",
     }

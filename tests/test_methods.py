@@ -59,10 +59,10 @@ def test_the_registries_hold_exactly_the_declared_methods_in_order():
 def test_a_declaration_naming_a_missing_class_is_refused_naming_the_method():
     broken = dataclasses.replace(METHODS["fedavg"], name="fedavg-typo", strategy="fedavg:FedAvgTypo")
     with pytest.raises(
-        RuntimeError, match=r"method 'fedavg-typo' declares strategy strategies\.fedavg\.FedAvgTypo, which cannot be loaded"
+        RuntimeError, match=r"method 'fedavg-typo' declares strategy headway\.strategies\.fedavg\.FedAvgTypo, which cannot be loaded"
     ):
         load_strategy(broken)
-    with pytest.raises(RuntimeError, match="method 'fedavg' declares strategy strategies.no_such_module.X"):
+    with pytest.raises(RuntimeError, match=r"method 'fedavg' declares strategy headway\.strategies\.no_such_module\.X"):
         load_strategy(dataclasses.replace(METHODS["fedavg"], strategy="no_such_module:X"))
     with pytest.raises(ValueError, match="not 'module:Class'"):
         class_path("headway.strategies.fedavg.FedAvg")
