@@ -25,7 +25,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a run-config key for every run (e.g. num-server-rounds=20)",
+        help="override a run-config key for every run that reads it (e.g. num-server-rounds=20; another method's key, "
+        "such as lg-new-test, is left out of the runs of the methods that do not read it)",
     )
     p.add_argument("--tag", default="", help="suffix of the results folder, to keep reduced runs apart")
     p.add_argument("--summarize-only", action="store_true", help="only rewrite the table and plots from finished runs")
@@ -59,10 +60,28 @@ def simulate(dataset: str, out: Path, overrides: Mapping[str, Any], sets: Sequen
         args.append("--overwrite")  # an earlier run of this folder stopped before completing
     for key, value in overrides.items():
         args += ["--set", f"{key}={value}"]
-    for s in sets:
+    for s in read_by_run(CONFIGS.get(dataset, dataset), overrides, sets):
         args += ["--set", s]
     print("run", " ".join(args[1:]), flush=True)
     subprocess.run(args, cwd=ROOT, check=True)
+
+
+def read_by_run(config: str, overrides: Mapping[str, Any], sets: Sequence[str]) -> list[str]:
+    """The benchmark's ``sets`` (given for every run) that this run of ``config`` with ``overrides`` reads: one of another
+    method's keys (lg-new-test=False on a FedAvg arm) is left out of it, with a line saying so, where `headway run` would
+    refuse it (headway.core.config: a method key the run does not read is an error)."""
+    from headway.core.config import SCHEMA
+    from headway.core.methods import keys_not_read
+    from headway.simulation.runner import parse_sets, read_config_file
+
+    given = parse_sets(list(sets))
+    run = {**read_config_file(str(ROOT / config)), **overrides, **given}
+    algorithm, inputs = (str(run.get(k, SCHEMA[k].default)) for k in ("algorithm", "inputs"))
+    unread = set(keys_not_read(algorithm, given, inputs))
+    kept = [s for s in sets if s.split("=", 1)[0].strip() not in unread]
+    for s in sorted(set(sets) - set(kept)):
+        print(f"--set {s} left out of this {algorithm} run: algorithm={algorithm} does not read it", flush=True)
+    return kept
 
 
 def load_run(folder: Path) -> tuple[dict, list[dict]]:

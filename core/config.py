@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from headway.core.aggregate import SELECTING, replies_needed
-from headway.core.methods import METHODS, fedlog_c_key_rule
+from headway.core.methods import METHODS, method_keys, reads, unread_problem
 from headway.core.schema import ConfigError, Key  # ConfigError: here for callers; the method rules raise it too
 from headway.core.settings import (  # the schema and the values it names live with the typed settings; callers import them from here too
     AUTO_BODY,
@@ -111,6 +111,7 @@ def train_fraction(cfg: Settings) -> float:
 
 
 def _check_combinations(cfg: Settings, import_bodies: bool = True) -> None:
+    _check_keys_read(cfg)  # first: a key the method ignores would only mislead the checks below
     from headway.core.models import BodyError, body_factory, is_custom_body  # local import: models pulls in torch
 
     for body in body_names(cfg):  # a registry name, torchvision:<arch>[@weights] or an import path that imports
@@ -170,7 +171,24 @@ def _check_combinations(cfg: Settings, import_bodies: bool = True) -> None:
     if cfg.secure_aggregation != "off":
         _check_secure_aggregation(cfg)
     method.validate(cfg)  # the chosen method's own rules (core/methods.py)
-    fedlog_c_key_rule(cfg)  # FedLog-C's keys set on another algorithm or on plain FedLog, which would ignore them
+
+
+def unread_keys(cfg: Settings) -> list[str]:
+    """The method keys set away from their default that algorithm=cfg.algorithm does not read (headway.core.methods.reads):
+    a run would silently ignore them. Keys at their default pass: pyproject.toml's [tool.flwr.app.config] sends every key."""
+    values, method = cfg.to_config(), METHODS[cfg.algorithm]
+    return [name for name, key in method_keys().items() if values[name] != key.default and not reads(method, name, cfg.inputs)]
+
+
+def _check_keys_read(cfg: Settings) -> None:
+    """ConfigError in one line naming the first method key the run would ignore (:func:`unread_keys`), and the others."""
+    unread = unread_keys(cfg)
+    if not unread:
+        return
+    values = cfg.to_config()
+    first = unread_problem(unread[0], values[unread[0]], cfg.algorithm, cfg.inputs)
+    more = f"; it would ignore {', '.join(unread[1:])} too" if len(unread) > 1 else ""
+    raise ConfigError(f"{first}{more}")
 
 
 def _check_scores_with_train(cfg: Settings, method: Any) -> None:
@@ -339,8 +357,6 @@ def _check_goals(cfg: Settings) -> None:
             f"run-config key 'lg-warmup-rounds' is {lg.warmup_rounds}, but the run has {cfg.num_server_rounds} rounds: every round would be "
             "a FedAvg warm-up round; lower it or raise num-server-rounds"
         )
-    if (cfg.lg_fedavg.warmup_goal > 0 or cfg.lg_fedavg.rounds > 0) and cfg.algorithm != "lg-fedavg":
-        raise ConfigError(f"run-config keys 'lg-warmup-goal' and 'lg-rounds' apply to algorithm=lg-fedavg, not {cfg.algorithm!r}")
 
 
 def check_against_spec(cfg: Settings, spec: Any) -> None:

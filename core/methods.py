@@ -15,7 +15,7 @@ method touches.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -51,6 +51,11 @@ class Method:
     # train message brings, before it trains, is the one it would have made in the exchange after the previous round
     scores_with_train: bool = False
     server_combines: str = ""  # what its server does instead of averaging model updates (the aggregation key's refusal says it)
+    title: str = ""  # its name in prose (FedPFT, LG-FedAvg); empty: its name
+    # other methods' run-config keys its strategy or procedure reads too (its own it always reads): key names, or
+    # '<prefix>-*' for a whole group. A method key it does not read, set away from its default, is refused at start
+    # (headway.core.config), so this must be true: tests/test_key_scope.py finds every read in the source and holds them equal
+    reads: tuple[str, ...] = ()
 
     @property
     def attr(self) -> str:
@@ -66,6 +71,11 @@ class Method:
     def keys(self) -> dict[str, Key]:
         """Its own run-config keys, from its settings class: field ``rest`` is key ``<prefix>-rest`` ('_' as '-')."""
         return keys_of(self.settings, self.key_prefix)
+
+    @property
+    def display(self) -> str:
+        """Its name in prose: its title, else its name."""
+        return self.title or self.name
 
     def record_names(self) -> dict[str, str]:
         """Field -> wire name of the names only it uses (empty: it sends only shared records)."""
@@ -478,7 +488,8 @@ class FedPFTSettings:
 
 
 def _fedlog_rules(cfg: Settings) -> None:
-    """fedlog-dp needs fedlog-clip > 0; fedlog-dp=local needs fedlog-uplink=dense; any fedlog-dp needs fedlog-uplink-dtype=float32."""
+    """fedlog-dp needs fedlog-clip > 0; fedlog-dp=local needs fedlog-uplink=dense; any fedlog-dp needs fedlog-uplink-dtype=float32;
+    a non-default fedlog-c-downlink needs FedLog-C (fedlog-alpha or fedlog-beta > 0)."""
     if cfg.fedlog.dp != "off" and cfg.fedlog.clip <= 0:
         raise ConfigError(
             f"run-config key 'fedlog-clip' must be > 0 when 'fedlog-dp' is {cfg.fedlog.dp!r}: the noise scale needs a bound on the features"
@@ -499,25 +510,18 @@ def _fedlog_rules(cfg: Settings) -> None:
             "run-config key 'fedlog-c-downlink' is 'stats', which sends Phi as float32 sums (clients solve eta from them): "
             "set fedlog-wire-dtype=float32 or fedlog-c-downlink=eta-and-stats"
         )
+    _fedlog_c_downlink_rule(cfg)
     _fedlog_withholding_rule(cfg)
     _fedlog_secure_rules(cfg)
 
 
-def fedlog_c_key_rule(cfg: Settings) -> None:
-    """FedLog-C's own keys set where nothing reads them (run for every algorithm, not only fedlog): a non-default
-    fedlog-c-downlink outside FedLog-C (fedlog with fedlog-alpha or fedlog-beta > 0), or fedlog-beta outside fedlog."""
-    is_fedlog_c = cfg.algorithm == "fedlog" and (cfg.fedlog.alpha > 0 or cfg.fedlog.beta > 0)
+def _fedlog_c_downlink_rule(cfg: Settings) -> None:
+    """fedlog-c-downlink is read by FedLog-C only (fedlog-alpha or fedlog-beta > 0): plain FedLog sends no Φ down."""
     default = FedLogSettings().c_downlink
-    if cfg.fedlog.c_downlink != default and not is_fedlog_c:
-        where = "plain FedLog (fedlog-alpha = fedlog-beta = 0)" if cfg.algorithm == "fedlog" else f"algorithm={cfg.algorithm}"
+    if cfg.fedlog.c_downlink != default and cfg.fedlog.alpha <= 0 and cfg.fedlog.beta <= 0:
         raise ConfigError(
-            f"run-config key 'fedlog-c-downlink' is {cfg.fedlog.c_downlink!r}, but {where} sends no statistics Phi down and would "
-            f"ignore it (only FedLog-C does: algorithm=fedlog with fedlog-alpha > 0): leave it {default!r}"
-        )
-    if cfg.fedlog.beta > 0 and cfg.algorithm != "fedlog":
-        raise ConfigError(
-            f"run-config key 'fedlog-beta' is {cfg.fedlog.beta:g}, but algorithm={cfg.algorithm} has no FedLog-C loss to add it to "
-            "and would ignore it: leave it 0 or set algorithm=fedlog"
+            f"run-config key 'fedlog-c-downlink' is {cfg.fedlog.c_downlink!r}, but plain FedLog (fedlog-alpha = fedlog-beta = 0) "
+            f"sends no statistics Phi down and would ignore it (only FedLog-C does: fedlog-alpha > 0): leave it {default!r}"
         )
 
 
@@ -611,6 +615,7 @@ METHODS: dict[str, Method] = {
             "whole-model averaging weighted by n_k (McMahan et al. 2017)",
             strategy="fedavg:FedAvg",
             procedure="fedavg:FedAvgClient",
+            title="FedAvg",
             client_sampling=True,
             scores_with_train=True,
         ),
@@ -619,6 +624,7 @@ METHODS: dict[str, Method] = {
             "FedAvg with the proximal term (mu/2)|w - w_global|^2 (Li et al. 2020)",
             strategy="fedprox:FedProx",
             procedure="fedavg:FedProxClient",
+            title="FedProx",
             settings=FedProxSettings,
             client_sampling=True,
             scores_with_train=True,
@@ -628,6 +634,7 @@ METHODS: dict[str, Method] = {
             "per-class feature sums and the exact MAP head of Eq. 12 (FedLog, FedLog-C, DP-FedLog)",
             strategy="fedlog:FedLog",
             procedure="fedlog:FedLogClient",
+            title="FedLog",
             settings=FedLogSettings,
             records=FEDLOG_RECORDS,
             validate=_fedlog_rules,
@@ -639,6 +646,7 @@ METHODS: dict[str, Method] = {
             "local bodies, averaged top layers (Liang et al. 2020, Alg. 1)",
             strategy="lg_fedavg:LGFedAvg",
             procedure="lg_fedavg:LGFedAvgClient",
+            title="LG-FedAvg",
             settings=LGFedAvgSettings,
             prefix="lg",
             records=LG_FEDAVG_RECORDS,
@@ -649,6 +657,7 @@ METHODS: dict[str, Method] = {
             "every client trains its whole model alone, nothing averaged or sent but config (LG-FedAvg's Table 1 baseline)",
             strategy="local_only:LocalOnly",
             procedure="local_only:LocalOnlyClient",
+            reads=("lg-ensemble",),  # its new test combines the uploaded models as lg-ensemble says
             validate=_local_only_rules,
             server_combines="averages nothing: every model stays on its client",
         ),
@@ -657,6 +666,7 @@ METHODS: dict[str, Method] = {
             "averaged bodies, local top layers (Arivazhagan et al. 2019)",
             strategy="fedper:FedPer",
             procedure="layer_sharing:SharedLayersClient",
+            title="FedPer",
             settings=FedPerSettings,
         ),
         Method(
@@ -664,6 +674,7 @@ METHODS: dict[str, Method] = {
             "averaged body, local head fitted first (Collins et al. 2021)",
             strategy="fedrep:FedRep",
             procedure="fedrep:FedRepClient",
+            title="FedRep",
             settings=FedRepSettings,
         ),
         Method(
@@ -671,6 +682,7 @@ METHODS: dict[str, Method] = {
             "averaged bodies on a fixed random head, fine-tuned on each client before it scores (Oh et al. 2022)",
             strategy="fedbabu:FedBABU",
             procedure="fedbabu:FedBABUClient",
+            title="FedBABU",
             settings=FedBABUSettings,
         ),
         Method(
@@ -678,6 +690,7 @@ METHODS: dict[str, Method] = {
             "averaged bodies and heads, a local bias vector on the features and a pull to the global mean feature (Zhang et al. 2023)",
             strategy="feddbe:FedDBE",
             procedure="feddbe:FedDBEClient",
+            title="FedDBE",
             settings=FedDBESettings,
             records=FEDDBE_RECORDS,
         ),
@@ -686,6 +699,7 @@ METHODS: dict[str, Method] = {
             "per-class mean features averaged by class counts (Tan et al. 2022)",
             strategy="fedproto:FedProto",
             procedure="fedproto:FedProtoClient",
+            title="FedProto",
             settings=FedProtoSettings,
             records=FEDPROTO_RECORDS,
             server_combines="averages per-class prototypes by class counts while models stay local",
@@ -695,6 +709,7 @@ METHODS: dict[str, Method] = {
             "FedAvg with clients sampled by exp(-alpha * KL) of their representation profiles (Wu et al. 2023)",
             strategy="fedprof:FedProf",
             procedure="fedprof:FedProfClient",
+            title="FedProf",
             settings=FedProfSettings,
             records=FEDPROF_RECORDS,
             validate=_fedprof_rules,
@@ -709,6 +724,7 @@ METHODS: dict[str, Method] = {
             "per-class Gaussian mixtures of frozen-extractor features; the server trains a head on samples of them, one shot (Beitollahi et al. 2024)",
             strategy="fedpft:FedPFT",
             procedure="fedpft:FedPFTClient",
+            title="FedPFT",
             settings=FedPFTSettings,
             records=FEDPFT_RECORDS,
             validate=_fedpft_rules,
@@ -732,6 +748,57 @@ def method_keys() -> dict[str, Key]:
                 raise RuntimeError(f"run-config key {name!r} is declared by two methods")
             out[name] = key
     return out
+
+
+# FedPFT's extractor keys, which every method reads with inputs=features: its clients and server then train on the frozen
+# extractor's features (core/extractors.py), as FedPFT's do
+FEATURE_KEYS: tuple[str, ...] = ("fedpft-extractor", "fedpft-extractor-weights", "fedpft-resolution", "fedpft-cache-dir")
+
+
+def key_owner(key: str) -> Method | None:
+    """The method whose own key ``key`` is (it declares it in its settings class); None for a general key."""
+    return next((m for m in METHODS.values() if key in m.keys), None)
+
+
+def _named(pattern: str, key: str) -> bool:
+    """Whether a ``reads`` entry names ``key``: the key itself, or ``<prefix>-*`` for every key of that group."""
+    return key == pattern or (pattern.endswith("-*") and key.startswith(pattern[:-1]))
+
+
+def reads(method: Method, key: str, inputs: str = "raw") -> bool:
+    """Whether a run of ``method`` reads method key ``key``: its own keys, those its declaration ``reads``, and
+    :data:`FEATURE_KEYS` with ``inputs=features``."""
+    if key in method.keys or any(_named(p, key) for p in method.reads):
+        return True
+    return inputs == "features" and key in FEATURE_KEYS
+
+
+def readers(key: str) -> list[str]:
+    """The algorithms that read method key ``key`` whatever ``inputs`` is: its owner, then those that declare it in ``reads``."""
+    return [m.name for m in METHODS.values() if reads(m, key)]
+
+
+def keys_not_read(algorithm: str, names: Iterable[str], inputs: str = "raw") -> list[str]:
+    """Of run-config keys ``names``, the method keys a run of ``algorithm`` with ``inputs`` does not read (none when
+    ``algorithm`` is no method: resolving the config names that value)."""
+    method = METHODS.get(algorithm)
+    return [] if method is None else [k for k in names if key_owner(k) is not None and not reads(method, k, inputs)]
+
+
+def unread_problem(key: str, value: object, algorithm: str, inputs: str = "raw") -> str | None:
+    """One line saying that method key ``key``, set to ``value``, is one a run of ``algorithm`` does not read (with
+    ``inputs``): whose key it is and what would read it; None when it does read it (or ``key`` is a general key)."""
+    owner = key_owner(key)
+    if owner is None or reads(METHODS[algorithm], key, inputs):
+        return None
+    users = readers(key)
+    fixes = [f"set algorithm={' or '.join(users)}"]
+    if key in FEATURE_KEYS:
+        fixes.insert(0, "set inputs=features (every method then reads it)")
+    return (
+        f"run-config key '{key}' is {value!r}, but it is {owner.display}'s ({owner.key_prefix}-*) and algorithm={algorithm} "
+        f"does not read it{' with inputs=raw' if key in FEATURE_KEYS else ''}: remove it, or {', or '.join(fixes)}"
+    )
 
 
 def class_path(path: str) -> tuple[str, str]:

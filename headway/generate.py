@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from headway.core.methods import METHODS, Method, method_keys, no_rules
+from headway.core.methods import FEATURE_KEYS, METHODS, Method, method_keys, no_rules
 from headway.core.schema import Key
 from headway.core.settings import SCHEMA
 from headway.strategies.capabilities import ROBUST_AGGREGATION, SECURE_SUM
@@ -131,6 +131,10 @@ def method_notes(method: Method) -> list[str]:
     rules = (method.validate.__doc__ or "").strip() if method.validate is not no_rules else ""
     if rules:
         notes.append(f"- Checked at start: {' '.join(rules.split())}")
+    for key in method.reads:  # a key, or '<prefix>-*' for a whole group
+        owner = next((m for m in METHODS.values() if key in m.keys or key == f"{m.key_prefix}-*"), None)
+        whose = f"{owner.display}'s " if owner else ""
+        notes.append(f"- Also reads {whose}`{key}` (another method's key).")
     if method.holdout_key != "server-holdout":
         notes.append(f"- Training rows the server keeps from every client: `{method.holdout_key}` (not `server-holdout`).")
     if method.every_client:
@@ -163,6 +167,17 @@ def doc_text() -> str:
         "## Methods",
         "",
         "`algorithm` picks one; a method's own keys and rules apply when it runs.",
+        "",
+        "A method's key that the chosen `algorithm` does not read, set to a value other than its default, stops the run at "
+        "start with one line naming the key, whose it is and which algorithms read it (`fedpft-em-restarts` with "
+        "`algorithm=fedlog`: remove it, or set algorithm=fedpft), instead of being silently ignored. A key at its default "
+        "passes: pyproject.toml sends every key with its default, so only a changed value shows that it was set. Each "
+        "method reads its own keys and those its notes below name; every method reads "
+        + ", ".join(f"`{k}`" for k in FEATURE_KEYS)
+        + " with `inputs=features`. `headway run CONFIG.toml` checks the file's keys against the file's own `algorithm` "
+        "(fedlog where it names none); a file of `benchmarks/configs/` is one setup several methods run, so where "
+        "`--set algorithm=...` switches to another method, the file's keys that method does not read are left out, "
+        "with a line naming those not at their default. A key given with `--set` or `--run-config` is always checked.",
     ]
     for method in METHODS.values():
         summary = " ".join(method.summary.split())

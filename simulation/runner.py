@@ -23,9 +23,10 @@ from types import FrameType
 from typing import Any
 
 import psutil
-from headway.core.config import LOCAL, ConfigError, check_against_spec, dataset_kind, resolve_settings
+from headway.core.config import LOCAL, SCHEMA, ConfigError, check_against_spec, dataset_kind, resolve_settings
 from headway.core.console import plural, show_headway_log, significant
 from headway.core.data import DatasetMissingError
+from headway.core.methods import key_owner, keys_not_read
 from headway.core.run_data import load_run_dataset, run_spec
 from headway.core.settings import Settings
 from headway.core.sources import SourceError
@@ -79,28 +80,69 @@ def parse_value(text: str) -> Any:
 
 
 def load_config(path: str | None, sets: list[str]) -> Settings:
-    """The settings of the keys from CONFIG.toml overlaid with ``key=value`` overrides, validated."""
-    cfg: dict[str, Any] = {}
-    if path:
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except OSError as exc:  # not "[Errno 2] No such file or directory: 'x.toml'"
-            raise ConfigError(
-                f"config file {path}: {exc.strerror or exc}: give the path of a TOML file of run-config keys, "
-                "or leave it out (the defaults and --set alone)"
-            ) from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path} is not TOML ({exc}): fix it, or leave it out (the defaults and --set alone)") from None
-        cfg.update(data.get("run-config", {k: v for k, v in data.items() if not isinstance(v, dict)}))
+    """The settings of the keys from CONFIG.toml overlaid with ``key=value`` overrides, validated. Where the
+    overrides switch the file's algorithm, the file's keys for other methods are left out (:func:`other_methods_keys`)."""
+    cfg = read_config_file(path) if path else {}
+    given = parse_sets(sets)
+    if left := other_methods_keys(cfg, given):
+        _say_left_out(path or "", cfg, left, given["algorithm"])
+        cfg = {k: v for k, v in cfg.items() if k not in left}
+    settings = resolve_settings({**cfg, **given})
+    if dataset_kind(settings.dataset) == "path":  # Ray's workers run elsewhere than the cwd: every process reads the same absolute path
+        settings = replace(settings, dataset=str(Path(settings.dataset).expanduser().absolute()))
+    return settings
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The run-config keys of CONFIG.toml (top level, or under [run-config]); ConfigError in one line when it cannot be read."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as exc:  # not "[Errno 2] No such file or directory: 'x.toml'"
+        raise ConfigError(
+            f"config file {path}: {exc.strerror or exc}: give the path of a TOML file of run-config keys, "
+            "or leave it out (the defaults and --set alone)"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not TOML ({exc}): fix it, or leave it out (the defaults and --set alone)") from None
+    return dict(data.get("run-config", {k: v for k, v in data.items() if not isinstance(v, dict)}))
+
+
+def parse_sets(sets: list[str]) -> dict[str, Any]:
+    """``key=value`` overrides as run-config keys (values parsed as TOML; a later one wins); ConfigError on one without '='."""
+    given: dict[str, Any] = {}
     for item in sets:
         if "=" not in item:
             raise ConfigError(f"--set takes key=value, got {item!r}")
         key, value = item.split("=", 1)
-        cfg[key.strip()] = parse_value(value.strip())
-    settings = resolve_settings(cfg)
-    if dataset_kind(settings.dataset) == "path":  # Ray's workers run elsewhere than the cwd: every process reads the same absolute path
-        settings = replace(settings, dataset=str(Path(settings.dataset).expanduser().absolute()))
-    return settings
+        given[key.strip()] = parse_value(value.strip())
+    return given
+
+
+def other_methods_keys(file_cfg: dict[str, Any], given: dict[str, Any]) -> list[str]:
+    """The config file's method keys that the algorithm ``given`` switches the run to does not read: a file of
+    benchmarks/configs/ is one setup that several methods run with --set algorithm=..., so the keys of its own method
+    do not apply to the others (headway.core.methods.reads). None where ``given`` names no other algorithm than the file's
+    (default: fedlog): the run then refuses such a key (headway.core.config), as it does one given with --set."""
+    algorithm = given.get("algorithm")
+    if algorithm is None or algorithm == file_cfg.get("algorithm", SCHEMA["algorithm"].default):
+        return []
+    inputs = str(given.get("inputs", file_cfg.get("inputs", SCHEMA["inputs"].default)))
+    return [k for k in keys_not_read(str(algorithm), file_cfg, inputs) if k not in given]
+
+
+def _say_left_out(path: str, file_cfg: dict[str, Any], left: list[str], algorithm: Any) -> None:
+    """One line naming the keys :func:`other_methods_keys` left out that were set away from their default."""
+    shown = [k for k in left if file_cfg[k] != SCHEMA[k].default]
+    if not shown:
+        return
+    owners = " and ".join(dict.fromkeys(f"{owner.display}'s" for k in shown if (owner := key_owner(k)) is not None))
+    logging.getLogger("headway").info(
+        "config file %s: %s left out (%s keys, which --set algorithm=%s does not read)",
+        path,
+        ", ".join(f"{k}={file_cfg[k]!r}" for k in shown),
+        owners,
+        algorithm,
+    )
 
 
 def load_resume_config(out_dir: str | Path, sets: list[str]) -> Settings:
@@ -115,12 +157,7 @@ def load_resume_config(out_dir: str | Path, sets: list[str]) -> Settings:
         raise ConfigError(f"--resume {out_dir}: {path} is not JSON ({exc})") from None
     if not isinstance(saved, dict):
         raise ConfigError(f"--resume {out_dir}: {path} does not hold a run config")
-    for item in sets:
-        if "=" not in item:
-            raise ConfigError(f"--set takes key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        saved[key.strip()] = parse_value(value.strip())
-    return resolve_settings(saved)
+    return resolve_settings({**saved, **parse_sets(sets)})
 
 
 def resume_preflight(cfg: Settings, out_dir: str | Path) -> dict[str, Any] | None:

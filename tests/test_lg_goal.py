@@ -139,7 +139,7 @@ def test_an_old_pickled_state_without_an_end_loads_as_running():
         ({"algorithm": "lg-fedavg", "lg-rounds": -1}, "'lg-rounds' is -1"),
         ({"goal-accuracy": 0.9, "client-evaluation": "with-next-train"}, "set client-evaluation=exchange"),
         ({"algorithm": "lg-fedavg", "lg-warmup-goal": 0.9, "eval-every": 0}, "set eval-every=1"),
-        ({"algorithm": "fedavg", "lg-rounds": 5}, "apply to algorithm=lg-fedavg"),
+        ({"algorithm": "fedavg", "lg-rounds": 5}, "algorithm=fedavg does not read it: remove it, or set algorithm=lg-fedavg"),
         ({"algorithm": "lg-fedavg", "lg-rounds": 2, "client-evaluation": "with-next-train"}, "'lg-rounds' ends the run early"),
         ({"algorithm": "lg-fedavg", "lg-warmup-rounds": 4, "num-server-rounds": 4}, "every round would be a FedAvg warm-up round"),
     ],

@@ -3,6 +3,7 @@ installs inside pyproject's ranges, and the built wheel carries the licence and 
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -176,3 +177,28 @@ def test_a_users_client_py_and_core_package_shadow_nothing_of_ours(install, whee
     assert done.returncode == 0, done.stderr[-3000:]
     files = [Path(line).resolve() for line in done.stdout.split()]
     assert len(files) == 3 and all(home.resolve() in f.parents and user.resolve() not in f.parents for f in files), files
+
+
+def bare_imports(source: str) -> list[str]:
+    """Modules ``source`` imports (statements, or a constant passed to import_module) under a code folder's
+    bare name (``core.x``), which from a checkout would load a second copy beside ``headway.core.x``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append(node.module)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module":
+            found += [arg.value for arg in node.args[:1] if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+    return [name for name in found if name.split(".")[0] in CODE_FOLDERS]
+
+
+def test_no_file_imports_a_code_folder_by_its_bare_name():
+    assert bare_imports("import core.x\nfrom strategies import y\nimportlib.import_module('client.app')\nfrom . import z\n") == [
+        "core.x",
+        "strategies",
+        "client.app",
+    ]
+    files = [p for p in ROOT.rglob("*.py") if not {".venv", "build", "results", ".git"} & set(p.relative_to(ROOT).parts)]
+    bad = {str(p.relative_to(ROOT)): names for p in files if (names := bare_imports(p.read_text()))}
+    assert len(files) > 200 and not bad, bad

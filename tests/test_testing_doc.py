@@ -166,6 +166,9 @@ def test_the_lint_rules_and_typed_packages_are_the_configured_ones():
     overrides = tools["mypy"]["overrides"]
     required = {m.removesuffix(".*") for o in overrides if o.get("disallow_untyped_defs") for m in o["module"]}
     packages = set(tools["setuptools"]["packages"])
-    assert required == {"headway"} and {f"headway.{name}" for name in typed - {"headway"}} == {p for p in packages if p.count(".") == 1}, (typed, required)
+    assert required == {"headway"} and {f"headway.{name}" for name in typed - {"headway"}} == {p for p in packages if p.count(".") == 1}, (
+        typed,
+        required,
+    )
     exempted = [m for o in overrides if o.get("disallow_untyped_defs") is False for m in o["module"] if m.split(".")[0] in required]
     assert "no module exempted" in section and not exempted, exempted
