@@ -16,6 +16,9 @@ one attack or defect seen in practice:
 - ``list-metric``: num-examples sent as a list [1, 2]; ``string-metric``: the loss sent as
   a string, slipped past MetricRecord's own type check (a crafted client's Message);
 - ``sign-flip``: a model sent negated (-w: relative update norm 2), for model averaging;
+- ``inflated-stats``: FedLog's class means (feature sums / class count, counts honest) and FedDBE's
+  mean feature all set to 0.99 × the bound the server checks them against (``fedlog-clip``, else
+  ``max-feature-value``): inside every check, far above honest features (an outside probe's attack);
 - ``bad-eval``: an evaluation reply claiming correct = 1e6;
 - ``error``: the procedure raises; ``silent``: the client hangs past any deadline
   (sleeps ``round-timeout`` + 5 s; for tests with short timeouts);
@@ -35,6 +38,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, 
 from flwr.clientapp.typing import ClientAppCallable, Mod
 from headway.core import protocol as P
 from headway.core.config import fault_ids, resolve_settings
+from headway.core.methods import FEDDBE_RECORDS
 
 log = logging.getLogger("headway")
 
@@ -52,6 +56,7 @@ TRAIN_MODES = (
     "list-metric",
     "string-metric",
 )
+STAT_MODES = ("inflated-stats",)  # inside every check: caught only by the cut of outlying means
 MODEL_MODES = ("sign-flip",)  # attacks on methods that average models (a negated statistic is caught by other checks)
 
 
@@ -82,8 +87,26 @@ def _damage(a: np.ndarray, mode: str) -> np.ndarray:
     return a
 
 
-def damage_reply(content: RecordDict, mode: str, kind: str = "train", timeout: float = 0.0) -> RecordDict:
-    """The reply ``content`` of a ``kind`` message damaged the way ``mode`` says."""
+def _inflate(name: str, a: np.ndarray, bound: float, mean_rows: bool) -> np.ndarray:
+    """``a`` with its means at 0.99 × ``bound``: FedLog's statistics (dense, or sparse rows after their
+    class index; [count, sums] or, ``mean_rows``, [count, means]) or FedDBE's mean feature; other arrays as they are."""
+    out = a.astype(np.float64)
+    if name in (P.STATS, P.STATS_ROWS):
+        first = 1 if name == P.STATS_ROWS else 0  # the count column
+        counts = out[:, first : first + 1]
+        out[:, first + 1 :] = np.where(counts > 0, 0.99 * bound, 0.0) if mean_rows else 0.99 * bound * counts
+    elif name == FEDDBE_RECORDS.feature_mean:
+        out[:] = 0.99 * bound
+    else:
+        return a
+    return out.astype(a.dtype)
+
+
+def damage_reply(
+    content: RecordDict, mode: str, kind: str = "train", timeout: float = 0.0, bound: float = 1e4, mean_rows: bool = False
+) -> RecordDict:
+    """The reply ``content`` of a ``kind`` message damaged the way ``mode`` says (``inflated-stats``: to the
+    checked ``bound``, FedLog's statistics sent as [count, means] rows where ``mean_rows``)."""
     if mode == "bad-eval" and kind == "train" and P.SCORES in content.metric_records:  # client-evaluation=with-next-train
         carried = RecordDict(dict(content.items()))
         carried[P.SCORES] = MetricRecord({**dict(content.metric_records[P.SCORES]), P.CORRECT: 1_000_000})
@@ -111,6 +134,9 @@ def damage_reply(content: RecordDict, mode: str, kind: str = "train", timeout: f
             damaged = dict(content.array_records[P.ARRAYS].items())
             damaged["padding"] = Array(np.zeros(1_000_000, np.float32))
         out[P.ARRAYS] = ArrayRecord(damaged)
+    elif mode in STAT_MODES and P.ARRAYS in content.array_records:
+        arrays = content.array_records[P.ARRAYS].items()
+        out[P.ARRAYS] = ArrayRecord({k: Array(np.asarray(_inflate(k, v.numpy(), bound, mean_rows), order="C")) for k, v in arrays})
     if mode == "negative-count":
         metrics[P.NUM_EXAMPLES] = -5
     elif mode in ("huge-count", "zero-model"):
@@ -144,7 +170,9 @@ def fault_mod(overrides: Mapping[str, Any], partition_of: Callable[[Context], in
                 return Message(Error(code=P.ERROR_CLIENT, reason="fault injection: gone after sharing its keys"), reply_to=msg)
             return reply
         try:
-            content = damage_reply(reply.content, cfg.fault_mode, kind, timeout=cfg.round_timeout + 5.0)
+            bound = cfg.fedlog.clip if cfg.algorithm == "fedlog" and cfg.fedlog.clip > 0 else cfg.max_feature_value
+            mean_rows = cfg.fedlog.uplink_dtype == "float16"
+            content = damage_reply(reply.content, cfg.fault_mode, kind, timeout=cfg.round_timeout + 5.0, bound=bound, mean_rows=mean_rows)
         except Exception as exc:
             log.exception("client %d: %s failed", partition, kind)
             return Message(Error(code=P.ERROR_CLIENT, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)

@@ -1,5 +1,6 @@
-"""Weighted averaging of named arrays and the bound a model update must respect before
-it is averaged (shared by FedAvg and every layer-averaging method)."""
+"""Weighted averaging of named arrays, the bound a model update must respect before it is
+averaged (shared by FedAvg and every layer-averaging method), and the cut of clients' mean
+features far above the others' (FedDBE's mean feature, FedLog's class means)."""
 
 from __future__ import annotations
 
@@ -71,3 +72,25 @@ def multi_krum_count(m: int, n: int, f: int) -> int:
     """How many of ``n`` replies Multi-Krum averages: ``m`` (0: n − f, El Mhamdi et al.'s
     choice), never more than the n − f that can all be honest."""
     return min(m, n - f) if m else n - f
+
+
+MEAN_NORM_FACTOR = 2.0  # a client mean counts at most this many times the round's median mean norm
+MIN_MEANS_TO_CLIP = 3  # below this many means a median says nothing about an honest majority
+
+
+def cut_to_norm(vectors: Sequence[np.ndarray], cap: float) -> tuple[list[np.ndarray], int]:
+    """``vectors`` (float64) with each L2 norm above ``cap`` scaled down to ``cap``, and how many were."""
+    norms = [float(np.linalg.norm(v)) for v in vectors]
+    out = [np.asarray(v, np.float64) * (cap / n if n > cap else 1.0) for v, n in zip(vectors, norms)]
+    return out, sum(n > cap for n in norms)
+
+
+def clipped_means(means: Sequence[np.ndarray], factor: float = MEAN_NORM_FACTOR) -> tuple[list[np.ndarray], int]:
+    """``means`` with each one's L2 norm cut to ``factor`` × the median norm of them all (from 3 means on), and
+    how many were cut. ``max-feature-value`` bounds each entry only far above honest scale, so without this one
+    client could send a mean thousands of times the others', move the global mean every client is pulled towards
+    and make every honest update exceed ``max-update-norm`` (an outside probe froze training so); with an honest
+    majority the median norm is an honest one, and one client moves the mean by at most factor × that × n_k/n."""
+    if len(means) < MIN_MEANS_TO_CLIP:
+        return [np.asarray(m, np.float64) for m in means], 0
+    return cut_to_norm(means, factor * float(np.median([np.linalg.norm(m) for m in means])))

@@ -1,7 +1,7 @@
 """FedDBE's maths (Zhang et al., NeurIPS 2023, "Eliminating Domain Bias for Federated Learning in
 Representation Space"): the mean regularization (MR) a client adds to its loss, the running mean of
 its body's features it regularizes, and the server's count-weighted global mean with the check a
-client's mean must pass. The personalized representation bias (PRBM) is a plain vector added to the
+client's mean must pass (the cut of outlying means is core/aggregate.py's ``clipped_means``, shared with FedLog). The personalized representation bias (PRBM) is a plain vector added to the
 features before the head (client/procedures/feddbe.py)."""
 
 from __future__ import annotations
@@ -32,24 +32,6 @@ def global_mean(means: list[np.ndarray], counts: list[float]) -> np.ndarray:
     if not means or total <= 0:
         raise ValueError("a global mean needs at least one client mean with a positive count")
     return np.sum([np.asarray(m, np.float64) * (float(n) / total) for m, n in zip(means, counts)], axis=0)
-
-
-MEAN_NORM_FACTOR = 2.0  # a client mean counts at most this many times the round's median mean norm
-MIN_MEANS_TO_CLIP = 3  # below this many means a median says nothing about an honest majority
-
-
-def clipped_means(means: list[np.ndarray], factor: float = MEAN_NORM_FACTOR) -> tuple[list[np.ndarray], int]:
-    """``means`` with each one's L2 norm cut to ``factor`` × the median norm of them all (from 3 means on), and
-    how many were cut. ``max-feature-value`` bounds each entry only far above honest scale, so without this one
-    client could send a mean thousands of times the others', move the global mean every client is pulled towards
-    and make every honest update exceed ``max-update-norm`` (an outside probe froze training so); with an honest
-    majority the median norm is an honest one, and one client moves the mean by at most factor × that × n_k/n."""
-    if len(means) < MIN_MEANS_TO_CLIP:
-        return [np.asarray(m, np.float64) for m in means], 0
-    norms = [float(np.linalg.norm(m)) for m in means]
-    cap = factor * float(np.median(norms))
-    out = [np.asarray(m, np.float64) * (cap / n if n > cap else 1.0) for m, n in zip(means, norms)]
-    return out, sum(n > cap for n in norms)
 
 
 def mean_problem(mean: np.ndarray, width: int, bound: float) -> str | None:

@@ -65,6 +65,7 @@ FAULT_MODES = (
     "silent",
     "string-metric",
     "sign-flip",
+    "inflated-stats",
 )
 
 

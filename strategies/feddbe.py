@@ -8,20 +8,24 @@ authors' initialization period), or every round; it lives in the method state so
 sends what an unbroken one would.
 
 A client's mean feature is checked (shape, finite, within ``max-feature-value``) with its model
-update; a reply whose mean fails is refused whole. Robust ``aggregation`` rules apply to the model;
+update; a reply whose mean fails is refused whole. Each mean is then cut to twice the round's median mean
+norm (core/aggregate.py: clipped_means) from 3 means on; with fewer the cut is off, and every such round
+logs a warning. Robust ``aggregation`` rules apply to the model;
 secure aggregation is refused (the mean would need its own sum)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
+from headway.core.aggregate import MEAN_NORM_FACTOR, MIN_MEANS_TO_CLIP, clipped_means
 from headway.core.config import ConfigError
 from headway.core.data import DatasetSpec
-from headway.core.dbe import clipped_means, global_mean, mean_problem
+from headway.core.dbe import global_mean, mean_problem
 from headway.core.methods import FEDDBE_RECORDS
 from headway.core.models import common_width
 from headway.core.settings import Settings
@@ -34,6 +38,8 @@ from headway.strategies.state import ServerState
 
 FEATURE_MEAN = FEDDBE_RECORDS.feature_mean
 GLOBAL_MEAN = FEDDBE_RECORDS.global_mean
+
+log = logging.getLogger("headway")
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,7 @@ class FedDBE(FedAvg):
             return step
         method = step.method if step.method is not None else ctx.state.method
         kept, cut = clipped_means([m for m, _ in means])
+        log_cut(ctx.server_round, len(means), cut)
         new = global_mean(kept, [n for _, n in means])
         state = FedDBEState(counts=method.counts, global_mean=new)
         metrics = {**step.metrics, "global_mean_norm": float(np.linalg.norm(new)), "feddbe_means_clipped": float(cut)}
@@ -122,3 +129,17 @@ class FedDBE(FedAvg):
         """m, κ, μ and when the global mean is formed."""
         cfg = self.settings.feddbe
         return {"m": self.m, "kappa": cfg.kappa, "momentum": cfg.momentum, "global_mean": cfg.global_mean}
+
+
+def log_cut(server_round: int, means: int, cut: int) -> None:
+    """One line when the global mean's cut acted, or could not: below 3 means no median tells an honest one from a lie."""
+    if means < MIN_MEANS_TO_CLIP:
+        log.warning(
+            "feddbe round %d: only %d client mean(s): the cut of outlying means is off (it needs %d for a median an honest "
+            "majority sets), so one client can move the global mean by up to max-feature-value per feature",
+            server_round,
+            means,
+            MIN_MEANS_TO_CLIP,
+        )
+    elif cut:
+        log.warning("feddbe round %d: cut %d of %d client means to %g x their median norm", server_round, cut, means, MEAN_NORM_FACTOR)

@@ -12,11 +12,15 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 from headway.core import protocol as P
+from headway.core.aggregate import MIN_MEANS_TO_CLIP
 from headway.core.config import ConfigError, body_names
 from headway.core.data import DatasetSpec
 from headway.core.fedlog import (
+    CLASS_MEAN_NORM_FACTOR,
+    MeansCut,
     StatsCheck,
     class_means,
+    clip_class_means,
     dense_statistics,
     downlink_statistics,
     noise_sigma,
@@ -186,14 +190,44 @@ class FedLog(HeadwayStrategy[FedLogState]):
         return stats, self.checker.problem(stats, count, reply.max_count)
 
     def aggregate_train(self, ctx: TrainRound[FedLogState], replies: list[Reply]) -> Step[FedLogState]:
-        """Eq. 11's sum of the replies' statistics, and the head it gives."""
-        phi = np.sum([r.payload for r in replies], axis=0)  # Eq. 11
+        """Eq. 11's sum of the replies' statistics (each client's class means cut to honest scale first,
+        outside DP: :meth:`bounded`), and the head it gives."""
+        stats, cut = self.bounded(ctx.server_round, [r.payload for r in replies])
+        phi = np.sum(stats, axis=0)  # Eq. 11
         if self.local_dp:
             n = max(float(np.sum(phi[:, 0])), 0.0)  # the noised count row: post-processing, no privacy cost
         else:
             n = float(sum(r.examples for r in replies))
         metrics = {} if self.local_dp else {"loss": mean_finite([r.metrics.get(P.LOSS, float("nan")) for r in replies])}
+        if cut is not None:
+            metrics |= {"fedlog_means_cut": float(cut.cut), "fedlog_mean_norm_ratio": cut.largest_ratio}
         return self.head_step(ctx, phi, n, len(replies), metrics)
+
+    def bounded(self, server_round: int, stats: list[np.ndarray]) -> tuple[list[np.ndarray], MeansCut | None]:
+        """``stats`` with each client's class means cut to fedlog's factor × an honest reference
+        (core/fedlog.py: clip_class_means), logged; untouched under fedlog-dp (None), where a cut that
+        depends on the other clients' data would void the noise's calibration and fedlog-clip bounds
+        every feature, and under local DP the noised counts make no means."""
+        if self.opts.dp != "off":
+            return stats, None
+        kept, cut = clip_class_means(stats)
+        if cut.cut:
+            log.warning(
+                "fedlog round %d: cut %d of %d client class means to %g x their reference norm (largest %.3g x): a client far above the others",
+                server_round,
+                cut.cut,
+                cut.bounded,
+                CLASS_MEAN_NORM_FACTOR,
+                cut.largest_ratio,
+            )
+        if cut.unbounded:
+            log.warning(
+                "fedlog round %d: %d class(es) left uncut: fewer than %d clients replied, so no median can tell an honest mean from a lying one",
+                server_round,
+                cut.unbounded,
+                MIN_MEANS_TO_CLIP,
+            )
+        return kept, cut
 
     def sum_spec(self, ctx: TrainRound[FedLogState], nodes: list[int]) -> SumSpec:
         """T (classes × m) of every client; |a sum| ≤ the examples the clients can hold times max(b, 1)

@@ -308,3 +308,64 @@ def test_fedpft_means_outside_the_extractors_range_are_refused(task_identity, da
         },
     )
     assert chain.checker.value_range is None  # a chain client also fits Gaussian samples of what it was relayed
+
+
+def _class_stats(counts: np.ndarray, means: np.ndarray) -> np.ndarray:
+    """A client's T (classes × 51): [count, count · mean] per class."""
+    return np.hstack([counts[:, None], counts[:, None] * means]).astype(np.float32)
+
+
+def test_fedlog_class_means_inflated_within_every_check_are_cut_to_honest_scale(task_identity, data_dir):
+    """The outside probe's attack: one client of four sends feature sums of 0.99 × max-feature-value × its
+    honest class counts. Every check passes; summed as sent, its class means set Φ's (accuracy 0.833 → 0.149
+    on MNIST iid). Its means are cut to the factor × each class's median norm: Φ's class means stay at honest scale,
+    and the honest clients' statistics are summed as sent."""
+    from headway.core.fedlog import CLASS_MEAN_NORM_FACTOR, class_means
+
+    s = make_strategy("fedlog", **{"data-dir": data_dir, "num-clients": 4})
+    rng = np.random.default_rng(0)
+    counts = np.full(10, 12.0)
+    honest = {pid: _class_stats(counts, rng.uniform(0.0, 1.0, (10, 50))) for pid in range(3)}
+    liar = _class_stats(counts, np.full((10, 50), 0.99 * s.settings.max_feature_value))
+    assert s.checker.problem(liar.astype(np.float64), 120.0) is None  # inside every bound the checks know
+    engine = engine_for(s, FakeGrid(4, lambda pid, msg: reply({P.STATS: honest.get(pid, liar)}, 120, pid, loss=0.5)))
+    step = s.train_round(1, s.initial_state(), engine)
+    assert step.clients == 4 and step.metrics["fedlog_means_cut"] == 10.0 and step.metrics["fedlog_mean_norm_ratio"] > 1000
+    honest_means = [np.linalg.norm(class_means(t.astype(np.float64))[:, 1:], axis=1) for t in honest.values()]
+    top = np.max(honest_means, axis=0)  # the largest honest class-mean norm of each class
+    phi_means = np.linalg.norm(class_means(step.method.phi_sum)[:, 1:], axis=1)
+    bound = (3.0 + CLASS_MEAN_NORM_FACTOR) / 4.0  # three honest means and one at most the factor × their median
+    assert np.all(phi_means <= bound * top), phi_means / top  # uncut: ~1,700 × top
+
+
+def test_fedlog_cut_bounds_classes_fewer_than_three_clients_hold_and_leaves_honest_statistics_alone():
+    """Non-iid (2 classes a client): a class with fewer than 3 holders is bounded by the round's reference,
+    the median over clients of each one's median class-mean norm; honest statistics pass unchanged."""
+    from headway.core.fedlog import CLASS_MEAN_NORM_FACTOR, clip_class_means
+
+    rng = np.random.default_rng(1)
+    stats = []
+    for k in range(4):  # client k holds classes 2k and 2k + 1
+        counts = np.zeros(10)
+        counts[[2 * k, 2 * k + 1]] = 20.0
+        stats.append(_class_stats(counts, rng.uniform(0.0, 1.0, (10, 50)) * (counts > 0)[:, None]).astype(np.float64))
+    kept, cut = clip_class_means(stats)
+    assert cut.cut == 0 and cut.bounded == 8 and cut.unbounded == 0 and cut.largest_ratio < 1.5
+    assert all(np.array_equal(a, b) for a, b in zip(kept, stats))
+    stats[3][[6, 7], 1:] = 9900.0 * 20.0  # the liar's two classes, held by no one else
+    kept, cut = clip_class_means(stats)
+    assert cut.cut == 2 and np.array_equal(kept[3][:, 0], stats[3][:, 0])  # sums cut, counts as sent
+    reference = np.median([np.median(np.linalg.norm(t[t[:, 0] > 0, 1:] / 20.0, axis=1)) for t in stats])
+    assert np.allclose(np.linalg.norm(kept[3][[6, 7], 1:] / 20.0, axis=1), CLASS_MEAN_NORM_FACTOR * reference)
+
+
+def test_fedlog_with_fewer_than_three_clients_warns_that_the_cut_is_off(task_identity, data_dir, caplog):
+    """Two repliers: no median can tell the liar from the honest client; the round says so in the log."""
+    s = make_strategy("fedlog", **{"data-dir": data_dir, "num-clients": 2})
+    liar = _class_stats(np.full(10, 12.0), np.full((10, 50), 9900.0))
+    honest = _class_stats(np.full(10, 12.0), np.full((10, 50), 0.5))
+    engine = engine_for(s, FakeGrid(2, lambda pid, msg: reply({P.STATS: liar if pid else honest}, 120, pid, loss=0.5)))
+    with caplog.at_level("WARNING", logger="headway"):
+        step = s.train_round(1, s.initial_state(), engine)
+    assert step.clients == 2 and step.metrics["fedlog_means_cut"] == 0.0
+    assert any("10 class(es) left uncut: fewer than 3 clients replied" in r.getMessage() for r in caplog.records)

@@ -83,3 +83,21 @@ def test_bad_eval_damages_the_scores_a_train_reply_carries():
     assert honest_reply.metric_records[P.SCORES][P.CORRECT] == 7  # the honest reply itself is not changed
     plain = RecordDict({P.METRICS: MetricRecord({P.NUM_EXAMPLES: 10})})
     assert damage_reply(plain, "bad-eval", "train") is plain  # no scores carried: nothing to damage
+
+
+def test_inflated_stats_passes_fedlogs_checks_with_means_at_the_bound():
+    """``inflated-stats``: FedLog's dense sums become 0.99 × b × each class count (counts as sent), inside
+    every check; as [count, means] rows (float16 uplink) the means become 0.99 × b; sparse rows keep their index."""
+    from headway.client.faults import damage_reply
+    from headway.core.fedlog import StatsCheck
+
+    stats = np.zeros((10, 51), np.float32)
+    stats[[2, 5], 0], stats[[2, 5], 1:] = 4.0, 1.5
+    content = RecordDict({P.ARRAYS: ArrayRecord({P.STATS: Array(stats)}), P.METRICS: MetricRecord({P.NUM_EXAMPLES: 8})})
+    sent = damage_reply(content, "inflated-stats", bound=1e4).array_records[P.ARRAYS][P.STATS].numpy()
+    assert np.array_equal(sent[:, 0], stats[:, 0]) and np.allclose(sent[[2, 5], 1:], 0.99 * 1e4 * 4.0) and not sent[0].any()
+    assert StatsCheck(10, 51, 1e4, nonnegative=True).problem(sent.astype(np.float64), 8.0) is None
+    rows = np.hstack([np.array([[2.0], [5.0]]), stats[[2, 5]] / np.array([[1.0] + [4.0] * 50])]).astype(np.float16)
+    content = RecordDict({P.ARRAYS: ArrayRecord({P.STATS_ROWS: Array(rows)})})
+    sent = damage_reply(content, "inflated-stats", bound=1e4, mean_rows=True).array_records[P.ARRAYS][P.STATS_ROWS].numpy()
+    assert sent.dtype == np.float16 and np.array_equal(sent[:, :2], rows[:, :2]) and np.allclose(sent[:, 2:], 9900.0)

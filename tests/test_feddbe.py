@@ -14,7 +14,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from headway.client.env import ClientEnv, client_env
 from headway.client.procedures.feddbe import BIAS, FedDBEClient
-from headway.core.dbe import clipped_means, global_mean, mean_problem, mean_regularization, running_mean
+from headway.core.aggregate import clipped_means
+from headway.core.dbe import global_mean, mean_problem, mean_regularization, running_mean
 from headway.core.models import build_model
 from headway.core.settings import Settings
 from headway.strategies.feddbe import FEATURE_MEAN, GLOBAL_MEAN, FedDBEState
@@ -194,3 +195,14 @@ def test_one_client_with_a_huge_mean_within_max_feature_value_moves_the_global_m
     assert np.linalg.norm(step.method.global_mean) <= 1.3 * honest, np.linalg.norm(step.method.global_mean)  # 9999 uncut: ~2,500x
     clipped, cut = clipped_means([np.full(M, 1.0), np.full(M, 3.0)])  # two means: no median to trust, nothing cut
     assert cut == 0 and np.allclose(clipped[1], 3.0)
+
+
+def test_two_means_leave_the_cut_off_and_each_round_says_so(task_identity, caplog):
+    """With 2 means no median tells a lying mean from an honest one (an outside probe moved accuracy
+    0.777 → 0.096 so): nothing is cut, and the round logs why."""
+    s = make_strategy("feddbe", **{"num-clients": 2})
+    means = {0: np.full(M, 1.0, np.float32), 1: np.full(M, 9999.0, np.float32)}
+    with caplog.at_level("WARNING", logger="headway"):
+        step = s.train_round(1, s.initial_state(), engine_for(s, FakeGrid(2, _answer(means, {0: 10, 1: 10}))))
+    assert step.metrics["feddbe_means_clipped"] == 0.0
+    assert any("only 2 client mean(s): the cut of outlying means is off" in r.getMessage() for r in caplog.records)
