@@ -208,6 +208,17 @@ class FedLogSettings:
     epsilon: float = setting(positive("DP epsilon", 1.0))
     delta: float = setting(Key(0.01, "DP delta", check=lambda v: 0 < v < 1, rule="in (0, 1)"))
     clip: float = setting(non_negative("clip body features to [-b, b]; 0: no clip (required > 0 with DP)", 0.0))
+    mean_cut: float = setting(
+        Key(
+            5.0,  # headway.core.fedlog.CLASS_MEAN_NORM_FACTOR (tests/test_attacks.py holds them equal)
+            "FedLog: each client's class mean (feature sums / count) is cut to this × an honest reference norm (the median "
+            "over the clients of the round), so one lying client cannot inflate the head; honest runs reached 3.3-5.2 x: raise "
+            "it where rounds.jsonl's fedlog_mean_norm_ratio often exceeds it; 0: no cut (not applied under fedlog-dp or "
+            "secure aggregation)",
+            check=lambda v: v == 0 or v >= 1,
+            rule="0 (no cut) or >= 1",
+        )
+    )
     uplink: str = setting(
         Key(
             "dense",

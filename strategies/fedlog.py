@@ -16,7 +16,6 @@ from headway.core.aggregate import MIN_MEANS_TO_CLIP
 from headway.core.config import ConfigError, body_names
 from headway.core.data import DatasetSpec
 from headway.core.fedlog import (
-    CLASS_MEAN_NORM_FACTOR,
     MeansCut,
     StatsCheck,
     class_means,
@@ -208,16 +207,16 @@ class FedLog(HeadwayStrategy[FedLogState]):
         (core/fedlog.py: clip_class_means), logged; untouched under fedlog-dp (None), where a cut that
         depends on the other clients' data would void the noise's calibration and fedlog-clip bounds
         every feature, and under local DP the noised counts make no means."""
-        if self.opts.dp != "off":
+        if self.opts.dp != "off" or self.opts.mean_cut == 0:
             return stats, None
-        kept, cut = clip_class_means(stats)
+        kept, cut = clip_class_means(stats, self.opts.mean_cut)
         if cut.cut:
             log.warning(
-                "fedlog round %d: cut %d of %d client class means to %g x their reference norm (largest %.3g x): a client far above the others",
+                "fedlog round %d: cut %d of %d client class means to %g x their reference norm (largest %.3g x): a client far above the others (fedlog-mean-cut)",
                 server_round,
                 cut.cut,
                 cut.bounded,
-                CLASS_MEAN_NORM_FACTOR,
+                self.opts.mean_cut,
                 cut.largest_ratio,
             )
         if cut.unbounded:

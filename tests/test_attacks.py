@@ -369,3 +369,25 @@ def test_fedlog_with_fewer_than_three_clients_warns_that_the_cut_is_off(task_ide
         step = s.train_round(1, s.initial_state(), engine)
     assert step.clients == 2 and step.metrics["fedlog_means_cut"] == 0.0
     assert any("10 class(es) left uncut: fewer than 3 clients replied" in r.getMessage() for r in caplog.records)
+
+
+def test_fedlog_mean_cut_sets_the_factor_and_zero_turns_the_cut_off(task_identity, data_dir):
+    """fedlog-mean-cut: its default is core's factor; a factor of 3 cuts the liar to 3 × the median, 0 sums it as sent."""
+    from headway.core.config import ConfigError, resolve
+    from headway.core.fedlog import CLASS_MEAN_NORM_FACTOR, class_means
+
+    assert resolve({})["fedlog-mean-cut"] == CLASS_MEAN_NORM_FACTOR
+    for bad in (0.5, -1.0):
+        with pytest.raises(ConfigError, match=r"fedlog-mean-cut.*0 \(no cut\) or >= 1"):
+            resolve({"fedlog-mean-cut": bad})
+    counts = np.full(10, 12.0)
+    honest = {pid: _class_stats(counts, np.full((10, 50), 0.5)) for pid in range(3)}
+    liar = _class_stats(counts, np.full((10, 50), 9900.0))
+    liar_means = {}
+    for factor in (3.0, 0.0):
+        s = make_strategy("fedlog", **{"data-dir": data_dir, "num-clients": 4, "fedlog-mean-cut": factor})
+        engine = engine_for(s, FakeGrid(4, lambda pid, msg: reply({P.STATS: honest.get(pid, liar)}, 120, pid, loss=0.5)))
+        step = s.train_round(1, s.initial_state(), engine)
+        liar_means[factor] = 4 * class_means(step.method.phi_sum)[:, 1:] - 3 * 0.5  # the liar's class means as summed
+        assert step.clients == 4
+    assert np.allclose(liar_means[3.0], 3.0 * 0.5) and np.allclose(liar_means[0.0], 9900.0)

@@ -347,7 +347,10 @@ SIM = {
 def _run(tmp_path, data_dir, **overrides):
     from headway.simulation import simulate
 
-    cfg = resolve_settings({**SIM, "data-dir": data_dir, "fedpft-cache-dir": str(tmp_path / "cache"), **overrides})
+    # another method on FedPFT's features reads the extractor's keys, not FedPFT's head (core/methods.py: FEATURE_KEYS)
+    own = overrides.get("algorithm", "fedpft") == "fedpft"
+    base = {k: v for k, v in SIM.items() if own or not k.startswith("fedpft-head-")}
+    cfg = resolve_settings({**base, "data-dir": data_dir, "fedpft-cache-dir": str(tmp_path / "cache"), **overrides})
     summary = simulate(cfg, tmp_path / "run")
     rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     return cfg, summary, rounds
@@ -422,7 +425,13 @@ def test_fedavg_of_a_linear_head_on_frozen_features_is_a_flower_run_sharing_fedp
     assert len(entries) == 3 * 2 + 1  # each client's train and test rows, and the server's test set
     env = client_env(cfg.to_config(), {"partition-id": 1})
     assert env.x_train.shape[1] == 1280 and env.data.input_shape == (1280,)
-    raw = client_env({**cfg.to_config(), "inputs": "raw"}, {"partition-id": 1})
+    raw_cfg = {
+        **cfg.to_config(),
+        "inputs": "raw",
+        "fedpft-resolution": 0,
+        "fedpft-cache-dir": "",
+    }  # the extractor's keys at their defaults: raw inputs read none
+    raw = client_env(raw_cfg, {"partition-id": 1})
     assert torch.equal(features(replace(cfg, algorithm="fedpft"), "mnist", raw.x_train), env.x_train)
     assert sorted(cache.iterdir()) == entries  # FedPFT's extraction of the same rows was a cache hit
 
