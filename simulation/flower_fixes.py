@@ -1,4 +1,4 @@
-"""Two fixes to Flower 1.39's simulation engine, installed for the duration of a run.
+"""Fixes to Flower's simulation engine (1.39 to 1.42), installed for the duration of a run.
 
 1. The message extractor (``vce_api.add_messages_to_queue``) asks the link state for one message
    per node, and each ask scans the whole message store under the lock: one pass costs
@@ -25,11 +25,11 @@
    (and a resumed run and the run it continues) get the same ids, hence the same bytes per message.
    In simulation the ids guard nothing (no node authentication); deployment never enters here.
 
-Written against Flower :data:`FLOWER_VERSION`: they install only where every Flower file they patch
-(or whose private fields they read) is byte-identical to that version's (:data:`FLOWER_SOURCES`, by
-sha256), so a Flower release that leaves those files alone keeps them and one that changes any turns
-them off with a warning naming the file. ``python -m headway.simulation.flower_fixes`` prints the installed
-Flower's hashes, to record once the fixes were checked against it.
+Written against Flower 1.39.0 and checked against 1.42.0: they install only where every Flower file they
+patch (or whose private fields they read, :data:`FLOWER_FILES`) is byte-identical to one checked release's
+(:data:`FLOWER_SOURCES`, by sha256), so a Flower release that leaves those files alone keeps them and one
+that changes any turns them off with a warning naming the file. ``python -m headway.simulation.flower_fixes``
+prints the installed Flower's hashes, to record once the fixes were checked against it.
 """
 
 from __future__ import annotations
@@ -52,26 +52,40 @@ from headway.core.seeds import salt
 
 log = logging.getLogger("headway")
 
-FLOWER_VERSION = "1.39.0"
-# The files under flwr/ that the fixes patch (or whose private fields they read), each with the sha256 of
-# its bytes as FLOWER_VERSION ships it; a Flower whose copy of any differs runs unpatched
-FLOWER_SOURCES: dict[str, str] = {
-    # add_messages_to_queue and the ThreadPoolExecutor that run_api looks up
+# The files under flwr/ that the fixes patch (or whose private fields they read), and why
+FLOWER_FILES: dict[str, str] = {
+    "server/superlink/fleet/vce/vce_api.py": "add_messages_to_queue and the ThreadPoolExecutor that run_api looks up",
+    "server/superlink/fleet/vce/backend/raybackend.py": "RayBackend.build, num_workers, terminate",
+    "simulation/ray_transport/ray_actor.py": "BasicActorPool.submit and its idle list",
+    "server/superlink/linkstate/in_memory_linkstate.py": "InMemoryLinkState.store_message_ins/res, its store, lock and run table (hand_out), its id draws",
+    "superlink/grid/inmemory_grid.py": "InMemoryGrid.send_and_receive",
+    "supercore/corestate/in_memory_corestate.py": "the id draws of ID_MODULES",
+    "simulation/run_simulation.py": "the id draws of ID_MODULES",
+    "simulation/legacy_app.py": "the id draws of ID_MODULES",
+    "app/metadata.py": "Metadata's private fields, which hand_out reads directly",
+}
+_FLOWER_1_39 = {
     "server/superlink/fleet/vce/vce_api.py": "63044d7314a339fe052070059f46b20b42ab28ec4e708d84b3025bd630b1fab4",
-    # RayBackend.build, num_workers, terminate
     "server/superlink/fleet/vce/backend/raybackend.py": "2cdc6ab2a585ac04a3cc553d6b0e9b33e7d6f22d5d6a4e6ec0170254fbbb9f09",
-    # BasicActorPool.submit and its idle list
     "simulation/ray_transport/ray_actor.py": "174132017563559c9113602a9933ea54d7622a84d19d9fc2d5cadea1eb599561",
-    # InMemoryLinkState.store_message_ins/res, its store, lock and run table (hand_out), its id draws
     "server/superlink/linkstate/in_memory_linkstate.py": "ec9e43a23daf3d8cbea9bac8f53f0b85ce4aec55a989e844fac8932d57844440",
-    # InMemoryGrid.send_and_receive
     "superlink/grid/inmemory_grid.py": "10ee0b7e73351f938327479c679c682805f0afc5afba612930258a1e4da429dd",
-    # the id draws of ID_MODULES
     "supercore/corestate/in_memory_corestate.py": "5c7165aabcb26a17dd4ca6c4c5b53545383100477e936b2bbe9a51257d5ccaee",
     "simulation/run_simulation.py": "47b467b1d7879485320b893c207c02767d243111e04f701d68ff195b4b685850",
     "simulation/legacy_app.py": "9d40d0f80b492992d07b4ff645452150e3d0746f279157e22c5f3560f45c4eb6",
-    # Metadata's private fields, which hand_out reads directly
     "app/metadata.py": "5d00da8dc68208f9eb1265fdcfbcdd2d6c980e235d3c734bb104e8341f1ddff0",
+}
+# For each Flower release the fixes were checked against: the sha256 of each of FLOWER_FILES as it ships it.
+# A Flower whose files match none of these sets runs unpatched.
+FLOWER_SOURCES: dict[str, dict[str, str]] = {
+    "1.39.0": _FLOWER_1_39,
+    # 1.42.0 changes two: get_runs gains paging (not used here), InMemoryCoreState gains a message store
+    # that the in-memory link state and the simulation never call; the id draws are the same two
+    "1.42.0": {
+        **_FLOWER_1_39,
+        "server/superlink/linkstate/in_memory_linkstate.py": "b97b47b9613517015de0e9c064e728502a1f7076c25fe0923935508f5b6e76d7",
+        "supercore/corestate/in_memory_corestate.py": "9ff18a3169d57f934820fdaa51e758352fec73224e637214d86402a0c81acc91",
+    },
 }
 POLL_INTERVAL = 0.1  # Flower's own poll, kept as the fallback when no store event comes
 SWEEP_INTERVAL = 1.0  # seconds at least between two walks of the whole store or of every missing reply
@@ -356,20 +370,32 @@ def flower_root() -> Path | None:
     return Path(flwr.__file__).parent
 
 
+def checked_release(found: Mapping[str, str | None]) -> str | None:
+    """The checked Flower release whose files all have the hashes in ``found``, None when none has."""
+    return next((release for release, recorded in FLOWER_SOURCES.items() if not changed_sources(recorded, found)), None)
+
+
+def nearest_changes(found: Mapping[str, str | None]) -> tuple[str, list[str]]:
+    """The checked release closest to ``found`` (fewest files differing, the latest on a tie) and those files."""
+    best = min(reversed(FLOWER_SOURCES), key=lambda release: len(changed_sources(FLOWER_SOURCES[release], found)))
+    return best, changed_sources(FLOWER_SOURCES[best], found)
+
+
 def _supported() -> str | None:
     """Why the fixes cannot be installed here, or None when they can: a Flower file they patch
-    differs from FLOWER_VERSION's (or is missing), so what they assume of it may no longer hold."""
+    differs from every checked release's (or is missing), so what they assume of it may no longer hold."""
     root = flower_root()
     if root is None:
         return "Flower is not installed"
-    changed = changed_sources(FLOWER_SOURCES, source_hashes(root, FLOWER_SOURCES))
-    if not changed:
+    found = source_hashes(root, FLOWER_FILES)
+    if checked_release(found) is not None:
         return None
     import flwr
 
+    release, changed = nearest_changes(found)
     files = ", ".join(f"flwr/{name}" for name in changed)
     return (
-        f"{files} of the installed Flower {flwr.__version__} differ from Flower {FLOWER_VERSION}'s, which "
+        f"{files} of the installed Flower {flwr.__version__} differ from Flower {release}'s, which "
         "simulation/flower_fixes.py patches; check the fixes against them, then record "
         "`python -m headway.simulation.flower_fixes` in its FLOWER_SOURCES"
     )
@@ -379,7 +405,7 @@ def _supported() -> str | None:
 def faster_simulation_engine(seed: int | None = None) -> Iterator[bool]:
     """Install the extractor pass and the store-driven wake-ups for the block, and, given the run's
     ``seed``, Flower's ids drawn from it (:func:`seeded_ids`); yields whether they were installed.
-    On a Flower whose patched files differ from :data:`FLOWER_SOURCES`, Flower's own code runs and
+    On a Flower whose patched files match no release of :data:`FLOWER_SOURCES`, Flower's own code runs and
     one warning names the files; on a state other than ``InMemoryLinkState`` (checked when the
     extractor starts), Flower's own code runs and one line says why."""
     why = _supported()
@@ -473,9 +499,9 @@ def faster_simulation_engine(seed: int | None = None) -> Iterator[bool]:
         vce_api.ThreadPoolExecutor = flower_executor  # type: ignore[misc]
 
 
-if __name__ == "__main__":  # the installed Flower's hashes, in FLOWER_SOURCES' form
+if __name__ == "__main__":  # the installed Flower's hashes, in the form of a FLOWER_SOURCES entry
     _root = flower_root()
     if _root is None:
         raise SystemExit("Flower is not installed: install it (pip install flwr) and run this again")
-    for _name, _digest in source_hashes(_root, FLOWER_SOURCES).items():
+    for _name, _digest in source_hashes(_root, FLOWER_FILES).items():
         print(f'    "{_name}": "{_digest}",')

@@ -395,12 +395,14 @@ def test_recorded_hashes_are_the_installed_flowers_and_cover_every_patched_modul
 
     root = flower_fixes.flower_root()
     assert root is not None
-    assert flower_fixes.source_hashes(root, flower_fixes.FLOWER_SOURCES) == flower_fixes.FLOWER_SOURCES
+    found = flower_fixes.source_hashes(root, flower_fixes.FLOWER_FILES)
+    assert flower_fixes.checked_release(found) is not None, flower_fixes.nearest_changes(found)
+    assert all(set(recorded) == set(flower_fixes.FLOWER_FILES) for recorded in flower_fixes.FLOWER_SOURCES.values())
     patched = [vce_api, raybackend, ray_actor, importlib.import_module(InMemoryLinkState.__module__)]
     patched += [importlib.import_module(InMemoryGrid.__module__), importlib.import_module(Metadata.__module__)]
     patched += [importlib.import_module(name) for name in flower_fixes.ID_MODULES]
-    assert {Path(str(m.__file__)).relative_to(root).as_posix() for m in patched} == set(flower_fixes.FLOWER_SOURCES)
-    monkeypatch.setattr(flwr, "__version__", "1.42.0")  # keyed on the files, not the version string
+    assert {Path(str(m.__file__)).relative_to(root).as_posix() for m in patched} == set(flower_fixes.FLOWER_FILES)
+    monkeypatch.setattr(flwr, "__version__", "1.41.0")  # keyed on the files, not the version string
     with faster_simulation_engine() as installed:
         assert installed
 
@@ -408,7 +410,7 @@ def test_recorded_hashes_are_the_installed_flowers_and_cover_every_patched_modul
 def test_a_changed_flower_source_leaves_flower_alone_with_one_warning_naming_it(tmp_path, monkeypatch, caplog):
     root = flower_fixes.flower_root()
     assert root is not None
-    for name in flower_fixes.FLOWER_SOURCES:
+    for name in flower_fixes.FLOWER_FILES:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes((root / name).read_bytes())
     changed = tmp_path / "server/superlink/fleet/vce/vce_api.py"
@@ -422,8 +424,9 @@ def test_a_changed_flower_source_leaves_flower_alone_with_one_warning_naming_it(
     assert len(warnings) == 1 and "flwr/server/superlink/fleet/vce/vce_api.py" in warnings[0], warnings
     assert "in_memory_linkstate" not in warnings[0]  # only the file that changed is named
     (tmp_path / "app/metadata.py").unlink()  # a file a later Flower moved: missing counts as changed
-    found = flower_fixes.source_hashes(tmp_path, flower_fixes.FLOWER_SOURCES)
-    assert flower_fixes.changed_sources(flower_fixes.FLOWER_SOURCES, found) == ["server/superlink/fleet/vce/vce_api.py", "app/metadata.py"]
+    found = flower_fixes.source_hashes(tmp_path, flower_fixes.FLOWER_FILES)
+    assert flower_fixes.checked_release(found) is None
+    assert flower_fixes.nearest_changes(found)[1] == ["server/superlink/fleet/vce/vce_api.py", "app/metadata.py"]
 
 
 def test_other_state_class_gets_flowers_extractor(monkeypatch):
@@ -573,3 +576,12 @@ def test_two_runs_of_one_config_ship_the_same_bytes_every_round(tmp_path, data_d
         assert "bytes_down" in wire and "bytes_up" in wire
         assert {k: y[k] for k in wire} == {k: x[k] for k in wire}, x["round"]
     assert nodes_a == nodes_b and len(set(nodes_a)) == 3 and runs_a == runs_b and len(runs_a) == 1
+
+
+def test_the_fixes_install_only_where_every_file_is_one_checked_releases():
+    releases = flower_fixes.FLOWER_SOURCES
+    assert {flower_fixes.checked_release(recorded) for recorded in releases.values()} == set(releases)
+    corestate = "supercore/corestate/in_memory_corestate.py"
+    mixed = {**releases["1.39.0"], corestate: releases["1.42.0"][corestate]}  # each file some release's, the set none's
+    assert flower_fixes.checked_release(mixed) is None
+    assert flower_fixes.nearest_changes(mixed) == ("1.42.0", ["server/superlink/linkstate/in_memory_linkstate.py"])
