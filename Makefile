@@ -9,7 +9,7 @@ CONSTRAINTS := constraints.txt
 export HEADWAY_DATA_DIR ?= $(abspath ../shared/data)
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION = 1
 
-.PHONY: setup run test test-fast test-system lint clean constraints
+.PHONY: setup run test test-fast test-system lint clean constraints flower
 
 setup: $(STAMP)
 
@@ -30,6 +30,15 @@ constraints:
 	  echo "# Written by make constraints (pip freeze of .venv, headway left out): do not edit by hand."; \
 	  cat $(CONSTRAINTS).new; } > $(CONSTRAINTS)
 	rm $(CONSTRAINTS).new
+
+# Switch .venv's Flower: FLOWER=1.42 (HTTP Fleet, behind the Fleet proxy: needs nginx) or 1.39 (gRPC Fleet, the
+# default constraints.txt installs). Only Flower and the pins that differ move (constraints-flower-1.42.txt).
+FLOWER ?= 1.39
+flower: setup
+	@test "$(FLOWER)" = 1.39 || test -f constraints-flower-$(FLOWER).txt || { echo "FLOWER=$(FLOWER): tested are 1.39 and 1.42"; exit 2; }
+	$(PY) -m pip install --quiet --no-cache-dir -c $(if $(filter 1.39,$(FLOWER)),$(CONSTRAINTS),constraints-flower-$(FLOWER).txt) \
+		"flwr[simulation,dp]==$(FLOWER).0" cryptography uv
+	$(PY) -m pip check
 
 # The main job: FedLog on FedLog's Table 1 MNIST setup (50 clients, 100 rounds).
 # results/main is this target's own folder: each `make run` replaces the last one's results.

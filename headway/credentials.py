@@ -175,3 +175,12 @@ def make_node_key(out: Path, name: str = "supernode", overwrite: bool = False) -
     ssh = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     _write(public, ssh + f" {name}\n".encode(), 0o644, overwrite)
     return private, public
+
+
+def names_host(cert: Path, host: str) -> bool:
+    """Whether the PEM certificate ``cert`` names ``host`` (a DNS name) among its subject alternative names."""
+    try:
+        sans = x509.load_pem_x509_certificate(cert.read_bytes()).extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except (x509.ExtensionNotFound, ValueError, OSError):
+        return False
+    return host in sans.value.get_values_for_type(x509.DNSName)

@@ -32,6 +32,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from collections.abc import Callable
@@ -41,10 +42,32 @@ from headway.core.config import SCHEMA
 from headway.core.labels import DEFAULT_MAX_LABEL_VALUES, DEFAULT_MAX_NUMERIC_LABEL_VALUES, NODE_LABEL_KEYS
 from headway.core.secagg import NODE_PINS
 from headway.core.sources import DEFAULT_MAX_ARRAY_BYTES, DEFAULT_MAX_IMAGE_PIXELS, NODE_LIMIT_KEYS
-from headway.processes import stop_pid, supervise
+from headway.fleet_proxy import (
+    NGINX_HINT,
+    UPSTREAM_TLS_NAME,
+    ProxyPlan,
+    find_nginx,
+    nginx_command,
+    upstream_address,
+    upstream_ready,
+    write_config,
+)
+from headway.processes import Companion, stop_pid, supervise
 
-FLEET_PORT = 9092  # SuperLink Fleet API (gRPC), where SuperNodes connect
-CONTROL_PORT = 8000  # SuperLink Control API, where `flwr run` submits runs
+FLEET_PORT = 9092  # the Fleet API, where SuperNodes connect (Flower 1.39: the SuperLink's gRPC; 1.40+: the Fleet proxy)
+CONTROL_PORT = 8000  # SuperLink Control API, where `flwr run` submits runs (1.40+: its one HTTP port)
+HTTP_FLEET_FROM = (1, 40)  # the first Flower whose Fleet API is HTTP on the SuperLink's one port
+
+
+def fleet_transport(flower_version: str | None = None) -> str:
+    """How SuperNodes reach the SuperLink with the installed Flower (or ``flower_version``): "grpc"
+    (1.39: a Fleet port of its own) or "http" (1.40+: the SuperLink's one port, behind the Fleet proxy)."""
+    if flower_version is None:
+        from importlib.metadata import version
+
+        flower_version = version("flwr")
+    major, minor = (int(part) for part in re.findall(r"\d+", flower_version)[:2])
+    return "http" if (major, minor) >= HTTP_FLEET_FROM else "grpc"
 
 
 def flwr_home() -> Path:
@@ -61,14 +84,14 @@ def unresolved_binds(args: argparse.Namespace) -> list[str]:
     return [f"{flag} {host}: {problem}" for flag, host, problem in found if problem]
 
 
-def superlink_command(args: argparse.Namespace) -> list[str]:
-    """flower-superlink with the Fleet API on ``--bind`` (where SuperNodes dial in) and the
-    Control API on ``--control-bind`` (127.0.0.1 unless asked: it accepts code to run)."""
+def superlink_command(args: argparse.Namespace, transport: str = "grpc") -> list[str]:
+    """flower-superlink with the Control API on ``--control-bind`` (127.0.0.1 unless asked: it
+    accepts code to run) and, over gRPC (Flower 1.39), the Fleet API on ``--bind``, where SuperNodes
+    dial in. Over HTTP (1.40+) the SuperLink serves every API on the Control address, and the
+    Fleet proxy (:func:`fleet_proxy_plan`) listens on ``--bind``."""
     fleet = fleet_address(args.bind, args.fleet_port)
-    cmd = [
-        "flower-superlink",
-        "--fleet-api-address",
-        fleet,
+    cmd = ["flower-superlink", "--fleet-api-address", fleet] if transport == "grpc" else ["flower-superlink"]
+    cmd += [
         "--host",
         args.control_bind,
         "--port",
@@ -87,6 +110,28 @@ def superlink_command(args: argparse.Namespace) -> list[str]:
     if args.database:
         cmd += ["--database", args.database]
     return cmd
+
+
+def fleet_proxy_plan(args: argparse.Namespace) -> ProxyPlan:
+    """The Fleet proxy of a SuperLink on Flower 1.40+: on ``--bind`` (the Fleet address), forwarding
+    the Fleet API to the SuperLink's one port on the Control address; ValueError when the two clash."""
+    fleet = fleet_address(args.bind, args.fleet_port)
+    host, _, port = fleet.rpartition(":")
+    if int(port) == args.control_port and (host == args.control_bind or wildcard(host) or wildcard(args.control_bind)):
+        raise ValueError(
+            f"the Fleet port ({port}, --bind/--fleet-port) and the Control port (--control-port {args.control_port}) "
+            "must differ: with Flower 1.40+ the SuperLink serves every API on the Control port and the Fleet proxy listens on the Fleet port"
+        )
+    return ProxyPlan(
+        listen=fleet,
+        upstream=upstream_address(args.control_bind, args.control_port),
+        certs=None if args.insecure else Path(args.certs).absolute(),
+    )
+
+
+def wildcard(host: str) -> bool:
+    """Whether ``host`` is a wildcard address (every interface: 0.0.0.0, ::)."""
+    return host.removeprefix("[").removesuffix("]") in ("0.0.0.0", "::")
 
 
 NODE_LIMITS = (*NODE_LIMIT_KEYS, *NODE_LABEL_KEYS[1:])  # the node-config keys of core/sources.py and core/labels.py ("label-column": above)
@@ -493,6 +538,9 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
     )
     link.add_argument("--control-port", type=int, default=CONTROL_PORT, help="port of the Control API, where `flwr run` submits runs")
     link.add_argument("--database", default="", help="SQLite state file (default: in memory)")
+    link.add_argument(
+        "--nginx", default="", help="Flower 1.40+: the nginx executable of the Fleet proxy (default: nginx on PATH or in /usr/sbin)"
+    )
     node = add("supernode")
     node.add_argument("--superlink", required=True, help="HOST:PORT of the SuperLink's Fleet API")
     share = node.add_mutually_exclusive_group()
@@ -783,8 +831,10 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
         return 2
     if args.cmd == "supernode" and args.port is None:
         args.port = free_port()
+    transport = fleet_transport() if args.cmd == "superlink" else "grpc"
     try:
-        cmd = superlink_command(args) if args.cmd == "superlink" else supernode_command(args)
+        cmd = superlink_command(args, transport) if args.cmd == "superlink" else supernode_command(args)
+        proxy = fleet_proxy_plan(args) if transport == "http" else None
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -793,6 +843,10 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
         for problem in names:  # the command may be for another host, where the name resolves
             print(f"warning: {problem} (on this machine)", file=sys.stderr)
         print(" ".join(cmd))
+        if proxy is not None:
+            print(
+                f"nginx (the Fleet proxy): {proxy.listen} -> {proxy.upstream}, POST /v1/fleet/* only{' (TLS both ways)' if proxy.certs else ''}"
+            )
         return 0
     refusal = names[0] if names else check_files(args) or check_ports(args)
     if refusal:
@@ -811,9 +865,51 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
             "that runs on this machine and every SuperNode" + (" (and TLS is off)" if args.insecure else ""),
             file=sys.stderr,
         )
+    if args.cmd == "superlink" and proxy is not None:
+        return _superlink_behind_proxy([exe, *cmd[1:]], proxy, args)
     if args.cmd == "superlink":
         return supervise([exe, *cmd[1:]], grace=args.grace, pid_file=args.pid_file, env=flower_env())
     return _supernode([exe, *cmd[1:]], args)
+
+
+def _superlink_behind_proxy(cmd: list[str], proxy: ProxyPlan, args: argparse.Namespace) -> int:
+    """Flower 1.40+: run flower-superlink on the Control address and, once its port answers,
+    nginx on the Fleet address as its companion (see :mod:`headway.fleet_proxy`); one error line
+    and 2 when nginx is missing, the certificate cannot serve the proxy, or nginx refuses its configuration."""
+    nginx = find_nginx(args.nginx)
+    if nginx is None:
+        print(
+            f"error: {'--nginx ' + args.nginx + ' is not an executable' if args.nginx else 'nginx not found'}: {NGINX_HINT}",
+            file=sys.stderr,
+        )
+        return 2
+    if proxy.certs is not None:
+        from headway.credentials import names_host  # local import: cryptography
+
+        if not names_host(proxy.certs / "server.crt", UPSTREAM_TLS_NAME):
+            print(
+                f"error: {proxy.certs / 'server.crt'} does not name {UPSTREAM_TLS_NAME}, the name the Fleet proxy checks on the "
+                f"SuperLink's certificate: make certificates with `headway certs {args.certs} --host THIS_HOST` (it adds {UPSTREAM_TLS_NAME})",
+                file=sys.stderr,
+            )
+            return 2
+    workdir = Path(tempfile.mkdtemp(prefix="headway-fleet-proxy-"))
+    try:
+        write_config(proxy, workdir)
+        test = subprocess.run([*nginx_command(nginx, workdir), "-t", "-q"], capture_output=True, text=True)
+        if test.returncode != 0:
+            lines = " / ".join(line.strip() for line in test.stderr.splitlines() if line.strip())
+            print(f"error: nginx refuses the Fleet proxy's configuration: {lines}", file=sys.stderr)
+            return 2
+        print(
+            f"[headway] Fleet proxy (nginx) on {proxy.listen}: only POST /v1/fleet/* reaches the SuperLink ({proxy.upstream})",
+            file=sys.stderr,
+            flush=True,
+        )
+        companion = Companion(nginx_command(nginx, workdir), ready=lambda: upstream_ready(proxy.upstream), name="the Fleet proxy (nginx)")
+        return supervise(cmd, grace=args.grace, pid_file=args.pid_file, env=flower_env(), companion=companion)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _supernode(cmd: list[str], args: argparse.Namespace) -> int:

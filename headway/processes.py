@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -160,6 +161,46 @@ def _stop_tree(child: subprocess.Popen | None, subreaper: bool, grace: float) ->
     return []
 
 
+@dataclass
+class Companion:
+    """A command that serves beside the supervised one (the Fleet proxy beside the SuperLink):
+    started once ``ready()`` holds (polled every ``poll`` s), stopped with the rest; ``name`` in messages."""
+
+    cmd: list[str]
+    ready: Callable[[], bool]
+    name: str
+    poll: float = 0.2
+    process: subprocess.Popen | None = None
+
+
+def _spawn(cmd: list[str], env: Mapping[str, str] | None, subreaper: bool, stderr: int | None = None) -> subprocess.Popen:
+    """Start ``cmd`` as a supervised child: it dies with us, in a process group of its own (see :func:`supervise`)."""
+    return subprocess.Popen(
+        cmd,
+        env=None if env is None else dict(env),
+        preexec_fn=_die_with_parent,
+        process_group=0 if subreaper else None,
+        start_new_session=not subreaper,
+        stderr=stderr,
+    )
+
+
+def _wait_with(child: subprocess.Popen, companion: Companion, env: Mapping[str, str] | None, subreaper: bool) -> tuple[int, bool]:
+    """Wait for ``child`` to exit while starting ``companion`` once it is ready and watching it:
+    (the exit code, False) when the child exits; (the companion's code or 1, True) when the companion does."""
+    while True:
+        rc = child.poll()
+        if rc is not None:
+            return rc, False
+        if companion.process is None and companion.ready():
+            companion.process = _spawn(companion.cmd, env, subreaper)
+        elif companion.process is not None and companion.process.poll() is not None:
+            code = companion.process.returncode
+            print(f"[headway] {companion.name} exited (code {code}): stopping {child.args[0]}", file=sys.stderr, flush=True)
+            return code or 1, True
+        time.sleep(companion.poll)
+
+
 def supervise(
     cmd: list[str],
     grace: float = 10.0,
@@ -167,6 +208,7 @@ def supervise(
     env: Mapping[str, str] | None = None,
     hints: Mapping[str, str] | None = None,
     again: Callable[[int, list[str]], float | None] | None = None,
+    companion: Companion | None = None,
 ) -> int:
     """Run ``cmd`` (with environment ``env``; None: this process's) until it exits or this
     process is told to stop; then stop every process it left. Returns the command's exit
@@ -175,7 +217,9 @@ def supervise(
     when it fails having printed one of those texts, the advice follows Flower's lines.
     With ``again``, called with the exit code and the ``hints`` texts seen when the command
     exits by itself: a number of seconds to wait before running it again (what it left is
-    stopped first; a stop signal still ends everything), or None to finish."""
+    stopped first; a stop signal still ends everything), or None to finish. With ``companion``, a
+    second command started once ``companion.ready()`` holds, which lives as long as ``cmd``: if it
+    exits, everything is stopped and the code is its own (or 1)."""
     subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
     stopping: list[int] = []  # the first stop signal; once set, later ones are ignored
 
@@ -196,18 +240,16 @@ def supervise(
             seen = []
             # its own process group: Ctrl-C in a terminal reaches the supervisor only, which then
             # stops the processes in order (without a subreaper: its own session, to kill as a group)
-            child = subprocess.Popen(
-                cmd,
-                env=None if env is None else dict(env),
-                preexec_fn=_die_with_parent,
-                process_group=0 if subreaper else None,
-                start_new_session=not subreaper,
-                stderr=subprocess.PIPE if hints else None,
-            )
+            child = _spawn(cmd, env, subreaper, stderr=subprocess.PIPE if hints else None)
             if hints and child.stderr is not None:
                 relay = threading.Thread(target=_relay, args=(child.stderr, hints, seen), daemon=True)
                 relay.start()
-            rc = child.wait()
+            if companion is None:
+                rc = child.wait()
+            else:
+                rc, died = _wait_with(child, companion, env, subreaper)
+                if died:
+                    break
             delay = again(rc, seen) if again is not None else None
             if delay is None:
                 break
@@ -221,6 +263,8 @@ def supervise(
         rc = 128 + stop.signum
     finally:
         killed += _stop_tree(child, subreaper, grace)
+        if companion is not None and companion.process is not None and not subreaper:  # as subreaper it went with the rest
+            _stop_tree(companion.process, subreaper, grace)
         if killed:
             print(f"[headway] killed {len(killed)} process(es) that ignored SIGTERM for {grace:.0f} s", file=sys.stderr, flush=True)
         for s, handler in previous.items():

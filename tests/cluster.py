@@ -90,6 +90,21 @@ class Netns:
         probe = subprocess.run([*self.prefix(host), "bash", "-c", f"exec 3<>/dev/tcp/{address}/{port}"], capture_output=True, timeout=10)
         return probe.returncode == 0
 
+    def http_status(self, host: str, url: str, cafile: Path, method: str = "POST") -> int:
+        """The HTTP status a request from ``host`` to ``url`` gets (TLS checked against ``cafile``), the
+        path sent as written (no normalisation); 0 when no answer comes."""
+        probe = (
+            "import http.client, ssl, sys, urllib.parse\n"
+            "u = urllib.parse.urlsplit(sys.argv[1])\n"
+            "c = http.client.HTTPSConnection(u.hostname, u.port, context=ssl.create_default_context(cafile=sys.argv[2]), timeout=10)\n"
+            "c.request(sys.argv[3], sys.argv[1].split(u.netloc, 1)[1], body=b'', headers={'content-type': 'application/protobuf'})\n"
+            "print(c.getresponse().status)\n"
+        )
+        out = subprocess.run(
+            [*self.prefix(host), sys.executable, "-c", probe, url, str(cafile), method], capture_output=True, text=True, timeout=30
+        )
+        return int(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip().isdigit() else 0
+
     def close(self) -> None:
         for ns in [*self.names.values(), self.switch]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)

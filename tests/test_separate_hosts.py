@@ -12,9 +12,27 @@ import time
 
 import pytest
 
+from headway.deploy import fleet_transport
 from tests.cluster import Cluster, Netns, read_rounds, run_folder
 
 pytestmark = [pytest.mark.deployment, pytest.mark.system]  # network namespaces, TLS and SecAgg+: minutes; make test-system
+
+
+# what a host that reaches the Fleet port tries: one Fleet call, then the Control API (submits code), the
+# ServerApp runtime API, Flower's health and API docs, and Control paths dressed as Fleet ones
+PROXY_PROBES = (
+    "/v1/fleet/get-run",
+    "/v1/control/list-runs",
+    "/v1/control/start-run",
+    "/v1/runtime/get-run",
+    "/health",
+    "/docs",
+    "/openapi.json",
+    "/v1/fleet/../control/list-runs",
+    "/v1/fleet/%2e%2e/control/list-runs",
+    "/v1/fleet/get-run/../../control/list-runs",
+    "/v1/fleet/get-run?x=/v1/control",
+)
 
 
 @pytest.fixture
@@ -39,6 +57,11 @@ def test_fedlog_over_tls_with_supernode_authentication_across_hosts(tmp_path, da
         # the Fleet API is reachable from a client host; the Control API is not (it takes code to run)
         assert hosts.reachable("node0", server, 9092)
         assert not hosts.reachable("node0", server, 8000)
+        if fleet_transport() == "http":  # Flower 1.40+: one SuperLink port serves every API; the Fleet proxy passes only Fleet calls
+            status = {path: hosts.http_status("node0", f"https://{server}:9092{path}", certs / "ca.crt") for path in PROXY_PROBES}
+            assert status.pop("/v1/fleet/get-run") == 415, status  # the SuperLink's own answer to a body that is not protobuf
+            assert set(status.values()) == {404}, status
+            assert hosts.http_status("node0", f"https://{server}:9092/v1/fleet/get-run", certs / "ca.crt", method="GET") == 404
         c.command(c.launcher("connect", "lab", "--address", "127.0.0.1:8000", "--root-cert", str(certs / "ca.crt")), host="server")
         for name in ("node0", "node1", "node2"):
             c.command(c.launcher("register", str(keys / f"{name}.pub"), "lab"), host="server")
