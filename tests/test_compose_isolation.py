@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from headway.deploy import parser, superlink_command
+from headway.deploy import fleet_proxy_plan, fleet_transport, parser, superlink_command
+from headway.fleet_proxy import ProxyPlan
 from tests.conftest import ROOT
 
 yaml = pytest.importorskip("yaml")
@@ -82,10 +83,14 @@ def test_nodes_share_only_the_fleet_network_and_control_binds_elsewhere():
     node_nets = {n for svc in nodes.values() for n in networks_of(svc)}
     link_nets = networks_of(link)
     assert node_nets == {"fleet"} and networks["fleet"].get("internal") is True
-    cmd = superlink_command(parser().parse_args(launcher_args(link)))
+    args = parser().parse_args(launcher_args(link))
+    cmd = superlink_command(args, "grpc")  # Flower 1.39: the SuperLink's own gRPC Fleet server on every address
     host = flower_flag(cmd, "--host")
     assert flower_flag(cmd, "--port") == str(CONTROL)
     assert flower_flag(cmd, "--fleet-api-address") == f"0.0.0.0:{FLEET}"
+    http = superlink_command(args, "http")  # Flower 1.40+: every API on the control name; the Fleet proxy on every address
+    assert "--fleet-api-address" not in http and flower_flag(http, "--host") == host and flower_flag(http, "--port") == str(CONTROL)
+    assert fleet_proxy_plan(args) == ProxyPlan(f"0.0.0.0:{FLEET}", f"{host}:{CONTROL}", None)
     bound_on = [n for n, conf in link_nets.items() if host in (conf.get("aliases") or [])]
     assert bound_on and not set(bound_on) & node_nets, f"the Control/runtime API binds {host!r}, which SuperNodes can resolve"
     assert host not in services and host not in {"0.0.0.0", "::", ""}
@@ -236,7 +241,7 @@ def test_a_node_namespace_reaches_fleet_but_not_control(tmp_path):
     try:
         control_ip = next(net.addr["superlink", n] for n in ("control", "default") if ("superlink", n) in net.addr)
         deadline = time.monotonic() + 60
-        while net.run_py("host", PROBE, f"{control_ip}:{CONTROL}") != "open":
+        while net.run_py("host", PROBE, f"{control_ip}:{CONTROL}", f"{control_ip}:{FLEET}") != "open open":
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "superlink.log").read_text()[-3000:]
             time.sleep(0.5)
         fleet_ip = next(net.addr["superlink", n] for n in ("fleet", "default") if ("superlink", n) in net.addr)
@@ -249,8 +254,12 @@ def test_a_node_namespace_reaches_fleet_but_not_control(tmp_path):
             *(f"superlink:{p}" for p in FLOWER_INTERNAL),
             f"http://superlink:{CONTROL}/v1/control/list-runs",
         ]
+        proxied = f"http://superlink:{FLEET}/v1/control/list-runs"  # Flower 1.40+: the Control API's path at the Fleet proxy
+        if fleet_transport() == "http":
+            node_targets.append(proxied)
         seen = dict(zip(node_targets, net.run_py("supernode-0", PROBE, *node_targets).split()))
         assert seen[f"superlink:{FLEET}"] == "open", seen
+        assert seen.pop(proxied, "404") == "404", seen  # nginx's answer: the path is not a Fleet call
         assert all(v != "open" and not v.isdigit() for k, v in seen.items() if k != f"superlink:{FLEET}"), seen
         # the positive control: the Docker host's side (published ports) gets HTTP answers from the Control API
         answer = net.run_py("host", PROBE, f"http://{control_ip}:{CONTROL}/v1/control/list-runs", f"{control_ip}:{FLEET}")

@@ -1,4 +1,5 @@
 import os
+import re
 import shutil
 import tomllib
 
@@ -7,6 +8,14 @@ import pytest
 from headway.credentials import make_certs
 from headway.deploy import main
 from tests.conftest import ROOT
+
+
+def fleet_listen(dry_run: str) -> str:
+    """Where a `superlink --dry-run` says the Fleet API listens: Flower 1.39's --fleet-api-address, or
+    on 1.40+ the Fleet proxy's line ("nginx (the Fleet proxy): ADDRESS -> ...")."""
+    found = re.search(r"--fleet-api-address (\S+)|nginx \(the Fleet proxy\): (\S+) ->", dry_run)
+    assert found, dry_run
+    return found.group(1) or found.group(2)
 
 
 def test_connect_writes_flower_connections(tmp_path, monkeypatch):
@@ -23,7 +32,7 @@ def test_connect_writes_flower_connections(tmp_path, monkeypatch):
 def test_launch_commands_carry_ports_tls_and_node_config(capsys, tmp_path):
     main(["superlink", "--certs", str(tmp_path), "--fleet-port", "9192", "--dry-run"])
     line = capsys.readouterr().out
-    assert "--fleet-api-address 0.0.0.0:9192" in line and f"--ssl-certfile {tmp_path}/server.crt" in line and "--insecure" not in line
+    assert fleet_listen(line) == "0.0.0.0:9192" and f"--ssl-certfile {tmp_path}/server.crt" in line and "--insecure" not in line
     main(
         ["supernode", "--superlink", "srv:9092", "--partition-id", "3", "--num-partitions", "8", "--body", "mlp", "--insecure", "--dry-run"]
     )
@@ -265,7 +274,7 @@ def test_bind_takes_an_address_or_an_address_and_port_and_refuses_a_port_twice(c
         ("[::1]:9300", [], "[::1]:9300"),
     ):
         assert main(["superlink", "--insecure", "--bind", bind, *extra, "--dry-run"]) == 0
-        assert f"--fleet-api-address {address} " in capsys.readouterr().out
+        assert fleet_listen(capsys.readouterr().out) == address
     for bind, extra, said in (
         ("127.0.0.1:9092:9092", [], "is not ADDRESS or ADDRESS:PORT"),
         ("127.0.0.1:9092", ["--fleet-port", "9300"], "names port 9092 and --fleet-port 9300"),
@@ -349,7 +358,7 @@ def test_a_bind_name_that_does_not_resolve_is_refused_with_what_to_do(capsys):
     assert (
         captured.err.startswith("warning: --bind no-such-host.invalid: the name does not resolve") and "(on this machine)" in captured.err
     )
-    assert "--fleet-api-address no-such-host.invalid:9301" in captured.out
+    assert fleet_listen(captured.out) == "no-such-host.invalid:9301"
     from headway.deploy import port_problem
 
     said = port_problem("no-such-host.invalid", 9301) or ""
