@@ -51,9 +51,10 @@ test: setup
 
 # Faults survived by real processes: a SuperNode killed mid-round and restarted, a hung ClientApp,
 # a SuperLink restarted on its database, an unknown body, SIGTERM, node-local refusals; FedProf on a
-# second data set; the gRPC byte probe and FedPFT's chain over gRPC (15–22 minutes on 2 cores; CI runs it after `test`).
+# second data set; the byte probe and FedPFT's chain over the Fleet API; with the loopback deployment tests of `test`
+# again, for CI runs this on the other Flower (15–25 minutes on 2 cores; CI runs it after `test`, on Flower 1.42).
 test-system: setup
-	$(PY) -m pytest -q -m system
+	$(PY) -m pytest -q -m "system or deployment"
 
 # Unit tests only (no Flower engine, no processes, nothing marked slow): about five minutes.
 test-fast: setup

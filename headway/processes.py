@@ -185,7 +185,9 @@ def _spawn(cmd: list[str], env: Mapping[str, str] | None, subreaper: bool, stder
     )
 
 
-def _wait_with(child: subprocess.Popen, companion: Companion, env: Mapping[str, str] | None, subreaper: bool) -> tuple[int, bool]:
+def _wait_with(
+    child: subprocess.Popen, name: str, companion: Companion, env: Mapping[str, str] | None, subreaper: bool
+) -> tuple[int, bool]:
     """Wait for ``child`` to exit while starting ``companion`` once it is ready and watching it:
     (the exit code, False) when the child exits; (the companion's code or 1, True) when the companion does."""
     while True:
@@ -196,7 +198,7 @@ def _wait_with(child: subprocess.Popen, companion: Companion, env: Mapping[str, 
             companion.process = _spawn(companion.cmd, env, subreaper)
         elif companion.process is not None and companion.process.poll() is not None:
             code = companion.process.returncode
-            print(f"[headway] {companion.name} exited (code {code}): stopping {child.args[0]}", file=sys.stderr, flush=True)
+            print(f"[headway] {companion.name} exited (code {code}): stopping {name}", file=sys.stderr, flush=True)
             return code or 1, True
         time.sleep(companion.poll)
 
@@ -247,7 +249,7 @@ def supervise(
             if companion is None:
                 rc = child.wait()
             else:
-                rc, died = _wait_with(child, companion, env, subreaper)
+                rc, died = _wait_with(child, cmd[0], companion, env, subreaper)
                 if died:
                     break
             delay = again(rc, seen) if again is not None else None
