@@ -349,6 +349,40 @@ def check_files(args: argparse.Namespace) -> str | None:
     return None
 
 
+def flower_schema_revisions() -> set[str]:
+    """The database schema revisions the installed Flower knows (its alembic migrations, read as text)."""
+    import flwr
+
+    versions = Path(flwr.__file__).parent / "supercore" / "state" / "alembic" / "versions"
+    found = (re.search(r"^revision\s*(?::\s*str\s*)?=\s*[\"']([0-9a-f]+)[\"']", f.read_text(), re.MULTILINE) for f in versions.glob("*.py"))
+    return {m.group(1) for m in found if m}
+
+
+def database_problem(path: str) -> str | None:
+    """Why the SuperLink cannot open its --database ``path``: a schema revision the installed Flower does not
+    know, written by a newer Flower (1.42 migrates a 1.39 database on start; there is no way back, and 1.39
+    dies with a traceback on it). None when it can, or when there is no such database yet."""
+    import sqlite3
+    from contextlib import closing
+    from importlib.metadata import version
+
+    if not path or path == ":flwr-in-memory:" or not Path(path).is_file():
+        return None
+    try:
+        with closing(sqlite3.connect(f"file:{Path(path).absolute()}?mode=ro", uri=True)) as db:
+            row = db.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.Error:
+        return None  # not a versioned Flower database: Flower says what it makes of it
+    known = flower_schema_revisions()
+    if row is None or not known or row[0] in known:
+        return None
+    return (
+        f"--database {path} was written by a newer Flower (schema revision {row[0]}, unknown to the installed Flower "
+        f"{version('flwr')}): start this SuperLink with the Flower that wrote it (make flower FLOWER=1.42), or give "
+        "another --database (a database upgraded by a newer Flower cannot go back)"
+    )
+
+
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 CONNECTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -848,7 +882,8 @@ def main(argv: list[str] | None = None, prog: str = "headway") -> int:
                 f"nginx (the Fleet proxy): {proxy.listen} -> {proxy.upstream}, POST /v1/fleet/* only{' (TLS both ways)' if proxy.certs else ''}"
             )
         return 0
-    refusal = names[0] if names else check_files(args) or check_ports(args)
+    database = database_problem(args.database) if args.cmd == "superlink" else None
+    refusal = names[0] if names else check_files(args) or database or check_ports(args)
     if refusal:
         print(f"error: {refusal}", file=sys.stderr)
         return 2

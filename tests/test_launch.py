@@ -591,3 +591,27 @@ def test_a_supernode_restarted_right_after_a_crash_rejoins(tmp_path):
             assert time.monotonic() - crashed < 90, said[-3000:]
     finally:
         netns.close()
+
+
+def test_a_database_from_a_newer_flower_is_refused_with_what_to_do(tmp_path, capsys):
+    """Flower 1.42 migrates a 1.39 SuperLink database on start; 1.39 then dies on it with an alembic
+    traceback. The launcher names the problem first (exit 2); a revision this Flower knows passes."""
+    import sqlite3
+
+    from headway.deploy import database_problem, flower_schema_revisions
+
+    def database(revision: str) -> str:
+        path = tmp_path / f"{revision}.db"
+        db = sqlite3.connect(path)
+        db.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        db.execute("INSERT INTO alembic_version VALUES (?)", (revision,))
+        db.commit()
+        db.close()
+        return str(path)
+
+    newer = database("0123456789ab")
+    assert main(["superlink", "--insecure", "--bind", "127.0.0.1:1", "--database", newer]) == 2
+    err = capsys.readouterr().err
+    assert "written by a newer Flower (schema revision 0123456789ab" in err and "make flower FLOWER=" in err
+    assert database_problem(database(sorted(flower_schema_revisions())[0])) is None
+    assert database_problem(str(tmp_path / "new.db")) is None  # none yet: Flower creates it
