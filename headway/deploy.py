@@ -43,6 +43,7 @@ from headway.core.labels import DEFAULT_MAX_LABEL_VALUES, DEFAULT_MAX_NUMERIC_LA
 from headway.core.secagg import NODE_PINS
 from headway.core.sources import DEFAULT_MAX_ARRAY_BYTES, DEFAULT_MAX_IMAGE_PIXELS, NODE_LIMIT_KEYS
 from headway.fleet_proxy import (
+    MAX_BODY_MIB,
     NGINX_HINT,
     UPSTREAM_TLS_NAME,
     ProxyPlan,
@@ -126,6 +127,7 @@ def fleet_proxy_plan(args: argparse.Namespace) -> ProxyPlan:
         listen=fleet,
         upstream=upstream_address(args.control_bind, args.control_port),
         certs=None if args.insecure else Path(args.certs).absolute(),
+        max_body_mib=args.fleet_max_body_mib,
     )
 
 
@@ -572,6 +574,12 @@ def parser(prog: str = "headway") -> argparse.ArgumentParser:
     )
     link.add_argument("--control-port", type=int, default=CONTROL_PORT, help="port of the Control API, where `flwr run` submits runs")
     link.add_argument("--database", default="", help="SQLite state file (default: in memory)")
+    link.add_argument(
+        "--fleet-max-body-mib",
+        type=_positive,
+        default=MAX_BODY_MIB,
+        help="Flower 1.40+: the largest request the Fleet proxy passes, in MiB (a larger one gets 413; raise it for arrays above this size)",
+    )
     link.add_argument(
         "--nginx", default="", help="Flower 1.40+: the nginx executable of the Fleet proxy (default: nginx on PATH or in /usr/sbin)"
     )

@@ -31,14 +31,21 @@ UPSTREAM_TLS_NAME = "localhost"  # the name nginx checks on the SuperLink's cert
 FLEET_CALL = r"^POST:/v1/fleet/[a-z][a-z-]*$"
 
 
+MAX_BODY_MIB = 128  # the largest Fleet request body (Flower 1.42 reads a body whole, before it checks the node's key)
+CONNECTIONS_PER_ADDRESS = 64  # requests in flight from one client address (a SuperNode holds one or two)
+WORKER_CONNECTIONS = 4096  # nginx's connections in all; each proxied request holds two
+
+
 @dataclass(frozen=True)
 class ProxyPlan:
     """Where the proxy listens (``listen``: HOST:PORT, IPv6 bracketed), the SuperLink's own
-    HTTP address it forwards to (``upstream``), and its TLS files (None: plain HTTP both ways)."""
+    HTTP address it forwards to (``upstream``), its TLS files (None: plain HTTP both ways), and
+    the largest request body it passes (MiB)."""
 
     listen: str
     upstream: str
     certs: Path | None
+    max_body_mib: int = MAX_BODY_MIB
 
 
 def upstream_address(control_host: str, control_port: int) -> str:
@@ -78,24 +85,35 @@ def nginx_config(plan: ProxyPlan, workdir: Path) -> str:
         "# Written by `headway superlink` (headway/fleet_proxy.py): only the Fleet API passes.\n"
         "daemon off;\n"
         "worker_processes 1;\n"
+        f"worker_rlimit_nofile {2 * WORKER_CONNECTIONS + 64};\n"
         f"pid {workdir / 'nginx.pid'};\n"
         "error_log stderr warn;\n"
-        "events { worker_connections 1024; }\n"
+        f"events {{ worker_connections {WORKER_CONNECTIONS}; }}\n"
         "http {\n"
         "  access_log off;\n"
         "  server_tokens off;\n"
         f"{temp}"
         f'  map "$request_method:$request_uri" $fleet_call {{ default 0; "~{FLEET_CALL}" 1; }}\n'
         f"  upstream superlink {{ server {plan.upstream}; keepalive 16; }}\n"
+        "  limit_conn_zone $binary_remote_addr zone=per_address:10m;\n"
+        "  client_header_timeout 10s;  # a request that trickles in is dropped, not held\n"
+        "  client_body_timeout 30s;\n"
+        "  send_timeout 30s;\n"
+        "  keepalive_timeout 30s;\n"
         "  server {\n"
         f"    listen {plan.listen}{' ssl' if plan.certs else ''};\n"
         f"{tls}"
-        "    client_max_body_size 0;  # Flower bounds what it accepts; nothing is buffered here\n"
+        f"    client_max_body_size {plan.max_body_mib}m;  # larger: 413, before Flower reads it whole\n"
+        f"    limit_conn per_address {CONNECTIONS_PER_ADDRESS};\n"
+        "    limit_conn_status 429;\n"
         "    location / {\n"
         "      if ($fleet_call = 0) { return 404; }\n"
         f"      proxy_pass {scheme}://superlink;\n"
         "      proxy_http_version 1.1;\n"
         '      proxy_set_header Connection "";\n'
+        "      proxy_set_header X-Forwarded-For $remote_addr;  # the SuperLink logs the real client, not what it claims\n"
+        "      proxy_set_header X-Forwarded-Proto $scheme;\n"
+        '      proxy_set_header Forwarded "";\n'
         "      proxy_request_buffering off;\n"
         "      proxy_buffering off;\n"
         "      proxy_read_timeout 300s;\n"

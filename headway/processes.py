@@ -198,8 +198,9 @@ def _wait_with(
             companion.process = _spawn(companion.cmd, env, subreaper)
         elif companion.process is not None and companion.process.poll() is not None:
             code = companion.process.returncode
-            print(f"[headway] {companion.name} exited (code {code}): stopping {name}", file=sys.stderr, flush=True)
-            return code or 1, True
+            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited (code {code})"
+            print(f"[headway] {companion.name} {how}: stopping {name}", file=sys.stderr, flush=True)
+            return (128 - code if code < 0 else code) or 1, True
         time.sleep(companion.poll)
 
 

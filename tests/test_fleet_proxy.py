@@ -63,13 +63,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def ask(port: int, path: str, cafile: Path | None, method: str = "POST", body: bytes = b"\x08\x01") -> tuple[int, bytes]:
+def ask(
+    port: int, path: str, cafile: Path | None, method: str = "POST", body: bytes = b"\x08\x01", headers: dict | None = None
+) -> tuple[int, bytes]:
     """(status, body) of one request to the proxy, the path sent exactly as written."""
     if cafile is None:
         conn: http.client.HTTPConnection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     else:
         conn = http.client.HTTPSConnection("127.0.0.1", port, context=ssl.create_default_context(cafile=str(cafile)), timeout=10)
-    conn.request(method, path, body=body, headers={"content-type": "application/protobuf", **AUTH})
+    conn.request(method, path, body=body, headers={"content-type": "application/protobuf", **AUTH, **(headers or {})})
     response = conn.getresponse()
     return response.status, response.read()
 
@@ -84,7 +86,7 @@ def test_the_proxy_passes_fleet_calls_only(tmp_path, tls):
     upstream = Upstream(certs)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     port = free_port()
-    plan = ProxyPlan(listen=f"127.0.0.1:{port}", upstream=f"127.0.0.1:{upstream.server_address[1]}", certs=certs)
+    plan = ProxyPlan(listen=f"127.0.0.1:{port}", upstream=f"127.0.0.1:{upstream.server_address[1]}", certs=certs, max_body_mib=1)
     work = tmp_path / "proxy"
     work.mkdir()
     write_config(plan, work)
@@ -101,6 +103,10 @@ def test_the_proxy_passes_fleet_calls_only(tmp_path, tls):
         assert (status, echoed) == (200, b"\x00\x01" * 5000)
         path, headers = upstream.seen[-1]
         assert path == "/v1/fleet/pull-messages" and all(headers[k] == v for k, v in AUTH.items())
+        # the client's own forwarding headers are replaced by its real address (the SuperLink logs that one)
+        assert ask(port, "/v1/fleet/get-run", cafile, headers={"X-Forwarded-For": "6.6.6.6", "Forwarded": "for=6.6.6.6"})[0] == 200
+        headers = upstream.seen[-1][1]
+        assert headers["x-forwarded-for"] == "127.0.0.1" and "forwarded" not in headers
         refused = [
             "/v1/control/start-run",
             "/v1/control/list-runs",
@@ -119,6 +125,8 @@ def test_the_proxy_passes_fleet_calls_only(tmp_path, tls):
         ]
         seen = len(upstream.seen)
         answers = {path: ask(port, path, cafile)[0] for path in refused}
+        too_big = ask(port, "/v1/fleet/push-object", cafile, body=bytes(2**20 + 1))[0]
+        assert too_big == 413  # over the plan's 1 MiB: refused before the SuperLink reads it
         answers["GET /v1/fleet/get-run"] = ask(port, "/v1/fleet/get-run", cafile, method="GET")[0]
         assert set(answers.values()) == {404}, answers
         assert len(upstream.seen) == seen  # nothing of it reached the SuperLink
@@ -153,7 +161,9 @@ def test_the_transport_follows_the_installed_flower():
 
 
 def test_the_proxy_forwards_to_the_control_address_and_refuses_a_shared_port(tmp_path):
-    args = argparse.Namespace(bind="0.0.0.0", fleet_port=None, control_bind="127.0.0.1", control_port=8000, insecure=True, certs="c")
+    args = argparse.Namespace(
+        bind="0.0.0.0", fleet_port=None, control_bind="127.0.0.1", control_port=8000, insecure=True, certs="c", fleet_max_body_mib=128
+    )
     assert fleet_proxy_plan(args) == ProxyPlan("0.0.0.0:9092", "127.0.0.1:8000", None)
     assert upstream_address("0.0.0.0", 8000) == "127.0.0.1:8000" and upstream_address("::", 8000) == "[::1]:8000"
     assert upstream_address("superlink-control", 8000) == "superlink-control:8000"
@@ -171,3 +181,5 @@ def test_a_companion_that_dies_stops_the_command(tmp_path):
     rc = supervise([sys.executable, "-c", "import time; time.sleep(60)"], grace=2, companion=companion)
     assert rc == 3 and time.monotonic() - started < 20
     assert companion.process is not None and companion.process.returncode == 3
+    killed = Companion([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], ready=lambda: True, name="proxy")
+    assert supervise([sys.executable, "-c", "import time; time.sleep(60)"], grace=2, companion=killed) == 128 + 9
