@@ -1,6 +1,6 @@
 """FedLog's simulation against its compute floor as the number of clients grows.
 
-    python -m benchmarks.scale --clients 50 1000 10000 --rounds 3 [--one-process] [--note "..."]
+    python -m benchmarks.scale --clients 50 1000 10000 --rounds 3 [--one-process] [--out DIR] [--note "..."]
 
 For each client count the benchmark runs the compute floor (benchmarks/floor.py: the same
 client work with no Flower and no Ray, in 2 worker processes, and with ``--one-process``
@@ -9,11 +9,12 @@ with 60 training images a client (train-fraction grows with the clients, 1.0 at 
 beyond that MNIST repeated with shifted copies, :func:`benchmarks.floor.setup_sets`). Each
 run is a fresh process whose tree (Ray's raylet, GCS and workers; the floor's workers) has
 its RSS and PSS sampled every half second. One row per run goes to
-``benchmarks/results/scale/scale.jsonl``: seconds per round (mean of the rounds after the
+``benchmarks/results/scale/scale.jsonl`` (or ``--out``'s): seconds per round (mean of the rounds after the
 first; round 1 apart, which also holds the statistics round of fedlog-init=stats), wall
-seconds, peak RSS and PSS, accuracy per round and, for the simulation, bytes per round and
+seconds, peak RSS and PSS, accuracy per round, the Flower version (``flwr``; rows written
+before it was recorded lack it) and, for the simulation, bytes per round and
 whether its accuracies equal the floor's round by round. Rows already there are skipped,
-so the command resumes. ``scale.md`` (the table) and ``scale.svg`` (seconds
+so the command resumes: give another Flower its own ``--out``. ``scale.md`` (the table) and ``scale.svg`` (seconds
 per round against clients, log-log) are rewritten from all rows at the end.
 """
 
@@ -32,7 +33,6 @@ from benchmarks.floor import CONFIG, PeakSampler, cache_dir, setup_sets
 from benchmarks.runner import ROOT, load_run
 
 OUT = ROOT / "benchmarks" / "results" / "scale"
-TABLE = OUT / "scale.jsonl"
 
 
 def measured(args: list[str]) -> tuple[float, int, int]:
@@ -73,10 +73,10 @@ def portable(out: Path) -> None:
             path.write_text(path.read_text().replace(prefix, "$HEADWAY_BENCH_CACHE"))
 
 
-def run_simulation(clients: int, rounds: int, sets: list[str], sim_sets: list[str]) -> dict[str, Any]:
+def run_simulation(clients: int, rounds: int, sets: list[str], sim_sets: list[str], folder: Path = OUT) -> dict[str, Any]:
     """``headway run`` with the floor's settings plus ``sim_sets`` (settings of the simulation
-    alone, such as client-evaluation, that leave the client work unchanged)."""
-    out = OUT / "-".join([f"{clients}-clients", f"{rounds}-rounds", *(s.replace("=", "-") for s in [*sets, *sim_sets])])
+    alone, such as client-evaluation, that leave the client work unchanged); its run folder goes under ``folder``."""
+    out = folder / "-".join([f"{clients}-clients", f"{rounds}-rounds", *(s.replace("=", "-") for s in [*sets, *sim_sets])])
     setup, data = setup_sets(clients, rounds)
     args = [sys.executable, "-m", "simulation", str(CONFIG), "--out", str(out), "--overwrite"]
     args += [x for s in [*setup, *sets, *sim_sets] for x in ("--set", s)]
@@ -104,8 +104,22 @@ def key(row: dict[str, Any]) -> tuple[int, str, int, tuple[str, ...], tuple[str,
     return (row["clients"], row["kind"], row["rounds"], tuple(row.get("sets", ())), tuple(row.get("sim_sets", ())))
 
 
-def load_rows() -> list[dict[str, Any]]:
-    return [json.loads(line) for line in TABLE.read_text().splitlines() if line.strip()] if TABLE.exists() else []
+def load_rows(table: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in table.read_text().splitlines() if line.strip()] if table.exists() else []
+
+
+def flower_version() -> str | None:
+    """The installed Flower's version (what the simulation rows ran on), None without Flower."""
+    try:
+        import flwr
+    except ImportError:
+        return None
+    return flwr.__version__
+
+
+def versions(rows: list[dict[str, Any]]) -> str:
+    """The Flower versions the rows name, 'not recorded' for rows written before they did."""
+    return ", ".join(sorted({r.get("flwr") or "not recorded" for r in rows}))
 
 
 def ratio(sim: dict[str, Any] | None, floor: dict[str, Any] | None) -> str:
@@ -132,6 +146,8 @@ def markdown(rows: list[dict[str, Any]], note: str) -> str:
         "# FedLog: simulation against its compute floor",
         "",
         *([f"**{note}**", ""] if note else []),
+        f"Flower: {versions(rows)}.",
+        "",
         "Seconds per round: mean of rounds 2 on (round 1 in brackets: it also holds the statistics round). "
         "Memory: peak RSS / PSS of the process tree, GiB. Accuracy: after the last round; "
         "'same' when the simulation's accuracy equals the 2-process floor's in every round.",
@@ -203,34 +219,37 @@ def main(argv: list[str] | None = None) -> int:
         help="a setting of the simulation alone that leaves the client work unchanged (e.g. client-evaluation=with-next-train); "
         "the floor rows are shared with the plain simulation's",
     )
+    p.add_argument("--out", type=Path, default=OUT, help="the results folder (default benchmarks/results/scale)")
     p.add_argument("--note", default="", help="a line at the top of scale.md (e.g. 'loaded machine, provisional')")
     args = p.parse_args(argv)
-    OUT.mkdir(parents=True, exist_ok=True)
-    done = {key(r) for r in load_rows()}
+    out, table = args.out.resolve(), args.out.resolve() / "scale.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
+    done = {key(r) for r in load_rows(table)}
     for n in args.clients:
         kinds = [*(["floor-1p"] if args.one_process else []), "floor-2p", *([] if args.no_simulation else ["simulation"])]
         for kind in kinds:
             extra = args.sim_set if kind == "simulation" else []
             if (n, kind, args.rounds, tuple(args.set), tuple(extra)) in done:
-                print(f"skip {kind} with {n} clients (in {TABLE})", flush=True)
+                print(f"skip {kind} with {n} clients (in {table})", flush=True)
                 continue
             if kind == "simulation":
-                row = run_simulation(n, args.rounds, args.set, args.sim_set)
+                row = run_simulation(n, args.rounds, args.set, args.sim_set, out)
             else:
                 row = run_floor(n, args.rounds, 1 if kind == "floor-1p" else 2, args.set)
             if args.set:
                 row["sets"] = args.set
             if extra:
                 row["sim_sets"] = extra
-            with TABLE.open("a") as fh:
+            row["flwr"] = flower_version()
+            with table.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
-    rows = load_rows()
+    rows = load_rows(table)
     text = markdown(rows, args.note)
-    (OUT / "scale.md").write_text(text)
+    (out / "scale.md").write_text(text)
     print(text)
     try:
-        print("plot:", plot(rows, OUT / "scale.svg"))
+        print("plot:", plot(rows, out / "scale.svg"))
     except ImportError:
         print("matplotlib is not installed: no plot", file=sys.stderr)
     return 0

@@ -80,3 +80,24 @@ def test_committed_scale_results_name_the_bench_cache_not_this_machines_path(tmp
     (out / "config.json").write_text(json.dumps({"dataset": str(tmp_path / "cache" / "mnist-x10.npz"), "seed": 0}))
     portable(out)
     assert json.loads((out / "config.json").read_text()) == {"dataset": "$HEADWAY_BENCH_CACHE/mnist-x10.npz", "seed": 0}
+
+
+def test_scale_rows_name_their_flower_and_go_to_the_out_folder(tmp_path, monkeypatch):
+    """Every row names the Flower it ran on and goes to --out's table, where a row written
+    before the field existed still loads and is not run again."""
+    import flwr
+
+    from benchmarks import scale
+
+    old = {"kind": "floor-2p", "clients": 3, "rounds": 1, "round1_seconds": 1.0, "seconds_per_round": 1.0, "accuracy": [0.5]}
+    old |= {"peak_rss_gib": 1.0, "peak_pss_gib": 1.0}
+    (tmp_path / "scale.jsonl").write_text(json.dumps(old) + "\n")
+    fake = {**old, "kind": "simulation", "data": "d", "wall_seconds": 1.0, "bytes_per_round": 1}
+    folders = []
+    monkeypatch.setattr(scale, "run_floor", lambda *a: pytest.fail("the floor row is in the table already"))
+    monkeypatch.setattr(scale, "run_simulation", lambda *a: folders.append(a[-1]) or dict(fake))
+    monkeypatch.setattr(scale, "plot", lambda rows, path: path)
+    assert scale.main(["--clients", "3", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    rows = scale.load_rows(tmp_path / "scale.jsonl")
+    assert folders == [tmp_path.resolve()] and [r.get("flwr") for r in rows] == [None, flwr.__version__]
+    assert f"Flower: {flwr.__version__}, not recorded." in (tmp_path / "scale.md").read_text()
