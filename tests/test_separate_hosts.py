@@ -59,7 +59,7 @@ def test_fedlog_over_tls_with_supernode_authentication_across_hosts(tmp_path, da
         assert not hosts.reachable("node0", server, 8000)
         if fleet_transport() == "http":  # Flower 1.40+: one SuperLink port serves every API; the Fleet proxy passes only Fleet calls
             status = {path: hosts.http_status("node0", f"https://{server}:9092{path}", certs / "ca.crt") for path in PROXY_PROBES}
-            assert status.pop("/v1/fleet/get-run") == 415, status  # the SuperLink's own answer to a body that is not protobuf
+            assert status.pop("/v1/fleet/get-run") == 401, status  # the SuperLink's own answer: an empty call with no node key
             assert set(status.values()) == {404}, status
             assert hosts.http_status("node0", f"https://{server}:9092/v1/fleet/get-run", certs / "ca.crt", method="GET") == 404
         c.command(c.launcher("connect", "lab", "--address", "127.0.0.1:8000", "--root-cert", str(certs / "ca.crt")), host="server")
