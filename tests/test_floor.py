@@ -94,8 +94,13 @@ def test_scale_rows_name_their_flower_and_go_to_the_out_folder(tmp_path, monkeyp
     (tmp_path / "scale.jsonl").write_text(json.dumps(old) + "\n")
     fake = {**old, "kind": "simulation", "data": "d", "wall_seconds": 1.0, "bytes_per_round": 1}
     folders = []
+
+    def run_simulation(*args: object) -> dict:
+        folders.append(args[-1])
+        return dict(fake)
+
     monkeypatch.setattr(scale, "run_floor", lambda *a: pytest.fail("the floor row is in the table already"))
-    monkeypatch.setattr(scale, "run_simulation", lambda *a: folders.append(a[-1]) or dict(fake))
+    monkeypatch.setattr(scale, "run_simulation", run_simulation)
     monkeypatch.setattr(scale, "plot", lambda rows, path: path)
     assert scale.main(["--clients", "3", "--rounds", "1", "--out", str(tmp_path)]) == 0
     rows = scale.load_rows(tmp_path / "scale.jsonl")
